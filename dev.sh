@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# One entry point that sets itself up on a fresh machine, then runs what you ask.
+#   ./dev.sh demo [ARGS]   the Zeitgeist demo on the embedded store
+#   ./dev.sh test [ARGS]   the whole test suite (what CI runs)
+#   ./dev.sh setup         only the set-up: system packages, .venv, pip install, protobuf
+#   ./dev.sh bench [ARGS]  the benchmark suite (bench/)
+#   ./dev.sh mw ARGS       any millwheel command inside the environment
+set -euo pipefail
+cd "$(dirname "$0")"
+
+log() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
+
+need_apt=()
+command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
+command -v java >/dev/null 2>&1 || need_apt+=(openjdk-17-jre-headless)
+
+setup() {
+  if ((${#need_apt[@]})); then
+    log "installing system packages: ${need_apt[*]}"
+    SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}" >/dev/null
+  fi
+  local py=""
+  for cand in python3.12 python3.11 python3; do
+    if command -v "$cand" >/dev/null 2>&1 && "$cand" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+      py="$cand"; break
+    fi
+  done
+  [ -n "$py" ] || { echo "millwheel needs Python 3.11+ (none found on PATH)" >&2; exit 1; }
+  if [ ! -x .venv/bin/python ]; then
+    log "creating .venv with $py"
+    "$py" -m venv .venv
+  fi
+  local stamp=".venv/.installed-$(sha1sum pyproject.toml | cut -c1-12)"
+  if [ ! -f "$stamp" ]; then
+    log "installing millwheel and its dependencies into .venv"
+    .venv/bin/pip install -q --upgrade pip
+    .venv/bin/pip install -q -e '.[dev]'
+    rm -f .venv/.installed-*; touch "$stamp"
+  fi
+  if [ -x scripts/gen_proto.sh ]; then scripts/gen_proto.sh; fi
+}
+
+cmd="${1:-help}"; shift || true
+case "$cmd" in
+  setup) setup ;;
+  demo) setup; exec .venv/bin/millwheel demo zeitgeist "$@" ;;
+  test) setup; exec .venv/bin/python -m pytest -q "$@" ;;
+  bench) setup; exec .venv/bin/python -m bench "$@" ;;
+  mw) setup; exec .venv/bin/millwheel "$@" ;;
+  *) sed -n '2,8p' "$0"; exit 2 ;;
+esac

@@ -1,0 +1,58 @@
+"""Every error millwheel raises derives from :class:`MillWheelError`.
+
+Callers (the CLI, the gRPC layer) map these classes to exit codes and gRPC status
+codes in one place each, so the classes say *what kind* of failure it is and the
+message says *what and where*.
+"""
+
+from __future__ import annotations
+
+
+class MillWheelError(Exception):
+    """Root of every millwheel error."""
+
+
+class InvalidSpecError(MillWheelError):
+    """A topology, computation spec, option or record is malformed."""
+
+
+class NotFoundError(MillWheelError):
+    """A named computation, stream, injector or key does not exist."""
+
+
+class AlreadyExistsError(MillWheelError):
+    """A computation or stream of that name is already registered."""
+
+
+class ResourceLimitError(MillWheelError):
+    """A value or batch is over a configured size limit."""
+
+
+class FencedError(MillWheelError):
+    """A write carried a sequencer token that is no longer current.
+
+    The writer has lost ownership of the key range (it is a zombie) and must stop
+    writing for it.
+    """
+
+    def __init__(self, computation: str, range_id: int, token: int, current: int | None):
+        self.computation = computation
+        self.range_id = range_id
+        self.token = token
+        self.current = current
+        super().__init__(
+            f"write to {computation!r} range {range_id} fenced: token {token} is not "
+            f"current (current token is {current}); this worker lost the range"
+        )
+
+
+class StoreError(MillWheelError):
+    """The state store failed or holds data millwheel cannot read."""
+
+
+class CorruptDataError(StoreError):
+    """A stored value has the wrong type or shape; the message names the key."""
+
+
+class UserCodeError(MillWheelError):
+    """User computation code raised; the message names computation, key and record."""

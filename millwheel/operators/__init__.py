@@ -1,0 +1,53 @@
+"""Built-in operators and the one function that turns a CodeRef into a Computation."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from millwheel.computation import Computation
+from millwheel.errors import InvalidSpecError
+from millwheel.importing import import_object
+from millwheel.operators.aggregate import WindowedAggregate
+from millwheel.operators.transform import Filter, Map
+from millwheel.topology import ComputationSpec
+
+BUILTINS: dict[str, Callable[..., Computation]] = {
+    "window_aggregate": WindowedAggregate,
+    "filter": Filter,
+    "map": Map,
+}
+
+
+def build_computation(spec: ComputationSpec) -> Computation:
+    """Instantiate the code of ``spec``; raise InvalidSpecError naming what is wrong."""
+    where = f"computation {spec.name!r}"
+    name = spec.code.name
+    params: dict[str, Any] = dict(spec.code.params)
+    if spec.code.is_builtin:
+        factory = BUILTINS.get(name)
+        if factory is None:
+            raise InvalidSpecError(
+                f"{where}: unknown built-in operator {name!r}; built-ins are {sorted(BUILTINS)} "
+                "(or give 'pkg.module:Class')"
+            )
+        if name == "window_aggregate":
+            params.setdefault("allowed_lateness_us", spec.options.allowed_lateness_us)
+    else:
+        factory = import_object(name, what=f"{where} code")
+        if not callable(factory):
+            raise InvalidSpecError(f"{where}: code {name!r} is not a class or factory")
+    try:
+        code = factory(**params)
+    except InvalidSpecError as exc:
+        raise InvalidSpecError(f"{where}: {exc}") from None
+    except TypeError as exc:
+        raise InvalidSpecError(f"{where}: bad parameters for {name!r}: {exc}") from None
+    if not hasattr(code, "process_record") or not hasattr(code, "process_timer"):
+        raise InvalidSpecError(f"{where}: {name!r} does not have process_record/process_timer")
+    bind = getattr(code, "bind_outputs", None)
+    if bind is not None:
+        try:
+            bind(spec.all_outputs() if not spec.options.late_stream else spec.outputs)
+        except InvalidSpecError as exc:
+            raise InvalidSpecError(f"{where}: {exc}") from None
+    return code  # type: ignore[no-any-return]

@@ -1,0 +1,132 @@
+"""Built-in windowed aggregation: count, sum, min, max, mean per key per window.
+
+Behaviour a user can rely on:
+* a window's result is produced once the input watermark passes its end, stamped
+  ``end - 1``, as JSON ``{"key", "start", "end", "agg", "value", "count"}``;
+* with ``allowed_lateness_us`` > 0 the window is kept that much longer: a late
+  record updates it and a corrected result is produced at once; after that the
+  computation's late-data policy applies;
+* numeric input is the JSON value itself, or its ``field`` when given.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from millwheel.computation import Computation, Context
+from millwheel.errors import InvalidSpecError
+from millwheel.operators.windows import Windowing
+from millwheel.record import Record, Timer
+
+AGGREGATIONS = ("count", "sum", "min", "max", "mean")
+
+
+class WindowedAggregate(Computation):
+    def __init__(
+        self,
+        *,
+        size_us: int,
+        period_us: int | None = None,
+        aggregation: str = "count",
+        field: str | None = None,
+        output: str | None = None,
+        allowed_lateness_us: int = 0,
+    ) -> None:
+        if aggregation not in AGGREGATIONS:
+            raise InvalidSpecError(
+                f"window_aggregate: aggregation {aggregation!r} not one of {AGGREGATIONS}"
+            )
+        self.windowing = Windowing(int(size_us), int(period_us) if period_us else None)
+        self.aggregation = aggregation
+        self.field = field
+        self.output = output
+        self.allowed_lateness_us = int(allowed_lateness_us)
+
+    def bind_outputs(self, outputs: tuple[str, ...]) -> None:
+        if self.output is None:
+            if not outputs:
+                raise InvalidSpecError("window_aggregate needs an output stream")
+            self.output = outputs[0]
+
+    def _number(self, record: Record) -> float:
+        if self.aggregation == "count":
+            return 0.0
+        try:
+            value: Any = json.loads(record.value)
+            if self.field is not None:
+                value = value[self.field]
+            return float(value)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise InvalidSpecError(
+                f"window_aggregate: record {record.record_id} value is not a number"
+                f"{' at field ' + repr(self.field) if self.field else ''}: {exc}"
+            ) from None
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        windows = _load(ctx.state)
+        x = self._number(record)
+        changed_fired: list[str] = []
+        for start in self.windowing.assign(record.timestamp):
+            end = self.windowing.end(start)
+            if end - 1 + self.allowed_lateness_us < ctx.input_watermark and str(start) not in windows:
+                continue  # window already closed for good: lateness policy decided to process, skip
+            acc = windows.get(str(start))
+            if acc is None:
+                acc = windows[str(start)] = [0, 0.0, x, x, False]
+                ctx.set_timer(f"end:{start}", end - 1)
+                if self.allowed_lateness_us:
+                    ctx.set_timer(f"gc:{start}", end - 1 + self.allowed_lateness_us, hold=False)
+            acc[0] += 1
+            acc[1] += x
+            acc[2] = min(acc[2], x)
+            acc[3] = max(acc[3], x)
+            if acc[4]:
+                changed_fired.append(str(start))
+        for start_s in changed_fired:  # a late record updated a window already produced
+            self._emit(ctx, int(start_s), windows[start_s])
+        ctx.set_state(_dump(windows))
+
+    def process_timer(self, ctx: Context, timer: Timer) -> None:
+        kind, _, start_s = timer.tag.partition(":")
+        windows = _load(ctx.state)
+        acc = windows.get(start_s)
+        if acc is None:
+            return
+        if kind == "end":
+            self._emit(ctx, int(start_s), acc)
+            acc[4] = True
+            if not self.allowed_lateness_us:
+                del windows[start_s]
+        elif kind == "gc":
+            del windows[start_s]
+        ctx.set_state(_dump(windows) if windows else None)
+
+    def _emit(self, ctx: Context, start: int, acc: list[Any]) -> None:
+        count, total, lo, hi = acc[0], acc[1], acc[2], acc[3]
+        value: float | int
+        if self.aggregation == "count":
+            value = count
+        elif self.aggregation == "sum":
+            value = total
+        elif self.aggregation == "min":
+            value = lo
+        elif self.aggregation == "max":
+            value = hi
+        else:
+            value = total / count
+        end = self.windowing.end(start)
+        payload = {
+            "key": ctx.key, "start": start, "end": end,
+            "agg": self.aggregation, "value": value, "count": count,
+        }
+        assert self.output is not None
+        ctx.produce(self.output, ctx.key, json.dumps(payload).encode(), end - 1)
+
+
+def _load(state: bytes | None) -> dict[str, list[Any]]:
+    return json.loads(state) if state else {}
+
+
+def _dump(windows: dict[str, list[Any]]) -> bytes:
+    return json.dumps(windows, separators=(",", ":")).encode()

@@ -1,0 +1,1 @@
+"""The runtime: range workers, injectors and the local runner that drives them."""

@@ -1,0 +1,113 @@
+"""The ``ctx`` user code sees, and the per-batch transaction it writes into.
+
+A :class:`RangeTransaction` collects everything one batch of one key range does —
+state writes, timer changes, productions, consumed IDs — and becomes exactly one
+:class:`~millwheel.state.protocol.Checkpoint`. User code never touches the store.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from millwheel.errors import InvalidSpecError
+from millwheel.record import Record, TimeDomain, Timer, derive_record_id
+from millwheel.state.protocol import Checkpoint, Production
+
+if TYPE_CHECKING:
+    from millwheel.runtime.range_worker import RangeWorker
+
+
+class RangeTransaction:
+    def __init__(self, worker: RangeWorker) -> None:
+        self.worker = worker
+        self.state_writes: dict[str, bytes | None] = {}
+        self.timer_ops: dict[tuple[str, str], Timer | None] = {}
+        self.productions: list[Production] = []
+        self.consumed_ids: list[str] = []
+        self.records_out = 0
+
+    def to_checkpoint(self, token: int, now_us: int, include_productions: bool) -> Checkpoint:
+        w = self.worker
+        return Checkpoint(
+            computation=w.name,
+            range_id=w.range_id,
+            token=token,
+            now_us=now_us,
+            state_writes=self.state_writes,
+            timer_sets=[t for t in self.timer_ops.values() if t is not None],
+            timer_clears=[k for k, t in self.timer_ops.items() if t is None],
+            productions=self.productions if include_productions else [],
+            consumed_ids=self.consumed_ids,
+        )
+
+
+class KeyContext:
+    """``ctx`` for one record or timer of one key."""
+
+    def __init__(
+        self, txn: RangeTransaction, key: str, cause: str, input_watermark: int, is_late: bool
+    ) -> None:
+        self._txn = txn
+        self._key = key
+        self._cause = cause
+        self._input_watermark = input_watermark
+        self._is_late = is_late
+        self._produced = 0
+
+    @property
+    def key(self) -> str:
+        return self._key
+
+    @property
+    def state(self) -> bytes | None:
+        return self._txn.worker.get_state(self._key)
+
+    def set_state(self, value: bytes | None) -> None:
+        if value is not None and not isinstance(value, bytes):
+            raise InvalidSpecError(
+                f"computation {self._txn.worker.name!r} key {self._key!r}: state must be bytes "
+                f"or None, got {type(value).__name__}"
+            )
+        self._txn.worker.put_state(self._key, value)
+        self._txn.state_writes[self._key] = value
+
+    def set_timer(
+        self, tag: str, time: int, domain: TimeDomain = TimeDomain.EVENT, *, hold: bool = True
+    ) -> None:
+        if isinstance(time, bool) or not isinstance(time, int):
+            raise InvalidSpecError(
+                f"computation {self._txn.worker.name!r} key {self._key!r}: timer {tag!r} "
+                f"time must be integer microseconds, got {type(time).__name__}"
+            )
+        timer = Timer(self._key, tag, time, TimeDomain(domain), hold)
+        self._txn.worker.timers.set(timer)
+        self._txn.timer_ops[(self._key, tag)] = timer
+
+    def clear_timer(self, tag: str) -> None:
+        self._txn.worker.timers.clear(self._key, tag)
+        self._txn.timer_ops[(self._key, tag)] = None
+
+    def produce(self, stream: str, key: str, value: bytes, timestamp: int) -> None:
+        worker = self._txn.worker
+        if stream not in worker.outputs:
+            raise InvalidSpecError(
+                f"computation {worker.name!r} produced to {stream!r}, which is not one of its "
+                f"output streams {sorted(worker.outputs)}"
+            )
+        record = Record(key, value, timestamp, derive_record_id(worker.name, self._cause, self._produced))
+        record.validate(f"computation {worker.name!r} production to {stream!r}")
+        self._produced += 1
+        self._txn.records_out += 1
+        self._txn.productions.extend(worker.router.fan_out(stream, record))
+
+    @property
+    def input_watermark(self) -> int:
+        return self._input_watermark
+
+    @property
+    def is_late(self) -> bool:
+        return self._is_late
+
+    @property
+    def processing_time(self) -> int:
+        return self._txn.worker.clock.now_us()

@@ -1,0 +1,55 @@
+"""A node's checkpointed productions not yet acked by their consumers.
+
+The outbox is durable in the store (written by checkpoints, deleted by acks); this
+mirror answers what to send next and the oldest timestamp still pending, which holds
+the node's output watermark (ARCHITECTURE.md, "Low watermarks").
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+from millwheel.record import MAX_TIMESTAMP
+from millwheel.state.protocol import Production, StateStore
+
+
+class Outbox:
+    def __init__(self, store: StateStore, node: str, range_id: int) -> None:
+        self._store = store
+        self._node = node
+        self._range_id = range_id
+        self._entries: dict[tuple[str, str], Production] = {
+            (p.consumer, p.record.record_id): p for p in store.read_outbox(node, range_id)
+        }
+        self._hold: int | None = None
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def add(self, productions: Iterable[Production]) -> None:
+        for p in productions:
+            self._entries[(p.consumer, p.record.record_id)] = p
+        self._hold = None
+
+    def pending(self, limit: int) -> list[Production]:
+        """Up to ``limit`` entries, oldest checkpoint first."""
+        out = []
+        for p in self._entries.values():
+            out.append(p)
+            if len(out) >= limit:
+                break
+        return out
+
+    def ack(self, token: int, acked: Sequence[tuple[str, str]]) -> None:
+        """Consumers checkpointed these entries: delete them, fenced by ``token``."""
+        if not acked:
+            return
+        self._store.ack(self._node, self._range_id, token, acked)
+        for entry in acked:
+            self._entries.pop(entry, None)
+        self._hold = None
+
+    def hold(self) -> int:
+        if self._hold is None:
+            self._hold = min((p.record.timestamp for p in self._entries.values()), default=MAX_TIMESTAMP)
+        return self._hold

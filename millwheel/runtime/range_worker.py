@@ -1,0 +1,212 @@
+"""One key range of one computation: dedup, user code, checkpoint (MillWheel §6.1).
+
+A :class:`RangeWorker` is created by whoever takes ownership of the range. Its first
+act is to bump the range's sequencer token, so a previous owner still running (a
+zombie) has every later write rejected; only then does it read timers, outbox and
+record IDs. It keeps hot state in memory (valid because no one else may write the
+range while its token is current) and turns each batch into one checkpoint.
+
+Processing a batch, as numbered in ARCHITECTURE.md:
+
+1. Dedup: drop records whose IDs the range already consumed (Bloom filter, confirmed
+   in the store on a maybe-hit) and repeats inside the batch.
+2. Run user code, serially per key, applying the late-data policy.
+3. Checkpoint atomically: state, timers, strong productions, consumed IDs (fenced).
+4. (runner) Ack the sender, who deletes the records from its outbox.
+5. (runner) Send this range's outbox downstream; delete each entry once acked.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Iterable, Sequence
+
+from millwheel.computation import Computation
+from millwheel.clock import Clock
+from millwheel.dedup import Deduplicator
+from millwheel.errors import UserCodeError
+from millwheel.record import Record, derive_record_id, timer_cause
+from millwheel.runtime.context import KeyContext, RangeTransaction
+from millwheel.runtime.routing import Router
+from millwheel.sensors import Sensors
+from millwheel.runtime.outbox import Outbox
+from millwheel.state.protocol import StateStore
+from millwheel.timers import TimerQueue
+from millwheel.topology import ComputationSpec, LatePolicy
+
+CrashHook = Callable[[str], None]
+MAX_TIMERS_PER_BATCH = 10_000
+
+
+def no_crash(point: str) -> None:
+    """The crash hook of a real run: crash points are no-ops."""
+
+
+class RangeWorker:
+    def __init__(
+        self,
+        spec: ComputationSpec,
+        range_id: int,
+        store: StateStore,
+        code: Computation,
+        router: Router,
+        clock: Clock,
+        sensors: Sensors,
+        crash: CrashHook = no_crash,
+        max_cached_keys: int = 200_000,
+    ) -> None:
+        self.spec = spec
+        self.name = spec.name
+        self.range_id = range_id
+        self.outputs = frozenset(spec.all_outputs())
+        self.store = store
+        self.code = code
+        self.router = router
+        self.clock = clock
+        self.sensors = sensors
+        self.crash = crash
+        self.max_cached_keys = max_cached_keys
+        # Fence the previous owner before reading anything it may still be writing.
+        self.token = store.acquire(self.name, range_id)
+        self.timers = TimerQueue(store.read_timers(self.name, range_id))
+        self.outbox = Outbox(store, self.name, range_id)
+        self.dedup = Deduplicator(store, self.name, range_id) if spec.options.exactly_once else None
+        self._cache: dict[str, bytes | None] = {}
+        self._last_expiry = clock.now_us()
+
+    # -- state cache ---------------------------------------------------------
+    def get_state(self, key: str) -> bytes | None:
+        if key not in self._cache:
+            self._cache[key] = self.store.read_state(self.name, [key]).get(key)
+        return self._cache[key]
+
+    def put_state(self, key: str, value: bytes | None) -> None:
+        self._cache[key] = value
+
+    def _prefetch(self, keys: Iterable[str]) -> None:
+        missing = {k for k in keys if k not in self._cache}
+        if missing:
+            found = self.store.read_state(self.name, missing)
+            for key in missing:
+                self._cache[key] = found.get(key)
+
+    # -- steps 1 and 2 -------------------------------------------------------
+    def process_records(self, records: Sequence[Record], input_watermark: int) -> RangeTransaction:
+        """Steps 1-2 for a batch; nothing is durable until :meth:`commit`."""
+        txn = RangeTransaction(self)
+        fresh = self._dedup(records)  # 1
+        self.crash("after_dedup")
+        self.sensors.records_in(self.name, len(fresh))
+        self._prefetch(r.key for r in fresh)
+        options = self.spec.options
+        late_dropped = late_routed = 0
+        for record in fresh:  # 2
+            txn.consumed_ids.append(record.record_id)
+            is_late = record.timestamp < input_watermark
+            if is_late and record.timestamp + options.allowed_lateness_us < input_watermark:
+                if options.late_policy is LatePolicy.DROP:
+                    late_dropped += 1
+                    continue
+                if options.late_policy is LatePolicy.ROUTE:
+                    late_routed += 1
+                    self._route_late(txn, record)
+                    continue
+            ctx = KeyContext(txn, record.key, record.record_id, input_watermark, is_late)
+            try:
+                self.code.process_record(ctx, record)
+            except Exception as exc:
+                raise UserCodeError(
+                    f"computation {self.name!r} failed on key {record.key!r} record "
+                    f"{record.record_id}: {exc.__class__.__name__}: {exc}"
+                ) from exc
+        if late_dropped:
+            self.sensors.late_records(self.name, late_dropped, "drop")
+        if late_routed:
+            self.sensors.late_records(self.name, late_routed, "route")
+        self.crash("after_user_code")
+        return txn
+
+    def _dedup(self, records: Sequence[Record]) -> list[Record]:
+        if self.dedup is None:
+            return list(records)
+        seen = self.dedup.seen([r.record_id for r in records])
+        fresh: list[Record] = []
+        batch_ids: set[str] = set()
+        for record in records:
+            if record.record_id in seen or record.record_id in batch_ids:
+                continue
+            batch_ids.add(record.record_id)
+            fresh.append(record)
+        if len(fresh) != len(records):
+            self.sensors.duplicates_dropped(self.name, len(records) - len(fresh))
+        return fresh
+
+    def _route_late(self, txn: RangeTransaction, record: Record) -> None:
+        stream = self.spec.options.late_stream
+        assert stream is not None  # Options.validate guarantees it
+        late = Record(
+            record.key, record.value, record.timestamp,
+            derive_record_id(self.name, "late\x1f" + record.record_id, 0),
+        )
+        txn.productions.extend(self.router.fan_out(stream, late))
+        txn.records_out += 1
+
+    def fire_timers(self, input_watermark: int) -> RangeTransaction | None:
+        """Steps 2 for due timers: event time below the input watermark, processing time
+        at or before the clock; in timestamp order, all in one transaction."""
+        txn = RangeTransaction(self)
+        now = self.clock.now_us()
+        fired = 0
+        while fired < MAX_TIMERS_PER_BATCH:
+            timer = self.timers.pop_due_event(input_watermark) or self.timers.pop_due_processing(now)
+            if timer is None:
+                break
+            fired += 1
+            txn.timer_ops[(timer.key, timer.tag)] = None
+            ctx = KeyContext(txn, timer.key, timer_cause(timer), input_watermark, False)
+            try:
+                self.code.process_timer(ctx, timer)
+            except Exception as exc:
+                raise UserCodeError(
+                    f"computation {self.name!r} failed on timer {timer.tag!r} at {timer.time} "
+                    f"of key {timer.key!r}: {exc.__class__.__name__}: {exc}"
+                ) from exc
+        if not fired:
+            return None
+        self.crash("after_user_code")
+        return txn
+
+    # -- step 3 --------------------------------------------------------------
+    def commit(self, txn: RangeTransaction, include_productions: bool = True) -> None:
+        """Step 3: one atomic, fenced checkpoint; then the in-memory side follows."""
+        started = time.perf_counter()
+        cp = txn.to_checkpoint(self.token, self.clock.now_us(), include_productions)
+        if not cp.is_empty():
+            self.store.checkpoint(cp)
+        self.sensors.checkpoint(self.name, time.perf_counter() - started, len(txn.consumed_ids))
+        self.sensors.records_out(self.name, txn.records_out)
+        if self.dedup is not None:
+            self.dedup.remember(txn.consumed_ids)
+        if include_productions:
+            self.outbox.add(txn.productions)
+        if len(self._cache) > self.max_cached_keys:
+            self._cache.clear()  # durable already; reloaded lazily
+        self.crash("after_checkpoint")
+
+    # -- steps 4 and 5 (called by the runner) ----------------------------------
+    def hold(self) -> int:
+        """Oldest pending work: unacked productions and holding event-time timers."""
+        return min(self.outbox.hold(), self.timers.hold())
+
+    def expire_record_ids(self, every_us: int = 60_000_000) -> int:
+        """Forget consumed IDs older than the retention window, at most once per ``every_us``."""
+        now = self.clock.now_us()
+        if self.dedup is None or now - self._last_expiry < every_us:
+            return 0
+        self._last_expiry = now
+        removed = self.store.expire_ids(
+            self.name, self.range_id, self.token, now - self.spec.options.record_id_retention_us
+        )
+        if removed:
+            self.dedup.rebuild()
+        return removed

@@ -1,0 +1,131 @@
+"""Topologies and computation specs as plain data (YAML/JSON), both directions.
+
+The same dictionaries are what ``millwheel run``/``register`` read from files and
+what the service stores in its registry, so a spec round-trips exactly.
+
+    computations:
+      - name: counts
+        inputs: [{stream: queries, key: key}]
+        outputs: [counts]
+        code: {name: window_aggregate, params: {size_us: 60000000}}
+        options: {exactly_once: true, late_policy: drop}
+    injectors:
+      - {name: queries, stream: queries}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any, Mapping
+
+from millwheel.errors import InvalidSpecError
+from millwheel.keys import KeyExtractor
+from millwheel.topology import (
+    CodeRef, ComputationSpec, InjectorSpec, InputSpec, LatePolicy, Options, Productions, Topology,
+)
+
+_OPTION_FIELDS = {f.name for f in dataclasses.fields(Options)}
+
+
+def computation_from_dict(data: Mapping[str, Any]) -> ComputationSpec:
+    name = data.get("name")
+    where = f"computation {name!r}"
+    if not isinstance(name, str) or not name:
+        raise InvalidSpecError("computation: 'name' must be a non-empty string")
+    unknown = set(data) - {"name", "inputs", "outputs", "code", "options"}
+    if unknown:
+        raise InvalidSpecError(f"{where}: unknown fields {sorted(unknown)}")
+    inputs = []
+    for i, inp in enumerate(_list(data.get("inputs"), f"{where}.inputs")):
+        if isinstance(inp, str):
+            inp = {"stream": inp}
+        if not isinstance(inp, Mapping) or not isinstance(inp.get("stream"), str) or not inp["stream"]:
+            raise InvalidSpecError(f"{where}.inputs[{i}]: needs a 'stream' name")
+        inputs.append(InputSpec(inp["stream"], KeyExtractor(str(inp.get("key", "key")))))
+    outputs = _list(data.get("outputs", []), f"{where}.outputs")
+    if not all(isinstance(o, str) and o for o in outputs):
+        raise InvalidSpecError(f"{where}.outputs: stream names must be non-empty strings")
+    code = data.get("code")
+    if isinstance(code, str):
+        code = {"name": code}
+    if not isinstance(code, Mapping) or not isinstance(code.get("name"), str):
+        raise InvalidSpecError(f"{where}.code: needs a 'name' (built-in or pkg.module:Class)")
+    params = code.get("params", {})
+    if not isinstance(params, Mapping):
+        raise InvalidSpecError(f"{where}.code.params: must be a mapping")
+    return ComputationSpec(
+        name, tuple(inputs), tuple(outputs), CodeRef(code["name"], dict(params)),
+        _options(data.get("options", {}), where),
+    )
+
+
+def _options(data: Any, where: str) -> Options:
+    if not isinstance(data, Mapping):
+        raise InvalidSpecError(f"{where}.options: must be a mapping")
+    unknown = set(data) - _OPTION_FIELDS
+    if unknown:
+        raise InvalidSpecError(f"{where}.options: unknown options {sorted(unknown)}")
+    values = dict(data)
+    try:
+        if "productions" in values:
+            values["productions"] = Productions(values["productions"])
+        if "late_policy" in values:
+            values["late_policy"] = LatePolicy(values["late_policy"])
+    except ValueError as exc:
+        raise InvalidSpecError(f"{where}.options: {exc}") from None
+    for field in ("key_ranges", "allowed_lateness_us", "record_id_retention_us"):
+        if field in values and (isinstance(values[field], bool) or not isinstance(values[field], int)):
+            raise InvalidSpecError(f"{where}.options.{field}: must be an integer")
+    options = Options(**values)
+    options.validate(where)
+    return options
+
+
+def _list(value: Any, where: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise InvalidSpecError(f"{where}: must be a list")
+    return value
+
+
+def computation_to_dict(spec: ComputationSpec) -> dict[str, Any]:
+    opts = dataclasses.asdict(spec.options)
+    opts["productions"] = spec.options.productions.value
+    opts["late_policy"] = spec.options.late_policy.value
+    return {
+        "name": spec.name,
+        "inputs": [{"stream": i.stream, "key": i.key_extractor.spec} for i in spec.inputs],
+        "outputs": list(spec.outputs),
+        "code": {"name": spec.code.name, "params": dict(spec.code.params)},
+        "options": opts,
+    }
+
+
+def topology_from_dict(data: Mapping[str, Any]) -> Topology:
+    if not isinstance(data, Mapping):
+        raise InvalidSpecError("topology: expected a mapping with 'computations'")
+    comps = tuple(computation_from_dict(c) for c in _list(data.get("computations", []), "computations"))
+    injectors = []
+    for i, inj in enumerate(_list(data.get("injectors", []), "injectors")):
+        if not isinstance(inj, Mapping) or not inj.get("name") or not inj.get("stream"):
+            raise InvalidSpecError(f"injectors[{i}]: needs 'name' and 'stream'")
+        injectors.append(InjectorSpec(str(inj["name"]), str(inj["stream"])))
+    topology = Topology(comps, tuple(injectors))
+    topology.validate()
+    return topology
+
+
+def load_spec_file(path: str | Path) -> dict[str, Any]:
+    """Read a YAML or JSON file into a mapping, naming the file on any error."""
+    import yaml
+
+    p = Path(path)
+    try:
+        data = yaml.safe_load(p.read_text())
+    except OSError as exc:
+        raise InvalidSpecError(f"{p}: cannot read: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise InvalidSpecError(f"{p}: not valid YAML/JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise InvalidSpecError(f"{p}: expected a mapping at top level")
+    return data

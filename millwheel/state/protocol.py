@@ -1,0 +1,148 @@
+"""The state store contract every backend implements (SQLite, Redis).
+
+Three ideas carry exactly-once (ARCHITECTURE.md, "Exactly-once delivery" and
+"Ownership and zombie writers"):
+
+* **One atomic checkpoint** (:meth:`StateStore.checkpoint`): state writes, timer
+  changes, strong productions and the consumed record IDs of a whole batch are
+  applied together or not at all.
+* **Sequencer tokens**: every write for a key range carries the token its writer
+  got from :meth:`StateStore.acquire`; the store applies it only if that token is
+  still current, in the same atomic step. Acquiring bumps the token, so the former
+  owner (a zombie) has every later write rejected with :class:`FencedError`.
+* **Outboxes**: checkpointed productions stay in the producer's outbox until the
+  consumer has checkpointed them and the producer :meth:`StateStore.ack`s them.
+
+A backend is chosen by URL in :func:`millwheel.state.open_store`; the contract suite
+in ``tests/contract`` runs unchanged against every backend.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator, Protocol, Sequence
+
+from millwheel.record import Record, Timer
+
+
+@dataclass(frozen=True, slots=True)
+class Production:
+    """A record in a producer's outbox, addressed to one consumer.
+
+    ``consumer`` is a computation name, or ``log:STREAM`` for the durable stream log
+    (the sink of streams no computation consumes). ``record.key`` is already the
+    consumer's key (its key extractor was applied when the record was produced).
+    """
+
+    consumer: str
+    stream: str
+    record: Record
+
+
+@dataclass
+class Checkpoint:
+    """Everything one batch of one key range changed, applied atomically.
+
+    ``state_writes`` maps key -> new bytes, or None to delete the key's state.
+    ``timer_clears`` are ``(key, tag)`` pairs. ``consumed_ids`` are the record IDs of
+    the batch's input, remembered for deduplication with ``now_us`` as their time.
+    """
+
+    computation: str
+    range_id: int
+    token: int
+    now_us: int
+    state_writes: dict[str, bytes | None] = field(default_factory=dict)
+    timer_sets: list[Timer] = field(default_factory=list)
+    timer_clears: list[tuple[str, str]] = field(default_factory=list)
+    productions: list[Production] = field(default_factory=list)
+    consumed_ids: list[str] = field(default_factory=list)
+
+    def is_empty(self) -> bool:
+        return not (
+            self.state_writes
+            or self.timer_sets
+            or self.timer_clears
+            or self.productions
+            or self.consumed_ids
+        )
+
+
+class StateStore(Protocol):
+    """Durable, token-fenced storage of one millwheel deployment."""
+
+    url: str
+
+    # -- ownership ---------------------------------------------------------------
+    def acquire(self, computation: str, range_id: int) -> int:
+        """Atomically bump and return the range's sequencer token (first is 1)."""
+        ...
+
+    def current_token(self, computation: str, range_id: int) -> int:
+        """The range's current token; 0 if it was never acquired."""
+        ...
+
+    # -- the checkpoint ----------------------------------------------------------
+    def checkpoint(self, cp: Checkpoint) -> None:
+        """Apply ``cp`` atomically if ``cp.token`` is current, else raise FencedError."""
+        ...
+
+    def ack(
+        self, producer: str, range_id: int, token: int, acked: Sequence[tuple[str, str]]
+    ) -> None:
+        """Delete ``(consumer, record_id)`` entries from the producer's outbox (fenced)."""
+        ...
+
+    # -- reads for recovery ------------------------------------------------------
+    def read_state(self, computation: str, keys: Iterable[str]) -> dict[str, bytes]:
+        """State of those keys that have any."""
+        ...
+
+    def read_timers(self, computation: str, range_id: int) -> list[Timer]: ...
+
+    def read_key_timers(self, computation: str, key: str) -> list[Timer]: ...
+
+    def read_outbox(self, producer: str, range_id: int) -> list[Production]:
+        """Pending productions in the order they were checkpointed."""
+        ...
+
+    def contains_ids(self, computation: str, range_id: int, ids: Sequence[str]) -> set[str]:
+        """The subset of ``ids`` already consumed by the range (confirms Bloom hits)."""
+        ...
+
+    def iter_ids(self, computation: str, range_id: int) -> Iterator[str]:
+        """Every retained consumed record ID of the range (to rebuild a Bloom filter)."""
+        ...
+
+    def expire_ids(self, computation: str, range_id: int, token: int, older_than_us: int) -> int:
+        """Forget consumed IDs remembered before ``older_than_us``; returns how many."""
+        ...
+
+    def list_keys(self, computation: str, after: str | None, limit: int) -> list[str]:
+        """Keys with state, sorted, strictly after ``after``: a page of at most ``limit``."""
+        ...
+
+    # -- the durable stream log (sinks, Subscribe, backfill) ---------------------
+    def append_log(self, stream: str, records: Sequence[Record]) -> int:
+        """Append records not yet in the stream's log (by record ID); returns how many."""
+        ...
+
+    def read_log(self, stream: str, after_seq: int, limit: int) -> list[tuple[int, Record]]:
+        """Log entries with sequence number > ``after_seq``, in order."""
+        ...
+
+    # -- watermarks --------------------------------------------------------------
+    def report_watermark(self, node: str, range_id: int, token: int, watermark: int) -> int:
+        """Store the range's low watermark (fenced, never backwards); returns the stored value."""
+        ...
+
+    def read_watermarks(self, node: str) -> dict[int, int]: ...
+
+    # -- small metadata (the service's registry) ---------------------------------
+    def put_meta(self, name: str, value: bytes | None) -> None: ...
+
+    def get_meta(self, name: str) -> bytes | None: ...
+
+    def list_meta(self, prefix: str) -> dict[str, bytes]: ...
+
+    def close(self) -> None: ...

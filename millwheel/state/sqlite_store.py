@@ -1,0 +1,351 @@
+"""The embedded default store: one SQLite file in WAL mode.
+
+Every token-fenced write is one ``BEGIN IMMEDIATE`` transaction that first reads the
+range's token and only then writes, so the fence check and the write are atomic with
+respect to every other process using the same file. ``synchronous=NORMAL`` (the
+default here) survives a process crash (kill -9) without losing a committed
+checkpoint; ``?synchronous=FULL`` in the URL also survives power loss.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from pathlib import Path
+from typing import Callable, Iterable, Iterator, Sequence, TypeVar
+
+from millwheel.errors import CorruptDataError, FencedError, StoreError
+from millwheel.record import Record, TimeDomain, Timer
+from millwheel.state.protocol import Checkpoint, Production
+
+T = TypeVar("T")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS tokens (
+    computation TEXT NOT NULL, range_id INTEGER NOT NULL, token INTEGER NOT NULL,
+    PRIMARY KEY (computation, range_id));
+CREATE TABLE IF NOT EXISTS state (
+    computation TEXT NOT NULL, key TEXT NOT NULL, value BLOB NOT NULL,
+    PRIMARY KEY (computation, key)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS timers (
+    computation TEXT NOT NULL, range_id INTEGER NOT NULL, key TEXT NOT NULL,
+    tag TEXT NOT NULL, time INTEGER NOT NULL, domain TEXT NOT NULL, hold INTEGER NOT NULL,
+    PRIMARY KEY (computation, key, tag));
+CREATE INDEX IF NOT EXISTS timers_by_range ON timers (computation, range_id);
+CREATE TABLE IF NOT EXISTS outbox (
+    producer TEXT NOT NULL, range_id INTEGER NOT NULL, seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    consumer TEXT NOT NULL, stream TEXT NOT NULL, record_id TEXT NOT NULL,
+    key TEXT NOT NULL, value BLOB NOT NULL, ts INTEGER NOT NULL,
+    UNIQUE (producer, range_id, consumer, record_id));
+CREATE TABLE IF NOT EXISTS seen_ids (
+    computation TEXT NOT NULL, range_id INTEGER NOT NULL, record_id TEXT NOT NULL,
+    seen_at INTEGER NOT NULL, PRIMARY KEY (computation, range_id, record_id)) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS seen_ids_by_time ON seen_ids (computation, range_id, seen_at);
+CREATE TABLE IF NOT EXISTS stream_log (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, stream TEXT NOT NULL, record_id TEXT NOT NULL,
+    key TEXT NOT NULL, value BLOB NOT NULL, ts INTEGER NOT NULL,
+    UNIQUE (stream, record_id));
+CREATE INDEX IF NOT EXISTS stream_log_by_stream ON stream_log (stream, seq);
+CREATE TABLE IF NOT EXISTS watermarks (
+    node TEXT NOT NULL, range_id INTEGER NOT NULL, watermark INTEGER NOT NULL,
+    PRIMARY KEY (node, range_id));
+CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value BLOB NOT NULL);
+"""
+
+
+class SQLiteStore:
+    """A :class:`~millwheel.state.protocol.StateStore` in one SQLite file."""
+
+    def __init__(self, path: str | Path, *, synchronous: str = "NORMAL", url: str = "") -> None:
+        self.url = url or f"sqlite:///{path}"
+        self.path = str(path)
+        if self.path != ":memory:":
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        if synchronous.upper() not in {"OFF", "NORMAL", "FULL", "EXTRA"}:
+            raise StoreError(f"{self.url}: synchronous must be OFF, NORMAL, FULL or EXTRA")
+        self._lock = threading.RLock()
+        self._db = sqlite3.connect(
+            self.path, isolation_level=None, check_same_thread=False, timeout=30.0
+        )
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute(f"PRAGMA synchronous={synchronous.upper()}")
+        self._db.execute("PRAGMA busy_timeout=30000")
+        self._db.executescript(_SCHEMA)
+
+    # -- helpers -------------------------------------------------------------
+    def _fence(self, computation: str, range_id: int, token: int) -> None:
+        row = self._db.execute(
+            "SELECT token FROM tokens WHERE computation=? AND range_id=?", (computation, range_id)
+        ).fetchone()
+        current = row[0] if row else 0
+        if token != current or token <= 0:
+            raise FencedError(computation, range_id, token, current)
+
+    def _write(self, fn: Callable[[], T]) -> T:
+        with self._lock:
+            try:
+                self._db.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error as exc:
+                raise StoreError(f"{self.url}: cannot begin a transaction: {exc}") from exc
+            try:
+                result = fn()
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+            return result
+
+    # -- ownership -----------------------------------------------------------
+    def acquire(self, computation: str, range_id: int) -> int:
+        def txn() -> int:
+            self._db.execute(
+                "INSERT INTO tokens VALUES (?, ?, 1) ON CONFLICT (computation, range_id) "
+                "DO UPDATE SET token = token + 1",
+                (computation, range_id),
+            )
+            return self.current_token(computation, range_id)
+
+        return self._write(txn)
+
+    def current_token(self, computation: str, range_id: int) -> int:
+        with self._lock:
+            row = self._db.execute(
+                "SELECT token FROM tokens WHERE computation=? AND range_id=?",
+                (computation, range_id),
+            ).fetchone()
+        return int(row[0]) if row else 0
+
+    # -- the checkpoint --------------------------------------------------------
+    def checkpoint(self, cp: Checkpoint) -> None:
+        """Apply one batch atomically.
+
+        1. Check the range's sequencer token (fenced writers stop here).
+        2. Write and delete per-key state.
+        3. Apply timer clears, then timer sets.
+        4. Append strong productions to the range's outbox.
+        5. Remember the consumed record IDs.
+        All five in one transaction: a crash leaves all or nothing.
+        """
+        db = self._db
+        comp, rid = cp.computation, cp.range_id
+
+        def txn() -> None:
+            self._fence(comp, rid, cp.token)  # 1
+            writes = [(comp, k, v) for k, v in cp.state_writes.items() if v is not None]  # 2
+            deletes = [(comp, k) for k, v in cp.state_writes.items() if v is None]
+            if writes:
+                db.executemany("INSERT OR REPLACE INTO state VALUES (?, ?, ?)", writes)
+            if deletes:
+                db.executemany("DELETE FROM state WHERE computation=? AND key=?", deletes)
+            if cp.timer_clears:  # 3
+                db.executemany(
+                    "DELETE FROM timers WHERE computation=? AND key=? AND tag=?",
+                    [(comp, k, t) for k, t in cp.timer_clears],
+                )
+            if cp.timer_sets:
+                db.executemany(
+                    "INSERT OR REPLACE INTO timers VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    [
+                        (comp, rid, t.key, t.tag, t.time, t.domain.value, int(t.hold))
+                        for t in cp.timer_sets
+                    ],
+                )
+            if cp.productions:  # 4
+                db.executemany(
+                    "INSERT OR IGNORE INTO outbox "
+                    "(producer, range_id, consumer, stream, record_id, key, value, ts) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    [
+                        (comp, rid, p.consumer, p.stream, p.record.record_id, p.record.key,
+                         p.record.value, p.record.timestamp)
+                        for p in cp.productions
+                    ],
+                )
+            if cp.consumed_ids:  # 5
+                db.executemany(
+                    "INSERT OR IGNORE INTO seen_ids VALUES (?, ?, ?, ?)",
+                    [(comp, rid, i, cp.now_us) for i in cp.consumed_ids],
+                )
+
+        self._write(txn)
+
+    def ack(
+        self, producer: str, range_id: int, token: int, acked: Sequence[tuple[str, str]]
+    ) -> None:
+        def txn() -> None:
+            self._fence(producer, range_id, token)
+            self._db.executemany(
+                "DELETE FROM outbox WHERE producer=? AND range_id=? AND consumer=? AND record_id=?",
+                [(producer, range_id, c, r) for c, r in acked],
+            )
+
+        self._write(txn)
+
+    # -- reads ---------------------------------------------------------------
+    def read_state(self, computation: str, keys: Iterable[str]) -> dict[str, bytes]:
+        keys = list(keys)
+        out: dict[str, bytes] = {}
+        with self._lock:
+            for start in range(0, len(keys), 500):
+                chunk = keys[start : start + 500]
+                marks = ",".join("?" * len(chunk))
+                for key, value in self._db.execute(
+                    f"SELECT key, value FROM state WHERE computation=? AND key IN ({marks})",
+                    (computation, *chunk),
+                ):
+                    if not isinstance(value, bytes):
+                        raise CorruptDataError(
+                            f"{self.url}: state of {computation!r} key {key!r} is "
+                            f"{type(value).__name__}, not bytes"
+                        )
+                    out[key] = value
+        return out
+
+    def _timers(self, sql: str, args: tuple[object, ...]) -> list[Timer]:
+        with self._lock:
+            rows = self._db.execute(sql, args).fetchall()
+        timers = []
+        for key, tag, time, domain, hold in rows:
+            try:
+                timers.append(Timer(key, tag, int(time), TimeDomain(domain), bool(hold)))
+            except ValueError as exc:
+                raise CorruptDataError(f"{self.url}: timer {key!r}/{tag!r}: {exc}") from None
+        return timers
+
+    def read_timers(self, computation: str, range_id: int) -> list[Timer]:
+        return self._timers(
+            "SELECT key, tag, time, domain, hold FROM timers WHERE computation=? AND range_id=?",
+            (computation, range_id),
+        )
+
+    def read_key_timers(self, computation: str, key: str) -> list[Timer]:
+        return self._timers(
+            "SELECT key, tag, time, domain, hold FROM timers WHERE computation=? AND key=? "
+            "ORDER BY time",
+            (computation, key),
+        )
+
+    def read_outbox(self, producer: str, range_id: int) -> list[Production]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT consumer, stream, record_id, key, value, ts FROM outbox "
+                "WHERE producer=? AND range_id=? ORDER BY seq",
+                (producer, range_id),
+            ).fetchall()
+        return [Production(c, s, Record(k, v, ts, r)) for c, s, r, k, v, ts in rows]
+
+    def contains_ids(self, computation: str, range_id: int, ids: Sequence[str]) -> set[str]:
+        found: set[str] = set()
+        with self._lock:
+            for start in range(0, len(ids), 500):
+                chunk = list(ids[start : start + 500])
+                marks = ",".join("?" * len(chunk))
+                found.update(
+                    row[0]
+                    for row in self._db.execute(
+                        "SELECT record_id FROM seen_ids WHERE computation=? AND range_id=? "
+                        f"AND record_id IN ({marks})",
+                        (computation, range_id, *chunk),
+                    )
+                )
+        return found
+
+    def iter_ids(self, computation: str, range_id: int) -> Iterator[str]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT record_id FROM seen_ids WHERE computation=? AND range_id=?",
+                (computation, range_id),
+            ).fetchall()
+        return (row[0] for row in rows)
+
+    def expire_ids(self, computation: str, range_id: int, token: int, older_than_us: int) -> int:
+        def txn() -> int:
+            self._fence(computation, range_id, token)
+            cur = self._db.execute(
+                "DELETE FROM seen_ids WHERE computation=? AND range_id=? AND seen_at < ?",
+                (computation, range_id, older_than_us),
+            )
+            return cur.rowcount
+
+        return self._write(txn)
+
+    def list_keys(self, computation: str, after: str | None, limit: int) -> list[str]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT key FROM state WHERE computation=? AND key > ? ORDER BY key LIMIT ?",
+                (computation, after if after is not None else "", limit),
+            ).fetchall()
+        return [row[0] for row in rows]
+
+    # -- stream log ------------------------------------------------------------
+    def append_log(self, stream: str, records: Sequence[Record]) -> int:
+        def txn() -> int:
+            before = self._db.total_changes
+            self._db.executemany(
+                "INSERT OR IGNORE INTO stream_log (stream, record_id, key, value, ts) "
+                "VALUES (?, ?, ?, ?, ?)",
+                [(stream, r.record_id, r.key, r.value, r.timestamp) for r in records],
+            )
+            return self._db.total_changes - before
+
+        return self._write(txn)
+
+    def read_log(self, stream: str, after_seq: int, limit: int) -> list[tuple[int, Record]]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT seq, record_id, key, value, ts FROM stream_log "
+                "WHERE stream=? AND seq > ? ORDER BY seq LIMIT ?",
+                (stream, after_seq, limit),
+            ).fetchall()
+        return [(seq, Record(k, v, ts, rid)) for seq, rid, k, v, ts in rows]
+
+    # -- watermarks ----------------------------------------------------------
+    def report_watermark(self, node: str, range_id: int, token: int, watermark: int) -> int:
+        def txn() -> int:
+            self._fence(node, range_id, token)
+            self._db.execute(
+                "INSERT INTO watermarks VALUES (?, ?, ?) ON CONFLICT (node, range_id) "
+                "DO UPDATE SET watermark = max(watermark, excluded.watermark)",
+                (node, range_id, watermark),
+            )
+            row = self._db.execute(
+                "SELECT watermark FROM watermarks WHERE node=? AND range_id=?", (node, range_id)
+            ).fetchone()
+            return int(row[0])
+
+        return self._write(txn)
+
+    def read_watermarks(self, node: str) -> dict[int, int]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT range_id, watermark FROM watermarks WHERE node=?", (node,)
+            ).fetchall()
+        return {int(r): int(w) for r, w in rows}
+
+    # -- metadata ------------------------------------------------------------
+    def put_meta(self, name: str, value: bytes | None) -> None:
+        def txn() -> None:
+            if value is None:
+                self._db.execute("DELETE FROM meta WHERE name=?", (name,))
+            else:
+                self._db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (name, value))
+
+        self._write(txn)
+
+    def get_meta(self, name: str) -> bytes | None:
+        with self._lock:
+            row = self._db.execute("SELECT value FROM meta WHERE name=?", (name,)).fetchone()
+        return bytes(row[0]) if row else None
+
+    def list_meta(self, prefix: str) -> dict[str, bytes]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT name, value FROM meta WHERE substr(name, 1, ?) = ? ORDER BY name",
+                (len(prefix), prefix),
+            ).fetchall()
+        return {name: bytes(value) for name, value in rows}
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+

@@ -1,0 +1,35 @@
+"""The one place a store URL becomes a backend.
+
+* ``sqlite:///relative/path.db`` or ``sqlite:////absolute/path.db`` (``?synchronous=FULL``)
+* ``redis://[user:password@]host:port/db`` and ``rediss://`` for TLS
+"""
+
+from __future__ import annotations
+
+from urllib.parse import parse_qs, urlsplit
+
+from millwheel.errors import InvalidSpecError
+from millwheel.state.protocol import StateStore
+
+
+def open_store(url: str) -> StateStore:
+    parts = urlsplit(url)
+    if parts.scheme == "sqlite":
+        from millwheel.state.sqlite_store import SQLiteStore
+
+        path = url[len("sqlite:///") :].split("?", 1)[0] if url.startswith("sqlite:///") else ""
+        if not path:
+            raise InvalidSpecError(f"store URL {url!r}: expected sqlite:///PATH")
+        query = parse_qs(parts.query)
+        synchronous = query.get("synchronous", ["NORMAL"])[0]
+        return SQLiteStore(path, synchronous=synchronous, url=url)
+    if parts.scheme in ("redis", "rediss"):
+        try:
+            from millwheel.state.redis_store import RedisStore
+        except ImportError as exc:  # the Redis backend arrives with its own issue
+            raise InvalidSpecError(f"store URL {url!r}: Redis backend unavailable: {exc}") from exc
+        return RedisStore.from_url(url)
+    raise InvalidSpecError(
+        f"store URL {url!r}: unknown scheme {parts.scheme!r}; use sqlite:///PATH or "
+        "redis://HOST:PORT/DB"
+    )

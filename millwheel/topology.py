@@ -1,0 +1,183 @@
+"""The dataflow graph as plain frozen dataclasses; the runners are separate.
+
+A :class:`Topology` is data: it can be built in Python, loaded from a YAML/JSON spec
+(:mod:`millwheel.spec`) or received over gRPC, and every runner (local, service)
+reads the same thing. :meth:`Topology.validate` is the one place graph errors are
+found, with messages that name the computation and stream at fault.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from millwheel.errors import InvalidSpecError
+from millwheel.keys import KeyExtractor
+
+
+class LatePolicy(str, enum.Enum):
+    PROCESS = "process"  # hand late records to user code with ctx.is_late set
+    DROP = "drop"  # drop them and count them
+    ROUTE = "route"  # send them unchanged to the computation's late stream
+
+
+class Productions(str, enum.Enum):
+    STRONG = "strong"  # checkpoint productions before sending (default)
+    WEAK = "weak"  # send first; checkpoint only what downstream is slow to ack
+
+
+@dataclass(frozen=True)
+class Options:
+    exactly_once: bool = True
+    productions: Productions = Productions.STRONG
+    late_policy: LatePolicy = LatePolicy.PROCESS
+    late_stream: str | None = None
+    allowed_lateness_us: int = 0
+    key_ranges: int = 4
+    record_id_retention_us: int = 3_600_000_000  # one hour of processing time
+
+    def validate(self, where: str) -> None:
+        if self.key_ranges < 1:
+            raise InvalidSpecError(f"{where}: key_ranges must be >= 1, got {self.key_ranges}")
+        if self.allowed_lateness_us < 0:
+            raise InvalidSpecError(f"{where}: allowed_lateness_us must be >= 0")
+        if self.record_id_retention_us <= 0:
+            raise InvalidSpecError(f"{where}: record_id_retention_us must be > 0")
+        if self.late_policy is LatePolicy.ROUTE and not self.late_stream:
+            raise InvalidSpecError(f"{where}: late_policy 'route' needs a late_stream")
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    stream: str
+    key_extractor: KeyExtractor = field(default_factory=KeyExtractor)
+
+
+@dataclass(frozen=True)
+class CodeRef:
+    """The code of a computation: a built-in operator name or ``pkg.module:Class``."""
+
+    name: str
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def is_builtin(self) -> bool:
+        return ":" not in self.name
+
+
+@dataclass(frozen=True)
+class ComputationSpec:
+    name: str
+    inputs: tuple[InputSpec, ...]
+    outputs: tuple[str, ...]
+    code: CodeRef
+    options: Options = field(default_factory=Options)
+
+    def all_outputs(self) -> tuple[str, ...]:
+        late = self.options.late_stream
+        if late and late not in self.outputs:
+            return (*self.outputs, late)
+        return self.outputs
+
+
+@dataclass(frozen=True)
+class InjectorSpec:
+    """A source of records: an injector writes to one stream and reports a watermark."""
+
+    name: str
+    stream: str
+
+
+@dataclass(frozen=True)
+class Topology:
+    computations: tuple[ComputationSpec, ...] = ()
+    injectors: tuple[InjectorSpec, ...] = ()
+
+    def computation(self, name: str) -> ComputationSpec:
+        for spec in self.computations:
+            if spec.name == name:
+                return spec
+        raise InvalidSpecError(f"no computation named {name!r}")
+
+    def consumers(self, stream: str) -> list[tuple[ComputationSpec, InputSpec]]:
+        return [
+            (spec, inp) for spec in self.computations for inp in spec.inputs if inp.stream == stream
+        ]
+
+    def producers(self, stream: str) -> list[str]:
+        """Names of computations and injectors (``injector:NAME``) writing ``stream``."""
+        names = [spec.name for spec in self.computations if stream in spec.all_outputs()]
+        names += [injector_node(inj.name) for inj in self.injectors if inj.stream == stream]
+        return names
+
+    def upstream(self, name: str) -> list[str]:
+        """Nodes whose output watermark bounds the input watermark of ``name``."""
+        spec = self.computation(name)
+        ups: list[str] = []
+        for inp in spec.inputs:
+            for producer in self.producers(inp.stream):
+                if producer not in ups:
+                    ups.append(producer)
+        return ups
+
+    def sink_streams(self) -> list[str]:
+        """Streams produced but consumed by no computation: written to the stream log."""
+        produced = [s for spec in self.computations for s in spec.all_outputs()]
+        produced += [inj.stream for inj in self.injectors]
+        consumed = {inp.stream for spec in self.computations for inp in spec.inputs}
+        return sorted({s for s in produced if s not in consumed})
+
+    def with_computation(self, spec: ComputationSpec) -> Topology:
+        return Topology((*self.computations, spec), self.injectors)
+
+    def validate(self) -> None:
+        names: set[str] = set()
+        for spec in self.computations:
+            where = f"computation {spec.name!r}"
+            if not spec.name or spec.name.startswith("injector:") or "\x1f" in spec.name:
+                raise InvalidSpecError(f"{where}: invalid name")
+            if spec.name in names:
+                raise InvalidSpecError(f"{where}: defined twice")
+            names.add(spec.name)
+            if not spec.inputs:
+                raise InvalidSpecError(f"{where}: needs at least one input stream")
+            spec.options.validate(where)
+        injector_names: set[str] = set()
+        for inj in self.injectors:
+            if inj.name in injector_names:
+                raise InvalidSpecError(f"injector {inj.name!r}: defined twice")
+            injector_names.add(inj.name)
+        produced = {s for spec in self.computations for s in spec.all_outputs()}
+        produced |= {inj.stream for inj in self.injectors}
+        for spec in self.computations:
+            for inp in spec.inputs:
+                if inp.stream not in produced:
+                    raise InvalidSpecError(
+                        f"computation {spec.name!r}: input stream {inp.stream!r} is produced "
+                        "by no computation or injector"
+                    )
+        self._check_acyclic()
+
+    def _check_acyclic(self) -> None:
+        visiting: set[str] = set()
+        done: set[str] = set()
+
+        def visit(name: str, path: list[str]) -> None:
+            if name in done:
+                return
+            if name in visiting:
+                raise InvalidSpecError(f"cycle in topology: {' -> '.join([*path, name])}")
+            visiting.add(name)
+            for up in self.upstream(name):
+                if not up.startswith("injector:"):
+                    visit(up, [*path, name])
+            visiting.discard(name)
+            done.add(name)
+
+        for spec in self.computations:
+            visit(spec.name, [])
+
+
+def injector_node(name: str) -> str:
+    return f"injector:{name}"
