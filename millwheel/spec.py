@@ -109,10 +109,27 @@ def topology_from_dict(data: Mapping[str, Any]) -> Topology:
     for i, inj in enumerate(_list(data.get("injectors", []), "injectors")):
         if not isinstance(inj, Mapping) or not inj.get("name") or not inj.get("stream"):
             raise InvalidSpecError(f"injectors[{i}]: needs 'name' and 'stream'")
+        unknown = set(inj) - {"name", "stream", "file", "max_disorder_us"}
+        if unknown:
+            raise InvalidSpecError(f"injectors[{i}]: unknown fields {sorted(unknown)}")
         injectors.append(InjectorSpec(str(inj["name"]), str(inj["stream"])))
     topology = Topology(comps, tuple(injectors))
     topology.validate()
     return topology
+
+
+def sources_from_dict(data: Mapping[str, Any], base: Path) -> dict[str, Any]:
+    """JSON-lines file sources of a spec's injectors (``file``, ``max_disorder_us``)."""
+    from millwheel.sources import JsonLinesSource
+
+    sources: dict[str, Any] = {}
+    for inj in data.get("injectors", []):
+        if "file" in inj:
+            path = Path(inj["file"])
+            sources[inj["name"]] = JsonLinesSource(
+                path if path.is_absolute() else base / path, int(inj.get("max_disorder_us", 0))
+            )
+    return sources
 
 
 def load_spec_file(path: str | Path) -> dict[str, Any]:

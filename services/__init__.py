@@ -1,0 +1,1 @@
+"""The processes: CLI, controller and worker. Only this package touches gRPC."""
