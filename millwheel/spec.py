@@ -113,7 +113,8 @@ def topology_from_dict(data: Mapping[str, Any]) -> Topology:
         if unknown:
             raise InvalidSpecError(f"injectors[{i}]: unknown fields {sorted(unknown)}")
         injectors.append(InjectorSpec(str(inj["name"]), str(inj["stream"])))
-    topology = Topology(comps, tuple(injectors))
+    log_streams = tuple(str(s) for s in _list(data.get("log_streams", []), "log_streams"))
+    topology = Topology(comps, tuple(injectors), log_streams)
     topology.validate()
     return topology
 

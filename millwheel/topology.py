@@ -93,6 +93,9 @@ class InjectorSpec:
 class Topology:
     computations: tuple[ComputationSpec, ...] = ()
     injectors: tuple[InjectorSpec, ...] = ()
+    #: Streams also written to the durable stream log although a computation consumes
+    #: them (a Spark stage's input, for backfill). Sink streams are always logged.
+    log_streams: tuple[str, ...] = ()
 
     def computation(self, name: str) -> ComputationSpec:
         for spec in self.computations:
@@ -121,6 +124,10 @@ class Topology:
                     ups.append(producer)
         return ups
 
+    def logged_streams(self) -> list[str]:
+        """Every stream written to the durable stream log: sinks plus ``log_streams``."""
+        return sorted(set(self.sink_streams()) | set(self.log_streams))
+
     def sink_streams(self) -> list[str]:
         """Streams produced but consumed by no computation: written to the stream log."""
         produced = [s for spec in self.computations for s in spec.all_outputs()]
@@ -129,7 +136,7 @@ class Topology:
         return sorted({s for s in produced if s not in consumed})
 
     def with_computation(self, spec: ComputationSpec) -> Topology:
-        return Topology((*self.computations, spec), self.injectors)
+        return Topology((*self.computations, spec), self.injectors, self.log_streams)
 
     def validate(self) -> None:
         names: set[str] = set()

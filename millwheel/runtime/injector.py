@@ -23,7 +23,7 @@ CURSOR_KEY = "__cursor__"
 class InjectorWorker:
     def __init__(
         self, spec: InjectorSpec, source: Source, store: StateStore, router: Router,
-        clock: Clock, crash: CrashHook = no_crash,
+        clock: Clock, crash: CrashHook = no_crash, token: int | None = None,
     ) -> None:
         self.spec = spec
         self.node = injector_node(spec.name)
@@ -32,7 +32,7 @@ class InjectorWorker:
         self.router = router
         self.clock = clock
         self.crash = crash
-        self.token = store.acquire(self.node, 0)
+        self.token = store.acquire(self.node, 0) if token is None else token
         self.outbox = Outbox(store, self.node, 0)
         self.cursor = store.read_state(self.node, [CURSOR_KEY]).get(CURSOR_KEY)
         self.watermark = max(store.read_watermarks(self.node).values(), default=MIN_TIMESTAMP)

@@ -25,7 +25,7 @@ from millwheel.computation import Computation
 from millwheel.clock import Clock
 from millwheel.dedup import Deduplicator
 from millwheel.errors import UserCodeError
-from millwheel.record import Record, derive_record_id, timer_cause
+from millwheel.record import Record, Timer, derive_record_id, timer_cause
 from millwheel.runtime.context import KeyContext, RangeTransaction
 from millwheel.runtime.routing import Router
 from millwheel.sensors import Sensors
@@ -54,6 +54,7 @@ class RangeWorker:
         sensors: Sensors,
         crash: CrashHook = no_crash,
         max_cached_keys: int = 200_000,
+        token: int | None = None,
     ) -> None:
         self.spec = spec
         self.name = spec.name
@@ -67,7 +68,8 @@ class RangeWorker:
         self.crash = crash
         self.max_cached_keys = max_cached_keys
         # Fence the previous owner before reading anything it may still be writing.
-        self.token = store.acquire(self.name, range_id)
+        # A controller that assigns ranges acquires the token itself and passes it in.
+        self.token = store.acquire(self.name, range_id) if token is None else token
         self.timers = TimerQueue(store.read_timers(self.name, range_id))
         self.outbox = Outbox(store, self.name, range_id)
         self.dedup = Deduplicator(store, self.name, range_id) if spec.options.exactly_once else None
@@ -152,27 +154,40 @@ class RangeWorker:
         txn.records_out += 1
 
     def fire_timers(self, input_watermark: int) -> RangeTransaction | None:
-        """Steps 2 for due timers: event time below the input watermark, processing time
-        at or before the clock; in timestamp order, all in one transaction."""
+        """Step 2 for due timers: event time below the input watermark, processing time
+        at or before the clock; in timestamp order, all in one transaction.
+
+        Code with a ``process_timer_batch(items)`` hook gets every due timer of the
+        range at once as ``(ctx, timer)`` pairs (a Spark stage runs one job for them).
+        """
         txn = RangeTransaction(self)
         now = self.clock.now_us()
-        fired = 0
-        while fired < MAX_TIMERS_PER_BATCH:
+        due: list[Timer] = []
+        while len(due) < MAX_TIMERS_PER_BATCH:
             timer = self.timers.pop_due_event(input_watermark) or self.timers.pop_due_processing(now)
             if timer is None:
                 break
-            fired += 1
+            due.append(timer)
             txn.timer_ops[(timer.key, timer.tag)] = None
-            ctx = KeyContext(txn, timer.key, timer_cause(timer), input_watermark, False)
-            try:
-                self.code.process_timer(ctx, timer)
-            except Exception as exc:
-                raise UserCodeError(
-                    f"computation {self.name!r} failed on timer {timer.tag!r} at {timer.time} "
-                    f"of key {timer.key!r}: {exc.__class__.__name__}: {exc}"
-                ) from exc
-        if not fired:
+        if not due:
             return None
+        self._prefetch(t.key for t in due)
+        items = [
+            (KeyContext(txn, t.key, timer_cause(t), input_watermark, False), t) for t in due
+        ]
+        batch_hook = getattr(self.code, "process_timer_batch", None)
+        try:
+            if batch_hook is not None:
+                batch_hook(items)
+            else:
+                for ctx, timer in items:
+                    self.code.process_timer(ctx, timer)
+        except Exception as exc:
+            raise UserCodeError(
+                f"computation {self.name!r} failed firing {len(due)} timer(s) of range "
+                f"{self.range_id} (first: {due[0].tag!r} at {due[0].time} of key {due[0].key!r}): "
+                f"{exc.__class__.__name__}: {exc}"
+            ) from exc
         self.crash("after_user_code")
         return txn
 

@@ -31,7 +31,7 @@ class Router:
                 self._routes.setdefault(inp.stream, []).append(
                     Route(spec.name, inp.key_extractor.compile())
                 )
-        for stream in topology.sink_streams():
+        for stream in topology.logged_streams():
             self._routes.setdefault(stream, []).append(Route(LOG_PREFIX + stream, None))
 
     def fan_out(self, stream: str, record: Record) -> list[Production]:
