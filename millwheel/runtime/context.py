@@ -24,6 +24,7 @@ class RangeTransaction:
         self.timer_ops: dict[tuple[str, str], Timer | None] = {}
         self.productions: list[Production] = []
         self.consumed_ids: list[str] = []
+        self.records_in = 0
         self.records_out = 0
 
     def to_checkpoint(self, token: int, now_us: int, include_productions: bool) -> Checkpoint:

@@ -102,8 +102,10 @@ class RangeWorker:
         self._prefetch(r.key for r in fresh)
         options = self.spec.options
         late_dropped = late_routed = 0
+        if self.dedup is not None:  # at-least-once remembers no IDs
+            txn.consumed_ids.extend(r.record_id for r in fresh)
+        txn.records_in = len(fresh)
         for record in fresh:  # 2
-            txn.consumed_ids.append(record.record_id)
             is_late = record.timestamp < input_watermark
             if is_late and record.timestamp + options.allowed_lateness_us < input_watermark:
                 if options.late_policy is LatePolicy.DROP:
@@ -198,7 +200,7 @@ class RangeWorker:
         cp = txn.to_checkpoint(self.token, self.clock.now_us(), include_productions)
         if not cp.is_empty():
             self.store.checkpoint(cp)
-        self.sensors.checkpoint(self.name, time.perf_counter() - started, len(txn.consumed_ids))
+        self.sensors.checkpoint(self.name, time.perf_counter() - started, txn.records_in)
         self.sensors.records_out(self.name, txn.records_out)
         if self.dedup is not None:
             self.dedup.remember(txn.consumed_ids)
