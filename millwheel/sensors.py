@@ -19,6 +19,9 @@ class Sensors(Protocol):
     def fenced(self, computation: str, range_id: int) -> None: ...
     def watermark(self, node: str, watermark: int, lag_us: int) -> None: ...
 
+    # Optional hooks, called only if the implementation has them (getattr):
+    # spark_job(computation, outcome, seconds, windows): outcome "ok" | "retry" | "failed".
+
 
 class NullSensors:
     def records_in(self, computation: str, count: int) -> None:
@@ -40,6 +43,9 @@ class NullSensors:
         pass
 
     def watermark(self, node: str, watermark: int, lag_us: int) -> None:
+        pass
+
+    def spark_job(self, computation: str, outcome: str, seconds: float, windows: int) -> None:
         pass
 
 
@@ -70,3 +76,6 @@ class CountingSensors(NullSensors):
 
     def watermark(self, node: str, watermark: int, lag_us: int) -> None:
         self.watermarks[node] = watermark
+
+    def spark_job(self, computation: str, outcome: str, seconds: float, windows: int) -> None:
+        self.counts[f"spark_{outcome}:{computation}"] += 1

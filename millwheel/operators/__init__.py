@@ -9,12 +9,14 @@ from millwheel.errors import InvalidSpecError
 from millwheel.importing import import_object
 from millwheel.operators.aggregate import WindowedAggregate
 from millwheel.operators.transform import Filter, Map
+from millwheel.spark import spark_aggregate
 from millwheel.topology import ComputationSpec
 
 BUILTINS: dict[str, Callable[..., Computation]] = {
     "window_aggregate": WindowedAggregate,
     "filter": Filter,
     "map": Map,
+    "spark_aggregate": spark_aggregate,  # lazy: pyspark loads with the first Spark job
 }
 
 
@@ -30,7 +32,7 @@ def build_computation(spec: ComputationSpec) -> Computation:
                 f"{where}: unknown built-in operator {name!r}; built-ins are {sorted(BUILTINS)} "
                 "(or give 'pkg.module:Class')"
             )
-        if name == "window_aggregate":
+        if name in ("window_aggregate", "spark_aggregate"):
             params.setdefault("allowed_lateness_us", spec.options.allowed_lateness_us)
     else:
         factory = import_object(name, what=f"{where} code")

@@ -67,6 +67,9 @@ class RangeWorker:
         self.sensors = sensors
         self.crash = crash
         self.max_cached_keys = max_cached_keys
+        bind_sensors = getattr(code, "bind_sensors", None)  # e.g. a Spark stage reports jobs
+        if bind_sensors is not None:
+            bind_sensors(sensors, spec.name)
         # Fence the previous owner before reading anything it may still be writing.
         # A controller that assigns ranges acquires the token itself and passes it in.
         self.token = store.acquire(self.name, range_id) if token is None else token

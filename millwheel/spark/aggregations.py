@@ -1,0 +1,134 @@
+"""What a Spark stage computes per (key, window): built-in aggregations or a user function.
+
+Built-ins: ``count``, ``sum``, ``min``, ``max``, ``mean`` (the same as the in-process
+``window_aggregate``), ``approx_count_distinct`` and ``approx_percentile`` (with
+``percentile``). Numeric aggregations read the record's JSON value, or its ``field``.
+
+A user ``function: pkg.module:fn`` receives a DataFrame of the window records with
+columns ``key, window_start, window_end, timestamp, value`` (``value`` is the record's
+value as text) and returns a DataFrame with ``key, window_start, value``; windows it
+returns no row for produce nothing.
+
+Values are extracted and validated when a record arrives (so a bad record fails on
+that record, naming it) and stored as one JSON text per record.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from millwheel.errors import InvalidSpecError
+from millwheel.importing import import_object
+
+BUILTIN = ("count", "sum", "min", "max", "mean", "approx_count_distinct", "approx_percentile")
+NUMERIC = ("sum", "min", "max", "mean", "approx_percentile")
+
+
+@dataclass(frozen=True)
+class Group:
+    """The records of one (key, window): ``(timestamp, stored JSON value)`` pairs."""
+
+    key: str
+    start: int
+    end: int
+    records: Sequence[tuple[int, Any]]
+
+
+class Aggregation:
+    def __init__(
+        self,
+        aggregation: str = "count",
+        field: str | None = None,
+        percentile: float = 0.5,
+        function: str | None = None,
+    ) -> None:
+        self.function: Callable[[Any], Any] | None = None
+        if function is not None:
+            fn = import_object(function, what="spark_aggregate function")
+            if not callable(fn):
+                raise InvalidSpecError(f"spark_aggregate function {function!r} is not callable")
+            self.function = fn
+            self.label = function
+        elif aggregation not in BUILTIN:
+            raise InvalidSpecError(
+                f"spark_aggregate: aggregation {aggregation!r} not one of {BUILTIN} "
+                "(or give 'function: pkg.module:fn')"
+            )
+        else:
+            self.label = aggregation
+        if not 0.0 <= float(percentile) <= 1.0:
+            raise InvalidSpecError(f"spark_aggregate: percentile must be in [0, 1], got {percentile}")
+        self.name = aggregation
+        self.field = field
+        self.percentile = float(percentile)
+        self.numeric = self.function is None and aggregation in NUMERIC
+        self.value_type = "double" if self.numeric else "string"
+
+    def extract(self, value: bytes, record_id: str) -> Any:
+        """The part of a record value this aggregation needs (JSON-serialisable)."""
+        if self.function is not None:
+            return value.decode("utf-8", "replace")
+        if self.name == "count":
+            return None
+        try:
+            parsed: Any = json.loads(value)
+            if self.field is not None:
+                parsed = parsed[self.field]
+        except (ValueError, KeyError, TypeError) as exc:
+            if self.field is None and not self.numeric:
+                return value.decode("utf-8", "replace")  # distinct count of raw text
+            raise InvalidSpecError(self._bad(record_id, exc)) from None
+        if not self.numeric:
+            return parsed if isinstance(parsed, str) else json.dumps(parsed, sort_keys=True)
+        try:
+            return float(parsed)
+        except (ValueError, TypeError) as exc:
+            raise InvalidSpecError(self._bad(record_id, exc)) from None
+
+    def _bad(self, record_id: str, exc: Exception) -> str:
+        where = f" at field {self.field!r}" if self.field else ""
+        return f"spark_aggregate: record {record_id} value is not usable for {self.name}{where}: {exc}"
+
+    def compute(self, spark: Any, groups: Sequence[Group]) -> dict[tuple[str, int], Any]:
+        """One Spark job over all groups: ``(key, window_start) -> value``."""
+        from millwheel.spark.session import sql_functions, window_frame
+
+        rows = [(g.key, g.start, g.end, ts, v) for g in groups for ts, v in g.records]
+        frame = window_frame(spark, rows, self.value_type)
+        if self.function is not None:
+            result = self.function(frame)
+            try:
+                selected = result.select("key", "window_start", "value")
+            except Exception as exc:
+                raise InvalidSpecError(
+                    f"spark_aggregate function {self.label!r} must return a DataFrame with columns "
+                    f"key, window_start, value: {exc.__class__.__name__}: {str(exc)[:200]}"
+                ) from None
+            return {(r[0], int(r[1])): to_json_value(r[2]) for r in selected.collect()}
+        F = sql_functions()
+        expr = {
+            "count": lambda: F.count(F.lit(1)),
+            "sum": lambda: F.sum("value"),
+            "min": lambda: F.min("value"),
+            "max": lambda: F.max("value"),
+            "mean": lambda: F.avg("value"),
+            "approx_count_distinct": lambda: F.approx_count_distinct("value"),
+            "approx_percentile": lambda: F.percentile_approx("value", self.percentile),
+        }[self.name]()
+        out = frame.groupBy("key", "window_start").agg(expr.alias("result")).collect()
+        return {(r[0], int(r[1])): to_json_value(r[2]) for r in out}
+
+
+def to_json_value(value: Any) -> Any:
+    """Spark Row values (rows, lists, dicts, numbers) as plain JSON-able Python."""
+    if hasattr(value, "asDict"):
+        return {k: to_json_value(v) for k, v in value.asDict().items()}
+    if isinstance(value, dict):
+        return {str(k): to_json_value(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_json_value(v) for v in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return str(value)

@@ -1,0 +1,220 @@
+"""The one SparkSession of a process, and the one module that imports pyspark.
+
+A worker process keeps one long-lived session (starting Spark costs seconds, a job on
+a warm session a fraction of one). It is started lazily by the first job, on
+``local[*]`` unless configured otherwise, and stopped at interpreter exit. The master
+comes from, in order: the ``MILLWHEEL_SPARK_MASTER`` environment variable, the stage's
+``master`` parameter, ``local[*]``; ``spark://``, ``yarn``, ``k8s://`` all work.
+
+:func:`run_job` is how every Spark job runs: on a job error it retries with
+exponential backoff, restarting the session first if it died (e.g. the JVM was
+killed), and reports each attempt; after the last attempt it raises
+:class:`SparkJobError`, so the caller commits nothing and the window is retried later.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import sys
+import threading
+import time
+from typing import Any, Callable, Mapping, Sequence, TypeVar
+
+from millwheel.errors import MillWheelError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MASTER = "local[*]"
+MASTER_ENV = "MILLWHEEL_SPARK_MASTER"
+#: Small-data defaults; any of them can be overridden by ``spark_conf``.
+DEFAULT_CONF: dict[str, str] = {
+    "spark.app.name": "millwheel",
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.sql.shuffle.partitions": "2",
+    "spark.sql.session.timeZone": "UTC",
+}
+
+T = TypeVar("T")
+#: ``on_attempt(outcome, seconds, error)`` with outcome "ok", "retry" or "failed".
+AttemptHook = Callable[[str, float, "BaseException | None"], None]
+
+
+class SparkJobError(MillWheelError):
+    """A Spark job failed on every attempt; nothing of it was emitted."""
+
+
+_lock = threading.RLock()
+_session: Any = None
+_settings: tuple[str, tuple[tuple[str, str], ...]] | None = None
+_atexit_registered = False
+
+
+def resolve_master(master: str | None) -> str:
+    return os.environ.get(MASTER_ENV) or master or DEFAULT_MASTER
+
+
+def get_session(master: str | None = None, conf: Mapping[str, Any] | None = None) -> Any:
+    """The process's SparkSession, started on first use (or again if it died).
+
+    The first caller's master and settings win; a later caller asking for another
+    master gets the running session and a warning (one session per process).
+    """
+    global _session, _settings, _atexit_registered
+    wanted = (resolve_master(master), tuple(sorted((k, str(v)) for k, v in (conf or {}).items())))
+    with _lock:
+        if _session is not None and is_alive():
+            if _settings is not None and wanted[0] != _settings[0]:
+                log.warning("Spark session already runs on %s; ignoring master %s", _settings[0], wanted[0])
+            return _session
+        if _session is not None:
+            _discard()
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        from pyspark.sql import SparkSession
+
+        builder = SparkSession.builder.master(wanted[0])
+        for key, value in {**DEFAULT_CONF, **dict(wanted[1])}.items():
+            builder = builder.config(key, value)
+        started = time.perf_counter()
+        _session = builder.getOrCreate()
+        _session.sparkContext.setLogLevel("ERROR")
+        _settings = wanted
+        log.info("Spark session on %s started in %.1fs", wanted[0], time.perf_counter() - started)
+        if not _atexit_registered:
+            atexit.register(stop_session)
+            _atexit_registered = True
+        return _session
+
+
+def is_alive() -> bool:
+    """True if the session exists and its JVM answers."""
+    with _lock:
+        if _session is None:
+            return False
+        try:
+            jsc = _session.sparkContext._jsc
+            return jsc is not None and not jsc.sc().isStopped()
+        except Exception:  # the JVM is gone: py4j cannot reach it
+            return False
+
+
+def gateway_pid() -> int | None:
+    """PID of the driver JVM (tests kill it to simulate a lost session)."""
+    with _lock:
+        if _session is None:
+            return None
+        proc = getattr(_session.sparkContext._gateway, "proc", None)
+        return None if proc is None else int(proc.pid)
+
+
+def stop_session() -> None:
+    """Stop the session (at exit, or when a runner shuts down)."""
+    global _session, _settings
+    with _lock:
+        if _session is None:
+            return
+        try:
+            _session.stop()
+        except Exception:
+            _discard()
+        _session = None
+        _settings = None
+
+
+def _discard() -> None:
+    """Forget a dead session and its JVM so the next :func:`get_session` starts anew."""
+    global _session
+    from pyspark import SparkContext
+    from pyspark.sql import SparkSession
+
+    try:
+        _session.stop()
+    except Exception:
+        pass
+    gateway = getattr(SparkContext, "_gateway", None)
+    proc = getattr(gateway, "proc", None)
+    if proc is not None and proc.poll() is None:
+        proc.kill()
+    for attr in ("_gateway", "_jvm", "_active_spark_context"):
+        setattr(SparkContext, attr, None)
+    for attr in ("_instantiatedSession", "_activeSession"):
+        if hasattr(SparkSession, attr):
+            setattr(SparkSession, attr, None)
+    _session = None
+
+
+def run_job(
+    job: Callable[[Any], T],
+    *,
+    master: str | None = None,
+    conf: Mapping[str, Any] | None = None,
+    attempts: int = 4,
+    backoff_s: float = 0.5,
+    on_attempt: AttemptHook | None = None,
+) -> T:
+    """Run ``job(spark)`` with retries; see the module docstring."""
+    delay = backoff_s
+    for attempt in range(1, attempts + 1):
+        started = time.perf_counter()
+        try:
+            result = job(get_session(master, conf))
+        except MillWheelError:
+            raise  # a spec/user error found before Spark ran: retrying cannot help
+        except Exception as exc:
+            seconds = time.perf_counter() - started
+            last = attempt == attempts
+            if on_attempt is not None:
+                on_attempt("failed" if last else "retry", seconds, exc)
+            if last:
+                raise SparkJobError(
+                    f"Spark job failed {attempts} times; last error: "
+                    f"{exc.__class__.__name__}: {_first_line(exc)}"
+                ) from exc
+            log.warning("Spark job attempt %d/%d failed (%s); retrying in %.1fs",
+                        attempt, attempts, _first_line(exc), delay)
+            if not is_alive():
+                with _lock:
+                    if _session is not None:
+                        _discard()
+            time.sleep(delay)
+            delay *= 2
+        else:
+            if on_attempt is not None:
+                on_attempt("ok", time.perf_counter() - started, None)
+            return result
+    raise AssertionError("unreachable")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:300] if text else ""
+
+
+# -- DataFrame construction (kept here so no other module imports pyspark) ---------------
+
+#: The value column's Spark type per kind of stored value.
+VALUE_TYPES = ("double", "string")
+
+
+def window_frame(spark: Any, rows: Sequence[tuple[str, int, int, int, Any]], value_type: str) -> Any:
+    """A DataFrame ``(key, window_start, window_end, timestamp, value)`` of window records."""
+    from pyspark.sql import types as T_
+
+    value: Any = T_.DoubleType() if value_type == "double" else T_.StringType()
+    schema = T_.StructType([
+        T_.StructField("key", T_.StringType(), False),
+        T_.StructField("window_start", T_.LongType(), False),
+        T_.StructField("window_end", T_.LongType(), False),
+        T_.StructField("timestamp", T_.LongType(), False),
+        T_.StructField("value", value, True),
+    ])
+    return spark.createDataFrame(list(rows), schema)
+
+
+def sql_functions() -> Any:
+    """``pyspark.sql.functions``, for aggregation expressions."""
+    from pyspark.sql import functions
+
+    return functions

@@ -1,0 +1,224 @@
+"""The Spark stage: a windowed aggregation whose windows are computed by PySpark jobs.
+
+Behaviour a user can rely on (the same windows and output as ``window_aggregate``):
+
+* each record is checkpointed into its key's state, per window, like any computation;
+* when the input low watermark passes a window's end, the window is due; every window
+  due in a key range at that moment goes to ONE Spark job, and each result is produced
+  as JSON ``{"key", "start", "end", "agg", "value", "count"}`` stamped ``end - 1``;
+* the result's record ID derives from (computation, key, window) through the timer
+  that fired it, and the job's results, the timer deletions and the state cleanup are
+  one checkpoint: a job retried after a crash re-produces the same IDs (downstream
+  drops repeats) and a crash mid-job emits nothing; a window's records are deleted
+  only in the checkpoint that holds its result;
+* pending end-of-window timers hold the output watermark, so results are never late;
+* with ``allowed_lateness_us`` > 0 a window is kept that much longer; a late record
+  updates it and a corrected result (a new record ID) follows at the next firing;
+  records later than that follow the late-data policy (the runtime applies it);
+* Spark failures are retried with backoff (see :mod:`millwheel.spark.session`),
+  reported to the sensors (``spark_job``) and in :attr:`SparkAggregate.status`.
+
+Per-key state is ``META\\n`` followed by one ``TIMESTAMP\\tJSON\\n`` line per record:
+appending a record to an open window copies bytes but parses nothing, so buffering
+stays cheap for large windows. ``META`` maps window start -> results emitted so far.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Mapping, Sequence
+
+from millwheel.computation import Computation, Context
+from millwheel.errors import InvalidSpecError
+from millwheel.operators.windows import Windowing
+from millwheel.record import Record, Timer
+from millwheel.spark.aggregations import Aggregation, Group
+from millwheel.spark.session import run_job
+
+
+class SparkAggregate(Computation):
+    def __init__(
+        self,
+        *,
+        size_us: int,
+        period_us: int | None = None,
+        aggregation: str = "count",
+        field: str | None = None,
+        percentile: float = 0.5,
+        function: str | None = None,
+        output: str | None = None,
+        allowed_lateness_us: int = 0,
+        master: str | None = None,
+        spark_conf: Mapping[str, Any] | None = None,
+        max_attempts: int = 4,
+        retry_backoff_s: float = 0.5,
+    ) -> None:
+        self.windowing = Windowing(int(size_us), int(period_us) if period_us else None)
+        self.agg = Aggregation(aggregation, field, percentile, function)
+        self.output = output
+        self.allowed_lateness_us = int(allowed_lateness_us)
+        self.master = master
+        self.spark_conf = dict(spark_conf or {})
+        if int(max_attempts) < 1:
+            raise InvalidSpecError("spark_aggregate: max_attempts must be >= 1")
+        self.max_attempts = int(max_attempts)
+        self.retry_backoff_s = float(retry_backoff_s)
+        self.name = "spark_aggregate"
+        self.sensors: Any = None
+        self.status: dict[str, Any] = {"jobs": 0, "windows": 0, "retries": 0, "failures": 0,
+                                       "last_error": None, "last_job_s": None}
+
+    # -- wiring --------------------------------------------------------------
+    def bind_outputs(self, outputs: tuple[str, ...]) -> None:
+        if self.output is None:
+            if not outputs:
+                raise InvalidSpecError("spark_aggregate needs an output stream")
+            self.output = outputs[0]
+
+    def bind_sensors(self, sensors: Any, computation: str) -> None:
+        self.sensors = sensors
+        self.name = computation
+
+    # -- records -------------------------------------------------------------
+    def process_record(self, ctx: Context, record: Record) -> None:
+        value = self.agg.extract(record.value, record.record_id)
+        state = ctx.state
+        meta = _meta(state)
+        meta_changed = False
+        keep = False
+        lateness = self.allowed_lateness_us
+        for start in self.windowing.assign(record.timestamp):
+            end = self.windowing.end(start)
+            emitted = meta.get(str(start))
+            if emitted is None:
+                if end - 1 + lateness < ctx.input_watermark:
+                    continue  # closed for good; the late policy let the record through
+                meta[str(start)] = 0
+                meta_changed = True
+                ctx.set_timer(f"fire:{start}:0", end - 1)
+                if lateness:
+                    ctx.set_timer(f"gc:{start}", end - 1 + lateness, hold=False)
+            elif emitted > 0:  # already produced: a corrected result follows
+                ctx.set_timer(f"fire:{start}:{emitted}", end - 1)
+            keep = True
+        if not keep:
+            return
+        line = f"{record.timestamp}\t{json.dumps(value)}\n".encode()
+        if meta_changed or state is None:
+            ctx.set_state(_meta_bytes(meta) + _split(state)[1] + line)
+        else:
+            ctx.set_state(state + line)
+
+    # -- timers --------------------------------------------------------------
+    def process_timer(self, ctx: Context, timer: Timer) -> None:
+        self.process_timer_batch([(ctx, timer)])
+
+    def process_timer_batch(self, items: Sequence[tuple[Context, Timer]]) -> None:
+        """Every due timer of one key range: one Spark job for all due windows."""
+        keys: dict[str, _KeyState] = {}
+        fires: list[tuple[Context, _KeyState, int, int]] = []
+        gcs: list[tuple[_KeyState, int]] = []
+        for ctx, timer in items:
+            kind, _, rest = timer.tag.partition(":")
+            start_s, _, rev_s = rest.partition(":")
+            ks = keys.get(ctx.key)
+            if ks is None:
+                ks = keys[ctx.key] = _KeyState(ctx, ctx.state)
+            if start_s not in ks.meta:
+                continue
+            if kind == "fire":
+                fires.append((ctx, ks, int(start_s), int(rev_s or 0)))
+            elif kind == "gc":
+                gcs.append((ks, int(start_s)))
+        if fires:
+            groups = {}
+            for _ctx, ks, start, _rev in fires:
+                end = self.windowing.end(start)
+                groups[(ks.ctx.key, start)] = Group(ks.ctx.key, start, end, ks.records_in(start, end))
+            results = self._run(list(groups.values()))
+            for ctx, ks, start, rev in fires:
+                group = groups[(ctx.key, start)]
+                if (ctx.key, start) in results:
+                    self._emit(ctx, group, results[(ctx.key, start)])
+                ks.meta[str(start)] = max(ks.meta[str(start)], rev + 1)
+                if not self.allowed_lateness_us:
+                    del ks.meta[str(start)]
+        for ks, start in gcs:
+            ks.meta.pop(str(start), None)
+        for ks in keys.values():
+            ks.save(self.windowing)
+
+    def _run(self, groups: list[Group]) -> dict[tuple[str, int], Any]:
+        def on_attempt(outcome: str, seconds: float, error: BaseException | None) -> None:
+            self.status["last_job_s"] = round(seconds, 3)
+            if outcome == "ok":
+                self.status["jobs"] += 1
+                self.status["windows"] += len(groups)
+            else:
+                self.status["retries" if outcome == "retry" else "failures"] += 1
+                self.status["last_error"] = f"{error.__class__.__name__}: {str(error)[:300]}"
+            hook = getattr(self.sensors, "spark_job", None)
+            if hook is not None:
+                hook(self.name, outcome, seconds, len(groups))
+
+        return run_job(
+            lambda spark: self.agg.compute(spark, groups),
+            master=self.master, conf=self.spark_conf, attempts=self.max_attempts,
+            backoff_s=self.retry_backoff_s, on_attempt=on_attempt,
+        )
+
+    def _emit(self, ctx: Context, group: Group, value: Any) -> None:
+        payload = {
+            "key": group.key, "start": group.start, "end": group.end,
+            "agg": self.agg.label, "value": value, "count": len(group.records),
+        }
+        assert self.output is not None
+        ctx.produce(self.output, group.key, json.dumps(payload).encode(), group.end - 1)
+
+
+class _KeyState:
+    """One key's decoded state during a timer batch."""
+
+    def __init__(self, ctx: Context, state: bytes | None) -> None:
+        self.ctx = ctx
+        self.meta, body = _split(state)
+        self.records: list[tuple[int, Any]] = []
+        for line in body.split(b"\n"):
+            if line:
+                ts, _, value = line.partition(b"\t")
+                self.records.append((int(ts), json.loads(value)))
+
+    def records_in(self, start: int, end: int) -> list[tuple[int, Any]]:
+        return [(ts, v) for ts, v in self.records if start <= ts < end]
+
+    def save(self, windowing: Windowing) -> None:
+        """Write back, keeping only records of windows still open (or awaiting lateness)."""
+        if not self.meta:
+            self.ctx.set_state(None)
+            return
+        starts = [int(s) for s in self.meta]
+        lines = [
+            f"{ts}\t{json.dumps(v)}\n" for ts, v in self.records
+            if any(s <= ts < windowing.end(s) for s in starts)
+        ]
+        self.ctx.set_state(_meta_bytes(self.meta) + "".join(lines).encode())
+
+
+def _meta(state: bytes | None) -> dict[str, int]:
+    """Only the header: no copy of the (possibly large) record lines."""
+    if not state:
+        return {}
+    meta: dict[str, int] = json.loads(state[: state.index(b"\n")])
+    return meta
+
+
+def _split(state: bytes | None) -> tuple[dict[str, int], bytes]:
+    if not state:
+        return {}, b""
+    cut = state.index(b"\n")
+    meta: dict[str, int] = json.loads(state[:cut])
+    return meta, state[cut + 1 :]
+
+
+def _meta_bytes(meta: dict[str, int]) -> bytes:
+    return json.dumps(meta, separators=(",", ":")).encode() + b"\n"
