@@ -6,7 +6,14 @@ from millwheel.errors import MillWheelError
 from millwheel.keys import KeyExtractor
 from millwheel.record import Record, TimeDomain, Timer
 from millwheel.topology import (
-    CodeRef, ComputationSpec, InjectorSpec, InputSpec, LatePolicy, Options, Productions, Topology,
+    CodeRef,
+    ComputationSpec,
+    InjectorSpec,
+    InputSpec,
+    LatePolicy,
+    Options,
+    Productions,
+    Topology,
 )
 
 __all__ = [

@@ -45,7 +45,7 @@ class Record:
             raise InvalidSpecError(f"{where}: record_id must not be empty")
 
 
-class TimeDomain(str, enum.Enum):
+class TimeDomain(enum.StrEnum):
     """Event-time timers fire on the input low watermark, processing-time on the clock."""
 
     EVENT = "event"

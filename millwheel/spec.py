@@ -22,7 +22,14 @@ from typing import Any, Mapping
 from millwheel.errors import InvalidSpecError
 from millwheel.keys import KeyExtractor
 from millwheel.topology import (
-    CodeRef, ComputationSpec, InjectorSpec, InputSpec, LatePolicy, Options, Productions, Topology,
+    CodeRef,
+    ComputationSpec,
+    InjectorSpec,
+    InputSpec,
+    LatePolicy,
+    Options,
+    Productions,
+    Topology,
 )
 
 _OPTION_FIELDS = {f.name for f in dataclasses.fields(Options)}

@@ -16,13 +16,13 @@ from millwheel.errors import InvalidSpecError
 from millwheel.keys import KeyExtractor
 
 
-class LatePolicy(str, enum.Enum):
+class LatePolicy(enum.StrEnum):
     PROCESS = "process"  # hand late records to user code with ctx.is_late set
     DROP = "drop"  # drop them and count them
     ROUTE = "route"  # send them unchanged to the computation's late stream
 
 
-class Productions(str, enum.Enum):
+class Productions(enum.StrEnum):
     STRONG = "strong"  # checkpoint productions before sending (default)
     WEAK = "weak"  # send first; checkpoint only what downstream is slow to ack
 

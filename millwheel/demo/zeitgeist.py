@@ -136,12 +136,14 @@ class SpikeDetector(Computation):
         ctx.set_state(json.dumps(model).encode())
 
 
-def build_topology(key_ranges: int = 4) -> Topology:
+def build_topology(key_ranges: int = 4, spark: bool = False) -> Topology:
+    """``spark=True`` counts with the Spark stage (``spark_aggregate``) instead."""
     opts = Options(key_ranges=key_ranges)
+    counter = "spark_aggregate" if spark else "window_aggregate"
     return Topology(
         computations=(
             ComputationSpec("counts", (InputSpec("queries"),), ("counts",),
-                            CodeRef("window_aggregate", {"size_us": MINUTE_US}), opts),
+                            CodeRef(counter, {"size_us": MINUTE_US}), opts),
             ComputationSpec("detector", (InputSpec("counts"),), ("anomalies",),
                             CodeRef("millwheel.demo.zeitgeist:SpikeDetector"), opts),
         ),
@@ -172,6 +174,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--store", default=None,
                         help="store URL (default: a fresh SQLite file in a temporary directory)")
     parser.add_argument("--key-ranges", type=int, default=4, help="key ranges per computation (default 4)")
+    parser.add_argument("--spark", action="store_true",
+                        help="count per query per window with a Spark stage (PySpark, local[*])")
     parser.add_argument("--json", action="store_true", help="print the result as JSON (for scripts)")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
 
@@ -192,7 +196,7 @@ def main(args: argparse.Namespace) -> int:
         store = open_store(url)
         try:
             runner = LocalRunner(
-                build_topology(args.key_ranges), store,
+                build_topology(args.key_ranges, getattr(args, "spark", False)), store,
                 {"queries": ListSource(work.records, work.max_disorder_us)},
                 crash=crash_hook_from_env(),
             )
@@ -222,6 +226,6 @@ def print_table(planted: list[Anomaly], detected: list[Anomaly]) -> None:
     import datetime as dt
 
     for a in rows:
-        when = dt.datetime.fromtimestamp(a.window_start / 1e6, dt.timezone.utc).strftime("%Y-%m-%d %H:%M")
+        when = dt.datetime.fromtimestamp(a.window_start / 1e6, dt.UTC).strftime("%Y-%m-%d %H:%M")
         print(f"{when:<20} {a.query:<8} {a.kind:<6} {'yes' if a in planted else '-':<8} "
               f"{'yes' if a in detected else '-':<8}")

@@ -52,4 +52,4 @@ def build_computation(spec: ComputationSpec) -> Computation:
             bind(spec.all_outputs() if not spec.options.late_stream else spec.outputs)
         except InvalidSpecError as exc:
             raise InvalidSpecError(f"{where}: {exc}") from None
-    return code  # type: ignore[no-any-return]
+    return code

@@ -8,11 +8,11 @@ consumers drop the repeats.
 
 from __future__ import annotations
 
+from millwheel.clock import Clock
 from millwheel.record import MIN_TIMESTAMP
 from millwheel.runtime.outbox import Outbox
 from millwheel.runtime.range_worker import CrashHook, no_crash
 from millwheel.runtime.routing import Router
-from millwheel.clock import Clock
 from millwheel.sources import Source
 from millwheel.state.protocol import Checkpoint, StateStore
 from millwheel.topology import InjectorSpec, injector_node

@@ -21,15 +21,15 @@ from __future__ import annotations
 import time
 from typing import Callable, Iterable, Sequence
 
-from millwheel.computation import Computation
 from millwheel.clock import Clock
+from millwheel.computation import Computation
 from millwheel.dedup import Deduplicator
 from millwheel.errors import UserCodeError
 from millwheel.record import Record, Timer, derive_record_id, timer_cause
 from millwheel.runtime.context import KeyContext, RangeTransaction
+from millwheel.runtime.outbox import Outbox
 from millwheel.runtime.routing import Router
 from millwheel.sensors import Sensors
-from millwheel.runtime.outbox import Outbox
 from millwheel.state.protocol import StateStore
 from millwheel.timers import TimerQueue
 from millwheel.topology import ComputationSpec, LatePolicy
@@ -82,7 +82,7 @@ class RangeWorker:
     # -- state cache ---------------------------------------------------------
     def get_state(self, key: str) -> bytes | None:
         if key not in self._cache:
-            self._cache[key] = self.store.read_state(self.name, [key]).get(key)
+            self._cache[key] = self.store.read_state(self.name, [key], self.range_id).get(key)
         return self._cache[key]
 
     def put_state(self, key: str, value: bytes | None) -> None:
@@ -91,7 +91,7 @@ class RangeWorker:
     def _prefetch(self, keys: Iterable[str]) -> None:
         missing = {k for k in keys if k not in self._cache}
         if missing:
-            found = self.store.read_state(self.name, missing)
+            found = self.store.read_state(self.name, missing, self.range_id)
             for key in missing:
                 self._cache[key] = found.get(key)
 

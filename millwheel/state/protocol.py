@@ -94,13 +94,23 @@ class StateStore(Protocol):
         ...
 
     # -- reads for recovery ------------------------------------------------------
-    def read_state(self, computation: str, keys: Iterable[str]) -> dict[str, bytes]:
-        """State of those keys that have any."""
+    def read_state(
+        self, computation: str, keys: Iterable[str], range_id: int | None = None
+    ) -> dict[str, bytes]:
+        """State of those keys that have any.
+
+        ``range_id``, when the caller knows it (a range worker reading its own keys),
+        lets a backend that stores state per key range (Redis) read one place only.
+        """
         ...
 
     def read_timers(self, computation: str, range_id: int) -> list[Timer]: ...
 
-    def read_key_timers(self, computation: str, key: str) -> list[Timer]: ...
+    def read_key_timers(
+        self, computation: str, key: str, range_id: int | None = None
+    ) -> list[Timer]:
+        """The key's timers, earliest first (``range_id`` as in :meth:`read_state`)."""
+        ...
 
     def read_outbox(self, producer: str, range_id: int) -> list[Production]:
         """Pending productions in the order they were checkpointed."""

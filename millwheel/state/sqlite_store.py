@@ -182,7 +182,9 @@ class SQLiteStore:
         self._write(txn)
 
     # -- reads ---------------------------------------------------------------
-    def read_state(self, computation: str, keys: Iterable[str]) -> dict[str, bytes]:
+    def read_state(
+        self, computation: str, keys: Iterable[str], range_id: int | None = None
+    ) -> dict[str, bytes]:
         keys = list(keys)
         out: dict[str, bytes] = {}
         with self._lock:
@@ -218,7 +220,9 @@ class SQLiteStore:
             (computation, range_id),
         )
 
-    def read_key_timers(self, computation: str, key: str) -> list[Timer]:
+    def read_key_timers(
+        self, computation: str, key: str, range_id: int | None = None
+    ) -> list[Timer]:
         return self._timers(
             "SELECT key, tag, time, domain, hold FROM timers WHERE computation=? AND key=? "
             "ORDER BY time",

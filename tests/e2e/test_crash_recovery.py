@@ -20,7 +20,9 @@ RECORDS = pipelines.workload()
 
 def run_clean(path: Path, options: Options | None = None) -> SQLiteStore:
     store = SQLiteStore(path)
-    LocalRunner(pipelines.topology(options), store, pipelines.sources(RECORDS), batch_size=97, watermark_report_interval_us=0).run()
+    LocalRunner(
+        pipelines.topology(options), store, pipelines.sources(RECORDS), batch_size=97, watermark_report_interval_us=0
+    ).run()
     return store
 
 
@@ -29,13 +31,21 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> SQLiteStore:
     return run_clean(tmp_path_factory.mktemp("ref") / "ref.db")
 
 
-def run_with_crashes(path: Path, schedules: list[CrashSchedule], options: Options | None = None) -> tuple[SQLiteStore, int]:
+def run_with_crashes(
+    path: Path, schedules: list[CrashSchedule], options: Options | None = None
+) -> tuple[SQLiteStore, int]:
     """Run to completion, crashing at each schedule in turn; returns store and crash count."""
     crashes = 0
     for schedule in [*schedules, None]:
         store = SQLiteStore(path)
-        runner = LocalRunner(pipelines.topology(options), store, pipelines.sources(RECORDS),
-                             batch_size=97, watermark_report_interval_us=0, **({"crash": schedule} if schedule else {}))
+        runner = LocalRunner(
+            pipelines.topology(options),
+            store,
+            pipelines.sources(RECORDS),
+            batch_size=97,
+            watermark_report_interval_us=0,
+            **({"crash": schedule} if schedule else {}),
+        )
         try:
             runner.run()
             return store, crashes

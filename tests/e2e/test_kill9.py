@@ -8,7 +8,6 @@ import random
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -23,8 +22,10 @@ def write_spec(tmp: Path, n: int) -> Path:
     events = tmp / "events.jsonl"
     with events.open("w") as fh:
         for r in pipelines.workload(n=n):
-            fh.write(json.dumps({"key": r.key, "value": json.loads(r.value), "timestamp": r.timestamp,
-                                 "id": r.record_id}) + "\n")
+            fh.write(
+                json.dumps({"key": r.key, "value": json.loads(r.value), "timestamp": r.timestamp, "id": r.record_id})
+                + "\n"
+            )
     spec = tmp / "pipeline.yaml"
     spec.write_text(f"""
 injectors:
@@ -57,12 +58,17 @@ def millwheel_run(spec: Path, db: Path, crash_at: str | None = None) -> subproce
         env["MILLWHEEL_CRASH_AT"] = crash_at
     return subprocess.Popen(
         [sys.executable, "-m", "services.cli", "run", str(spec), "--store", f"sqlite:///{db}", "--quiet"],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
     )
 
 
 @pytest.fixture(scope="module")
-def spec_and_reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, list[tuple[str, bytes, int, str]]]]:
+def spec_and_reference(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[Path, dict[str, list[tuple[str, bytes, int, str]]]]:
     tmp = tmp_path_factory.mktemp("k9")
     spec = write_spec(tmp, 30000)
     proc = millwheel_run(spec, tmp / "ref.db")
@@ -73,7 +79,9 @@ def spec_and_reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, 
 
 @pytest.mark.parametrize("crash_at", ["after_checkpoint:7", "after_ack:11", "after_inject:3", "after_user_code:20"])
 def test_kill9_at_a_seam_then_restart_equals_failure_free_run(
-    tmp_path: Path, spec_and_reference: tuple[Path, dict[str, list[tuple[str, bytes, int, str]]]], crash_at: str,
+    tmp_path: Path,
+    spec_and_reference: tuple[Path, dict[str, list[tuple[str, bytes, int, str]]]],
+    crash_at: str,
 ) -> None:
     spec, reference = spec_and_reference
     db = tmp_path / "s.db"
@@ -87,7 +95,8 @@ def test_kill9_at_a_seam_then_restart_equals_failure_free_run(
 
 
 def test_kill9_at_random_moments(
-    tmp_path: Path, spec_and_reference: tuple[Path, dict[str, list[tuple[str, bytes, int, str]]]],
+    tmp_path: Path,
+    spec_and_reference: tuple[Path, dict[str, list[tuple[str, bytes, int, str]]]],
 ) -> None:
     spec, reference = spec_and_reference
     db = tmp_path / "s.db"

@@ -21,7 +21,12 @@ from millwheel.record import Record
 from millwheel.sources import ListSource
 from millwheel.state.protocol import StateStore
 from millwheel.topology import (
-    CodeRef, ComputationSpec, InjectorSpec, InputSpec, Options, Topology,
+    CodeRef,
+    ComputationSpec,
+    InjectorSpec,
+    InputSpec,
+    Options,
+    Topology,
 )
 
 SECOND = 1_000_000
@@ -32,20 +37,28 @@ class RunningTotal(Computation):
         window = json.loads(record.value)
         total = int(ctx.state or b"0") + int(window["count"])
         ctx.set_state(str(total).encode())
-        ctx.produce("totals", ctx.key, json.dumps({"through": window["end"], "total": total}).encode(),
-                    record.timestamp)
+        ctx.produce(
+            "totals", ctx.key, json.dumps({"through": window["end"], "total": total}).encode(), record.timestamp
+        )
 
 
 def topology(options: Options | None = None, key_ranges: int = 3) -> Topology:
     opts = options or Options(key_ranges=key_ranges)
     return Topology(
         computations=(
-            ComputationSpec("parse", (InputSpec("events"),), ("parsed",),
-                            CodeRef("map", {"key": "json['user']"}), opts),
-            ComputationSpec("counts", (InputSpec("parsed"),), ("counts",),
-                            CodeRef("window_aggregate", {"size_us": 10 * SECOND}), opts),
-            ComputationSpec("totals", (InputSpec("counts"),), ("totals",),
-                            CodeRef("tests.support.pipelines:RunningTotal"), opts),
+            ComputationSpec(
+                "parse", (InputSpec("events"),), ("parsed",), CodeRef("map", {"key": "json['user']"}), opts
+            ),
+            ComputationSpec(
+                "counts",
+                (InputSpec("parsed"),),
+                ("counts",),
+                CodeRef("window_aggregate", {"size_us": 10 * SECOND}),
+                opts,
+            ),
+            ComputationSpec(
+                "totals", (InputSpec("counts"),), ("totals",), CodeRef("tests.support.pipelines:RunningTotal"), opts
+            ),
         ),
         injectors=(InjectorSpec("events", "events"),),
         log_streams=("counts",),
@@ -61,8 +74,7 @@ def workload(n: int = 1500, users: int = 12, seed: int = 3, disorder_us: int = 2
         items.append((ts + rng.randrange(disorder_us), ts, f"u{rng.randrange(users)}"))
     items.sort()
     return [
-        Record("raw", json.dumps({"user": u, "n": i}).encode(), ts, f"ev-{i}")
-        for i, (_o, ts, u) in enumerate(items)
+        Record("raw", json.dumps({"user": u, "n": i}).encode(), ts, f"ev-{i}") for i, (_o, ts, u) in enumerate(items)
     ]
 
 
@@ -70,7 +82,9 @@ def sources(records: list[Record], disorder_us: int = 2 * SECOND) -> dict[str, A
     return {"events": ListSource(records, disorder_us)}
 
 
-def outputs(store: StateStore, streams: tuple[str, ...] = ("counts", "totals")) -> dict[str, list[tuple[str, bytes, int, str]]]:
+def outputs(
+    store: StateStore, streams: tuple[str, ...] = ("counts", "totals")
+) -> dict[str, list[tuple[str, bytes, int, str]]]:
     """Each sink stream's records as sorted (key, value, timestamp, id) tuples."""
     return {
         s: sorted((r.key, r.value, r.timestamp, r.record_id) for _seq, r in store.read_log(s, 0, 10**9))

@@ -28,8 +28,7 @@ class Counter(Computation):
             ctx.produce("out", ctx.key, b"late", record.timestamp)
 
     def process_timer(self, ctx: Context, timer: Timer) -> None:
-        ctx.produce("out", ctx.key, json.dumps({"tag": timer.tag, "n": int(ctx.state or b"0")}).encode(),
-                    timer.time)
+        ctx.produce("out", ctx.key, json.dumps({"tag": timer.tag, "n": int(ctx.state or b"0")}).encode(), timer.time)
 
 
 class Boom(Computation):
@@ -37,8 +36,9 @@ class Boom(Computation):
         raise ValueError("bad input")
 
 
-def make(store: SQLiteStore, code: Computation, options: Options | None = None,
-         clock: ManualClock | None = None, crash=None) -> tuple[RangeWorker, CountingSensors]:  # type: ignore[no-untyped-def]
+def make(
+    store: SQLiteStore, code: Computation, options: Options | None = None, clock: ManualClock | None = None, crash=None
+) -> tuple[RangeWorker, CountingSensors]:  # type: ignore[no-untyped-def]
     options = options or Options(key_ranges=1)
     spec = ComputationSpec("c", (InputSpec("in"),), ("out",), CodeRef("x:Y"), options)
     topo = Topology((spec,), (InjectorSpec("i", "in"),))
@@ -109,13 +109,17 @@ def test_crash_before_checkpoint_leaves_nothing_and_retry_is_exact(sqlite_store:
     assert sqlite_store.read_state("c", ["k"]) == {"k": b"2"}
 
 
-@pytest.mark.parametrize("policy,expect_state,expect_out", [
-    (LatePolicy.PROCESS, b"1", [b"late"]),
-    (LatePolicy.DROP, None, []),
-    (LatePolicy.ROUTE, None, [b""]),
-])
-def test_late_data_policy(sqlite_store: SQLiteStore, policy: LatePolicy, expect_state: bytes | None,
-                          expect_out: list[bytes]) -> None:
+@pytest.mark.parametrize(
+    "policy,expect_state,expect_out",
+    [
+        (LatePolicy.PROCESS, b"1", [b"late"]),
+        (LatePolicy.DROP, None, []),
+        (LatePolicy.ROUTE, None, [b""]),
+    ],
+)
+def test_late_data_policy(
+    sqlite_store: SQLiteStore, policy: LatePolicy, expect_state: bytes | None, expect_out: list[bytes]
+) -> None:
     options = Options(key_ranges=1, late_policy=policy, late_stream="late" if policy is LatePolicy.ROUTE else None)
     worker, sensors = make(sqlite_store, Counter(), options)
     worker.commit(worker.process_records([rec(1, ts=50)], input_watermark=100))
