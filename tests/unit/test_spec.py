@@ -1,0 +1,55 @@
+from __future__ import annotations
+
+import pytest
+
+from millwheel.errors import InvalidSpecError
+from millwheel.spec import computation_from_dict, computation_to_dict, topology_from_dict
+
+GOOD = {
+    "name": "counts",
+    "inputs": [{"stream": "queries", "key": "json:user"}],
+    "outputs": ["counts"],
+    "code": {"name": "window_aggregate", "params": {"size_us": 60_000_000}},
+    "options": {"late_policy": "route", "late_stream": "late", "key_ranges": 8, "productions": "weak"},
+}
+
+
+def test_spec_round_trips() -> None:
+    spec = computation_from_dict(GOOD)
+    again = computation_from_dict(computation_to_dict(spec))
+    assert again == spec
+    assert spec.all_outputs() == ("counts", "late")
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"name": ""}, "'name' must be a non-empty string"),
+    ({"inputs": "queries"}, "inputs: must be a list"),
+    ({"inputs": [{"key": "key"}]}, r"inputs\[0\]: needs a 'stream'"),
+    ({"inputs": [{"stream": "q", "key": "xml:a"}]}, "key extractor 'xml:a' not understood"),
+    ({"code": {"params": {}}}, "code: needs a 'name'"),
+    ({"options": {"late_policy": "ignore"}}, "'ignore' is not a valid LatePolicy"),
+    ({"options": {"key_ranges": 0}}, "key_ranges must be >= 1"),
+    ({"options": {"key_ranges": "4"}}, "key_ranges: must be an integer"),
+    ({"options": {"late_policy": "route"}}, "needs a late_stream"),
+    ({"options": {"exactly_twice": True}}, r"unknown options \['exactly_twice'\]"),
+    ({"colour": "red"}, r"unknown fields \['colour'\]"),
+])
+def test_malformed_specs_name_the_computation_and_field(change: dict[str, object], message: str) -> None:
+    bad = {**GOOD, **change}
+    if "options" in change:
+        bad["options"] = change["options"]
+    with pytest.raises(InvalidSpecError, match=message):
+        computation_from_dict(bad)
+
+
+def test_topology_errors() -> None:
+    with pytest.raises(InvalidSpecError, match="input stream 'nowhere' is produced by no computation or injector"):
+        topology_from_dict({"computations": [{**GOOD, "inputs": ["nowhere"]}]})
+    cyc = [
+        {"name": "a", "inputs": ["y"], "outputs": ["x"], "code": "map", },
+        {"name": "b", "inputs": ["x"], "outputs": ["y"], "code": "map"},
+    ]
+    with pytest.raises(InvalidSpecError, match="cycle"):
+        topology_from_dict({"computations": cyc})
+    with pytest.raises(InvalidSpecError, match="defined twice"):
+        topology_from_dict({"computations": [GOOD, GOOD], "injectors": [{"name": "q", "stream": "queries"}]})
