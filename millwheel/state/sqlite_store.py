@@ -274,10 +274,11 @@ class SQLiteStore:
         return self._write(txn)
 
     def list_keys(self, computation: str, after: str | None, limit: int) -> list[str]:
+        # ``after`` None means from the very first key, the empty key "" included.
+        bound, args = ("", (computation, limit)) if after is None else ("AND key > ? ", (computation, after, limit))
         with self._lock:
             rows = self._db.execute(
-                "SELECT key FROM state WHERE computation=? AND key > ? ORDER BY key LIMIT ?",
-                (computation, after if after is not None else "", limit),
+                f"SELECT key FROM state WHERE computation=? {bound}ORDER BY key LIMIT ?", args
             ).fetchall()
         return [row[0] for row in rows]
 
