@@ -54,11 +54,13 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
 def load_target(target: str) -> tuple[Topology, dict[str, Source]]:
     path = Path(target)
     if path.suffix in (".yaml", ".yml", ".json"):
+        sys.path.insert(0, str(path.resolve().parent))
         data = load_spec_file(path)
         return topology_from_dict(data), sources_from_dict(data, path.parent)
     if path.suffix == ".py":
         if not path.is_file():
             raise InvalidSpecError(f"{target}: no such file")
+        sys.path.insert(0, str(path.resolve().parent))  # so `module:Class` code refs beside it import
         namespace = runpy.run_path(str(path))
     else:
         if importlib.util.find_spec(target) is None:
