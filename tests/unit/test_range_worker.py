@@ -150,3 +150,17 @@ def test_at_least_once_skips_dedup(sqlite_store: SQLiteStore) -> None:
     worker.commit(worker.process_records([rec(1)], input_watermark=0))
     assert sqlite_store.read_state("c", ["k"]) == {"k": b"2"}
     assert list(sqlite_store.iter_ids("c", 0)) == []
+
+
+def test_record_ids_expire_after_the_retention_window(sqlite_store: SQLiteStore) -> None:
+    clock = ManualClock(1_000_000)
+    options = Options(key_ranges=1, record_id_retention_us=100_000_000)
+    worker, _ = make(sqlite_store, Counter(), options, clock=clock)
+    worker.commit(worker.process_records([rec(1)], input_watermark=0))
+    clock.advance(50_000_000)
+    worker.commit(worker.process_records([rec(2)], input_watermark=0))
+    assert worker.expire_record_ids(every_us=0) == 0  # both inside the window
+    clock.advance(60_000_000)  # r1 is 110 s old, r2 60 s
+    assert worker.expire_record_ids(every_us=0) == 1
+    assert sorted(sqlite_store.iter_ids("c", 0)) == ["r2"]
+    assert worker.dedup is not None and worker.dedup.seen(["r1", "r2"]) == {"r2"}
