@@ -1,0 +1,142 @@
+"""A small client of the controller for the CLI and for scripts.
+
+gRPC failures come back as millwheel errors of the matching class (via
+:mod:`services.status`) with the server's message, so callers handle one kind of
+error whether the failure was local or remote.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Iterable, Iterator, TypeVar
+
+import grpc
+
+from millwheel.errors import MillWheelError
+from millwheel.record import Record
+from services.generated import millwheel_pb2 as pb
+from services.generated import millwheel_pb2_grpc as pb_grpc
+from services.grpc_server import channel
+from services.status import error_class
+
+DEFAULT_CONTROLLER = "127.0.0.1:7070"
+T = TypeVar("T")
+
+
+class UnavailableError(MillWheelError):
+    """The controller cannot be reached."""
+
+
+def controller_address(given: str | None = None) -> str:
+    return given or os.environ.get("MILLWHEEL_CONTROLLER") or DEFAULT_CONTROLLER
+
+
+class ControllerClient:
+    def __init__(self, address: str | None = None, timeout_s: float = 30.0) -> None:
+        self.address = controller_address(address)
+        self.timeout_s = timeout_s
+        self._channel = channel(self.address)
+        self.stub = pb_grpc.ControllerStub(self._channel)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> ControllerClient:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def call(self, fn: Callable[[], T]) -> T:
+        try:
+            return fn()
+        except grpc.RpcError as exc:
+            raise self.error(exc) from None
+
+    def error(self, exc: grpc.RpcError) -> MillWheelError:
+        code = exc.code()
+        if code == grpc.StatusCode.UNAVAILABLE:
+            return UnavailableError(f"cannot reach the controller at {self.address}: {exc.details()}")
+        return error_class(code)(f"{exc.details()} [{code.name}]")
+
+    # -- calls ---------------------------------------------------------------------------
+    def register_computation(self, spec: pb.ComputationSpec) -> pb.RegisterComputationResponse:
+        req = pb.RegisterComputationRequest(spec=spec)
+        return self.call(lambda: self.stub.RegisterComputation(req, timeout=self.timeout_s))
+
+    def register_injector(self, name: str, stream: str) -> pb.RegisterInjectorResponse:
+        req = pb.RegisterInjectorRequest(spec=pb.InjectorSpec(name=name, stream=stream))
+        return self.call(lambda: self.stub.RegisterInjector(req, timeout=self.timeout_s))
+
+    def unregister(self, name: str) -> None:
+        req = pb.UnregisterComputationRequest(name=name)
+        self.call(lambda: self.stub.UnregisterComputation(req, timeout=self.timeout_s))
+
+    def computations(self) -> pb.ListComputationsResponse:
+        return self.call(lambda: self.stub.ListComputations(pb.ListComputationsRequest(),
+                                                            timeout=self.timeout_s))
+
+    def watermarks(self, node: str = "") -> list[pb.NodeWatermark]:
+        req = pb.GetWatermarkRequest(computation=node)
+        return list(self.call(lambda: self.stub.GetWatermark(req, timeout=self.timeout_s)).watermarks)
+
+    def state(self, computation: str, key: str) -> pb.GetStateResponse:
+        req = pb.GetStateRequest(computation=computation, key=key)
+        return self.call(lambda: self.stub.GetState(req, timeout=self.timeout_s))
+
+    def keys(self, computation: str, page_size: int = 1000) -> Iterator[str]:
+        token = ""
+        while True:
+            req = pb.ListKeysRequest(computation=computation, page_token=token, page_size=page_size)
+            resp = self.call(lambda r=req: self.stub.ListKeys(r, timeout=self.timeout_s))
+            yield from resp.keys
+            token = resp.next_page_token
+            if not token:
+                return
+
+    def status(self) -> pb.ClusterStatusResponse:
+        return self.call(lambda: self.stub.ClusterStatus(pb.ClusterStatusRequest(),
+                                                         timeout=self.timeout_s))
+
+    def inject(self, messages: Iterable[pb.InjectRequest]) -> pb.InjectResponse:
+        return self.call(lambda: self.stub.Inject(iter(messages), timeout=None))
+
+    def subscribe(self, stream: str, after_seq: int = 0, follow: bool = False
+                  ) -> Iterator[tuple[int, Record]]:
+        req = pb.SubscribeRequest(stream=stream, after_seq=after_seq, follow=follow)
+        try:
+            for resp in self.stub.Subscribe(req):
+                r = resp.record
+                yield resp.seq, Record(r.key, bytes(r.value), r.timestamp, r.id)
+        except grpc.RpcError as exc:
+            raise self.error(exc) from None
+
+
+def inject_messages(
+    injector: str, stream: str, records: Iterable[Record], batch: int = 500,
+    max_disorder_us: int | None = 0, done: bool = False,
+) -> Iterator[pb.InjectRequest]:
+    """Batches of records as Inject messages. Each message carries the watermark
+    ``max timestamp so far - max_disorder_us`` (none if ``max_disorder_us`` is None);
+    ``done`` ends with the final watermark (no more records, ever)."""
+    from millwheel.record import MAX_TIMESTAMP, MIN_TIMESTAMP
+
+    max_seen = MIN_TIMESTAMP
+    buf: list[pb.Record] = []
+
+    def message(final: bool) -> pb.InjectRequest:
+        msg = pb.InjectRequest(injector=injector, stream=stream, records=buf)
+        if final and done:
+            msg.watermark = MAX_TIMESTAMP
+        elif max_disorder_us is not None and max_seen > MIN_TIMESTAMP:
+            msg.watermark = max_seen - max_disorder_us
+        return msg
+
+    for rec in records:
+        buf.append(pb.Record(key=rec.key, value=rec.value, timestamp=rec.timestamp,
+                             id=rec.record_id))
+        max_seen = max(max_seen, rec.timestamp)
+        if len(buf) >= batch:
+            yield message(False)
+            buf = []
+    yield message(True)

@@ -1,0 +1,398 @@
+"""The controller process: registry, range assignment, watermark authority, queries.
+
+Users register computations and injectors, inject records, subscribe to sink streams
+and query watermarks and state; workers heartbeat, report per-range watermarks
+(applied to the store only under the range's current token) and get back every
+range's owner and token, the registry and the input watermarks they need.
+
+Watermarks are kept durably per range in the store; the controller serves the
+minimum per node and never lets a served value go backwards.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import defaultdict
+from typing import Any, Iterator
+
+import grpc
+
+from millwheel.clock import SystemClock
+from millwheel.errors import FencedError, InvalidSpecError, MillWheelError, NotFoundError
+from millwheel.keys import key_range
+from millwheel.record import MAX_TIMESTAMP, MIN_TIMESTAMP, Record
+from millwheel.runtime.routing import Router
+from millwheel.state.protocol import Checkpoint, StateStore
+from millwheel.topology import InjectorSpec, injector_node
+from services import convert
+from services.controller_assign import Assigner
+from services.controller_registry import Registry
+from services.generated import millwheel_pb2 as pb
+from services.grpc_server import check, start_server
+from services.metrics import PrometheusSensors
+from services.status import code_for, rpc, rpc_stream
+
+log = logging.getLogger("millwheel.controller")
+Ctx = grpc.ServicerContext
+
+INJ_WM_KEY = "__watermark__"
+INJ_SEQ_KEY = "__seq__"
+DEFAULT_MAX_VALUE_BYTES = 1024 * 1024
+
+
+class ControllerService:
+    def __init__(
+        self, store: StateStore, *, heartbeat_timeout_s: float = 3.0,
+        max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES, sensors: PrometheusSensors | None = None,
+    ) -> None:
+        self.store = store
+        self.clock = SystemClock()
+        self.sensors = sensors
+        self.max_value_bytes = max_value_bytes
+        self.lock = threading.RLock()
+        self.registry = Registry(store)
+        self.assigner = Assigner(store, heartbeat_timeout_s)
+        self.assigner.sync_units(self.registry.nodes())
+        self.router = Router(self.registry.topology)
+        self._served: dict[str, int] = {}
+        self._inject_locks: defaultdict[str, threading.Lock] = defaultdict(threading.Lock)
+        self._stop = threading.Event()
+        self._reaper = threading.Thread(target=self._reap_loop, name="reaper", daemon=True)
+        self._reaper.start()
+
+    def close(self) -> None:
+        self._stop.set()
+
+    # -- internals -------------------------------------------------------------------
+    def _reap_loop(self) -> None:
+        while not self._stop.wait(0.1):
+            try:
+                with self.lock:
+                    if self.assigner.reap():
+                        self.assigner.rebalance()
+                    self.assigner.forget_dead()
+                    self._publish_watermarks()
+            except Exception:
+                log.exception("reaper pass failed")
+
+    def _registry_changed(self) -> None:
+        self.router = Router(self.registry.topology)
+        self.assigner.sync_units(self.registry.nodes())
+        self.assigner.rebalance()
+
+    def _node_watermark(self, node: str, ranges: int) -> int:
+        stored = self.store.read_watermarks(node)
+        value = MIN_TIMESTAMP
+        if all(r in stored for r in range(ranges)):
+            value = min(stored[r] for r in range(ranges))
+        served = max(self._served.get(node, MIN_TIMESTAMP), value)  # never backwards
+        self._served[node] = served
+        return served
+
+    def watermarks(self) -> tuple[dict[str, int], dict[str, int]]:
+        """(output watermark of every node, input watermark of every computation)."""
+        nodes = self.registry.nodes()
+        out = {node: self._node_watermark(node, count) for node, count in nodes.items()}
+        topo = self.registry.topology
+        inputs = {
+            c.name: min((out.get(u, MIN_TIMESTAMP) for u in topo.upstream(c.name)),
+                        default=MIN_TIMESTAMP)
+            for c in topo.computations
+        }
+        return out, inputs
+
+    def _publish_watermarks(self) -> None:
+        if self.sensors is None:
+            return
+        out, _ = self.watermarks()
+        now = self.clock.now_us()
+        for node, wm in out.items():
+            self.sensors.watermark(node, wm, now - wm if wm > MIN_TIMESTAMP else 0)
+
+    def _node_wm_proto(self, node: str, out: dict[str, int], inputs: dict[str, int]) -> pb.NodeWatermark:
+        wm = out[node]
+        now = self.clock.now_us()
+        lag = 0 if wm <= MIN_TIMESTAMP or wm >= MAX_TIMESTAMP else max(0, now - wm)
+        return pb.NodeWatermark(node=node, low_watermark=wm,
+                                input_low_watermark=inputs.get(node, out[node]), lag_us=lag)
+
+    def _ranges(self, node: str | None = None) -> list[pb.RangeInfo]:
+        out = []
+        wms: dict[str, dict[int, int]] = {}
+        for (n, r), owner in sorted(self.assigner.units.items()):
+            if node is not None and n != node:
+                continue
+            if n not in wms:
+                wms[n] = self.store.read_watermarks(n)
+            w = self.assigner.workers.get(owner.worker_id or "")
+            out.append(pb.RangeInfo(
+                node=n, range_id=r, worker_id=owner.worker_id or "",
+                worker_address=w.address if w else "", token=owner.token,
+                watermark=wms[n].get(r, MIN_TIMESTAMP)))
+        return out
+
+    def _info(self, name: str) -> pb.ComputationInfo:
+        spec = self.registry.computation(name)
+        out, inputs = self.watermarks()
+        return pb.ComputationInfo(spec=convert.spec_to_proto(spec), low_watermark=out[name],
+                                  input_low_watermark=inputs[name], ranges=self._ranges(name))
+
+    # -- registry --------------------------------------------------------------------
+    @rpc
+    def RegisterComputation(self, request: Any, context: Ctx) -> pb.RegisterComputationResponse:
+        check(request)
+        if not request.HasField("spec"):
+            raise InvalidSpecError("RegisterComputation: 'spec' is required")
+        spec = convert.spec_from_proto(request.spec)
+        with self.lock:
+            self.registry.register_computation(spec)
+            self._registry_changed()
+            log.info("registered computation %r", spec.name)
+            return pb.RegisterComputationResponse(computation=self._info(spec.name))
+
+    @rpc
+    def RegisterInjector(self, request: Any, context: Ctx) -> pb.RegisterInjectorResponse:
+        check(request)
+        spec = InjectorSpec(request.spec.name, request.spec.stream)
+        with self.lock:
+            if self.registry.register_injector(spec):
+                self.store.acquire(injector_node(spec.name), 0)  # the controller writes under it
+                self._registry_changed()
+                log.info("registered injector %r -> stream %r", spec.name, spec.stream)
+        return pb.RegisterInjectorResponse(injector=convert.injector_to_proto(spec))
+
+    @rpc
+    def UnregisterComputation(self, request: Any, context: Ctx) -> pb.UnregisterComputationResponse:
+        check(request)
+        with self.lock:
+            self.registry.unregister_computation(request.name)
+            self._registry_changed()
+        return pb.UnregisterComputationResponse()
+
+    @rpc
+    def ListComputations(self, request: Any, context: Ctx) -> pb.ListComputationsResponse:
+        check(request)
+        with self.lock:
+            topo = self.registry.topology
+            return pb.ListComputationsResponse(
+                computations=[self._info(c.name) for c in topo.computations],
+                injectors=[convert.injector_to_proto(i) for i in topo.injectors])
+
+    @rpc
+    def DescribeComputation(self, request: Any, context: Ctx) -> pb.ComputationInfo:
+        check(request)
+        with self.lock:
+            return self._info(request.name)
+
+    # -- queries ---------------------------------------------------------------------
+    @rpc
+    def GetWatermark(self, request: Any, context: Ctx) -> pb.GetWatermarkResponse:
+        check(request)
+        with self.lock:
+            out, inputs = self.watermarks()
+            if request.computation:
+                node = request.computation
+                if node not in out and injector_node(node) in out and node not in inputs:
+                    node = injector_node(node)
+                if node not in out:
+                    raise NotFoundError(
+                        f"no computation or injector named {request.computation!r} "
+                        f"(known: {', '.join(sorted(out)) or 'none registered'})")
+                nodes = [node]
+            else:
+                nodes = sorted(out)
+            return pb.GetWatermarkResponse(
+                watermarks=[self._node_wm_proto(n, out, inputs) for n in nodes])
+
+    @rpc
+    def GetState(self, request: Any, context: Ctx) -> pb.GetStateResponse:
+        check(request)
+        with self.lock:
+            spec = self.registry.computation(request.computation)
+        if not request.key:
+            raise InvalidSpecError(f"GetState of {spec.name!r}: key must not be empty")
+        state = self.store.read_state(spec.name, [request.key]).get(request.key)
+        timers = self.store.read_key_timers(spec.name, request.key)
+        return pb.GetStateResponse(
+            exists=state is not None or bool(timers), state=state or b"",
+            timers=[convert.timer_to_proto(t) for t in timers],
+            range_id=key_range(request.key, spec.options.key_ranges))
+
+    @rpc
+    def ListKeys(self, request: Any, context: Ctx) -> pb.ListKeysResponse:
+        check(request)
+        with self.lock:
+            spec = self.registry.computation(request.computation)
+        size = request.page_size or 100
+        if not 1 <= size <= 10_000:
+            raise InvalidSpecError(f"ListKeys: page_size must be 1..10000, got {size}")
+        keys = self.store.list_keys(spec.name, request.page_token or None, size + 1)
+        more = len(keys) > size
+        keys = keys[:size]
+        return pb.ListKeysResponse(keys=keys, next_page_token=keys[-1] if more else "")
+
+    @rpc
+    def ClusterStatus(self, request: Any, context: Ctx) -> pb.ClusterStatusResponse:
+        check(request)
+        now = time.monotonic()
+        with self.lock:
+            out, inputs = self.watermarks()
+            workers = [
+                pb.WorkerInfo(worker_id=w.worker_id, address=w.address,
+                              metrics_address=w.metrics_address, alive=w.alive,
+                              draining=w.draining, last_heartbeat_age_s=now - w.last_seen,
+                              ranges=len(self.assigner.owned_by(w.worker_id)))
+                for w in sorted(self.assigner.workers.values(), key=lambda w: w.worker_id)
+            ]
+            return pb.ClusterStatusResponse(
+                workers=workers, ranges=self._ranges(),
+                watermarks=[self._node_wm_proto(n, out, inputs) for n in sorted(out)],
+                store_url=self.store.url)
+
+    # -- data in and out -------------------------------------------------------------
+    def _injector_for(self, msg: Any, index: int) -> InjectorSpec:
+        where = f"inject message {index}"
+        if not msg.injector:
+            raise InvalidSpecError(f"{where}: 'injector' (the injector name) is required")
+        with self.lock:
+            existing = self.registry.injector(msg.injector)
+            if existing is not None:
+                if msg.stream and msg.stream != existing.stream:
+                    raise InvalidSpecError(
+                        f"{where}: injector {msg.injector!r} writes stream {existing.stream!r}, "
+                        f"not {msg.stream!r}")
+                return existing
+            if not msg.stream:
+                raise NotFoundError(
+                    f"{where}: no injector named {msg.injector!r}; register it or name its 'stream'")
+            topo = self.registry.topology
+            if not topo.consumers(msg.stream):
+                raise NotFoundError(
+                    f"{where}: no registered computation consumes stream {msg.stream!r}")
+            spec = InjectorSpec(msg.injector, msg.stream)
+            self.registry.register_injector(spec)
+            self.store.acquire(injector_node(spec.name), 0)
+            self._registry_changed()
+            return spec
+
+    def _inject_one(self, spec: InjectorSpec, msg: Any, index: int) -> tuple[int, int]:
+        records = [
+            convert.record_from_proto(r, f"inject message {index} record {j}", self.max_value_bytes)
+            for j, r in enumerate(msg.records)
+        ]
+        node = injector_node(spec.name)
+        with self._inject_locks[node]:
+            stored = self.store.read_state(node, [INJ_WM_KEY, INJ_SEQ_KEY])
+            wm = int(stored.get(INJ_WM_KEY, str(MIN_TIMESTAMP).encode()))
+            seq = int(stored.get(INJ_SEQ_KEY, b"0"))
+            new_wm = max(wm, msg.watermark) if msg.HasField("watermark") else wm
+            with self.lock:
+                router = self.router
+            productions = []
+            for i, r in enumerate(records):
+                if not msg.records[i].id:
+                    seq += 1
+                    r = Record(r.key, r.value, r.timestamp, f"{spec.name}:{seq}")
+                productions.extend(router.fan_out(spec.stream, r))
+            for _attempt in range(5):
+                token = self.store.current_token(node, 0)
+                cp = Checkpoint(computation=node, range_id=0, token=token,
+                                now_us=self.clock.now_us(),
+                                state_writes={INJ_WM_KEY: str(new_wm).encode(),
+                                              INJ_SEQ_KEY: str(seq).encode()},
+                                productions=productions)
+                try:
+                    self.store.checkpoint(cp)
+                    break
+                except FencedError:
+                    continue  # the injector range just moved: use the new token
+            else:
+                raise FencedError(node, 0, token, self.store.current_token(node, 0))
+        return len(records), new_wm
+
+    def Inject(self, request_iterator: Iterator[Any], context: Ctx) -> pb.InjectResponse:
+        """Each message is validated whole, then checkpointed into the injector's outbox
+        before the next is read: what is acked is durable, a bad message adds nothing."""
+        accepted = 0
+        wm = MIN_TIMESTAMP
+        try:
+            for index, msg in enumerate(request_iterator):
+                check(msg)
+                spec = self._injector_for(msg, index)
+                n, wm = self._inject_one(spec, msg, index)
+                accepted += n
+        except MillWheelError as exc:
+            note = f" ({accepted} records of earlier messages were accepted)" if accepted else ""
+            context.abort(code_for(exc), f"{exc}{note}")
+        return pb.InjectResponse(accepted=accepted, watermark=wm)
+
+    @rpc_stream
+    def Subscribe(self, request: Any, context: Ctx) -> Iterator[pb.SubscribeResponse]:
+        check(request)
+        with self.lock:
+            logged = self.registry.topology.logged_streams()
+        if request.stream not in logged:
+            raise NotFoundError(
+                f"stream {request.stream!r} is not a sink stream (known: "
+                f"{', '.join(logged) or 'none'}); only streams no computation consumes are logged")
+        pos = request.after_seq
+        while context.is_active() and not self._stop.is_set():
+            entries = self.store.read_log(request.stream, pos, 500)
+            for seq, rec in entries:
+                yield pb.SubscribeResponse(seq=seq, record=convert.record_to_proto(rec))
+                pos = seq
+            if not entries:
+                if not request.follow:
+                    return
+                time.sleep(0.05)
+
+    # -- workers ---------------------------------------------------------------------
+    @rpc
+    def Heartbeat(self, request: Any, context: Ctx) -> pb.HeartbeatResponse:
+        check(request)
+        if not request.worker_id or not request.address:
+            raise InvalidSpecError("Heartbeat: worker_id and address are required")
+        fenced = []
+        with self.lock:
+            a = self.assigner
+            if a.heartbeat(request.worker_id, request.address, request.metrics_address,
+                           request.draining):
+                a.rebalance()
+            for rep in request.reports:
+                unit = (rep.node, rep.range_id)
+                if not a.owns(request.worker_id, unit, rep.token):
+                    fenced.append(rep)
+                    continue
+                try:
+                    self.store.report_watermark(rep.node, rep.range_id, rep.token, rep.watermark)
+                except FencedError:
+                    # The store moved on without us (a move cut short by a controller
+                    # crash): issue a fresh token to the same worker.
+                    fenced.append(rep)
+                    a.reissue(unit)
+            out, inputs = self.watermarks()
+            resp = pb.HeartbeatResponse(
+                topology_version=self.registry.version, assignments=self._ranges(),
+                input_watermarks=inputs, fenced=fenced)
+            if request.known_topology_version != self.registry.version:
+                resp.topology_json = convert.topology_to_json(self.registry.topology)
+            return resp
+
+
+def serve(
+    store_url: str, host: str = "127.0.0.1", port: int = 7070, metrics_port: int | None = 0,
+    heartbeat_timeout_s: float = 3.0, max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
+) -> tuple[grpc.Server, int, int, ControllerService]:
+    """Start a controller; returns (server, port, metrics port or 0, service)."""
+    from millwheel.state import open_store
+
+    store = open_store(store_url)
+    sensors = PrometheusSensors("controller")
+    service = ControllerService(store, heartbeat_timeout_s=heartbeat_timeout_s,
+                                max_value_bytes=max_value_bytes, sensors=sensors)
+    server, bound, _health = start_server(f"{host}:{port}", {"Controller": service})
+    mport = sensors.serve(host, metrics_port) if metrics_port is not None else 0
+    log.info("controller listening on %s:%d (store %s, metrics port %d)", host, bound, store_url, mport)
+    return server, bound, mport, service

@@ -1,0 +1,124 @@
+"""One way to start a gRPC server for every millwheel process.
+
+Every server gets standard health checking and server reflection, so any stock gRPC
+client can discover and call it. Requests are parsed leniently: a malformed protobuf
+reaches the servicer as :class:`Malformed` and is answered INVALID_ARGUMENT (grpcio
+would otherwise answer INTERNAL), with a message naming the method.
+"""
+
+from __future__ import annotations
+
+from concurrent import futures
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+import grpc
+from google.protobuf.message import DecodeError
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from millwheel.errors import InvalidSpecError, MillWheelError
+from services.generated import millwheel_pb2 as pb
+
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+
+
+class ListenError(MillWheelError):
+    """A server could not bind its address."""
+
+
+@dataclass(frozen=True)
+class Malformed:
+    """A request that did not parse as its protobuf message type."""
+
+    what: str
+    error: str
+
+    def raise_(self) -> None:
+        raise InvalidSpecError(f"malformed {self.what} message: {self.error}")
+
+
+def check(request: Any) -> Any:
+    """Raise INVALID_ARGUMENT (via InvalidSpecError) for a malformed request."""
+    if isinstance(request, Malformed):
+        request.raise_()
+    return request
+
+
+def checked(requests: Iterator[Any]) -> Iterator[Any]:
+    for request in requests:
+        yield check(request)
+
+
+def _lenient(cls: Any) -> Callable[[bytes], Any]:
+    def parse(data: bytes) -> Any:
+        try:
+            return cls.FromString(data)
+        except (DecodeError, ValueError, RuntimeError) as exc:
+            return Malformed(cls.DESCRIPTOR.full_name, str(exc) or exc.__class__.__name__)
+
+    return parse
+
+
+def add_service(server: grpc.Server, service_name: str, servicer: Any) -> str:
+    """Register ``servicer`` for ``millwheel.v1.<service_name>`` with lenient parsing."""
+    service = pb.DESCRIPTOR.services_by_name[service_name]
+    handlers = {}
+    for method in service.methods:
+        req_cls = getattr(pb, method.input_type.name)
+        resp_cls = getattr(pb, method.output_type.name)
+        kind = {
+            (False, False): grpc.unary_unary_rpc_method_handler,
+            (False, True): grpc.unary_stream_rpc_method_handler,
+            (True, False): grpc.stream_unary_rpc_method_handler,
+            (True, True): grpc.stream_stream_rpc_method_handler,
+        }[(method.client_streaming, method.server_streaming)]
+        handlers[method.name] = kind(
+            getattr(servicer, method.name),
+            request_deserializer=_lenient(req_cls),
+            response_serializer=resp_cls.SerializeToString,
+        )
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(service.full_name, handlers),)
+    )
+    return str(service.full_name)
+
+
+def start_server(
+    address: str, services: dict[str, Any], max_workers: int = 16
+) -> tuple[grpc.Server, int, health.HealthServicer]:
+    """Start a server on ``address`` (``host:0`` picks a free port) with the given
+    millwheel services plus health and reflection. Returns (server, port, health)."""
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grpc"),
+        options=[
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.so_reuseport", 0),
+        ],
+    )
+    names = [add_service(server, name, servicer) for name, servicer in services.items()]
+    health_servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    names.append(health_pb2.DESCRIPTOR.services_by_name["Health"].full_name)
+    names.append(reflection.SERVICE_NAME)
+    reflection.enable_server_reflection(names, server)
+    try:
+        port = server.add_insecure_port(address)
+    except RuntimeError:
+        port = 0
+    if port == 0:
+        raise ListenError(f"cannot listen on {address}: address in use or not local")
+    server.start()
+    serving = health_pb2.HealthCheckResponse.SERVING
+    health_servicer.set("", serving)
+    for name in names:
+        health_servicer.set(name, serving)
+    return server, port, health_servicer
+
+
+def channel(address: str) -> grpc.Channel:
+    return grpc.insecure_channel(address, options=[
+        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ])

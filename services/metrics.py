@@ -1,0 +1,97 @@
+"""Prometheus metrics of every service process: the one module importing prometheus_client.
+
+:class:`PrometheusSensors` implements :class:`millwheel.sensors.Sensors` (the hooks the
+core calls) plus the data-plane series only the service has (in-flight batches,
+backpressure time). Each process exposes them over HTTP at ``/metrics``.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    start_http_server,
+)
+
+
+class PrometheusSensors:
+    def __init__(self, process: str) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self._in = Counter("millwheel_records_in_total", "Records received for processing",
+                           ["computation"], registry=r)
+        self._out = Counter("millwheel_records_out_total", "Records produced", ["computation"],
+                            registry=r)
+        self._dups = Counter("millwheel_duplicates_dropped_total",
+                             "Records dropped as duplicates (already consumed)", ["computation"],
+                             registry=r)
+        self._late = Counter("millwheel_late_records_total", "Records behind the input watermark",
+                             ["computation", "action"], registry=r)
+        self._cp = Histogram("millwheel_checkpoint_seconds", "Checkpoint latency in seconds",
+                             ["computation"], registry=r,
+                             buckets=(.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5))
+        self._fenced = Counter("millwheel_fenced_writes_total",
+                               "Writes rejected because the sequencer token was no longer current",
+                               ["computation"], registry=r)
+        self._wm = Gauge("millwheel_low_watermark_us", "Low watermark, microseconds since the epoch",
+                         ["node"], registry=r)
+        self._lag = Gauge("millwheel_watermark_lag_seconds",
+                          "Processing time minus low watermark, seconds", ["node"], registry=r)
+        self._inflight = Gauge("millwheel_inflight_batches",
+                               "Batches sent to a destination and not yet acked", ["destination"],
+                               registry=r)
+        self._backpressure = Counter("millwheel_backpressure_seconds_total",
+                                     "Time senders waited for in-flight room at a destination",
+                                     ["destination"], registry=r)
+        self._retries = Counter("millwheel_delivery_retries_total",
+                                "Batches retried after a failed or refused delivery", ["destination"],
+                                registry=r)
+        self._ranges = Gauge("millwheel_owned_ranges", "Key ranges this process owns", registry=r)
+        self._up = Gauge("millwheel_process_info", "Which millwheel process this is", ["process"],
+                         registry=r)
+        self._up.labels(process).set(1)
+
+    # -- millwheel.sensors.Sensors -------------------------------------------------
+    def records_in(self, computation: str, count: int) -> None:
+        if count:
+            self._in.labels(computation).inc(count)
+
+    def records_out(self, computation: str, count: int) -> None:
+        if count:
+            self._out.labels(computation).inc(count)
+
+    def duplicates_dropped(self, computation: str, count: int) -> None:
+        self._dups.labels(computation).inc(count)
+
+    def late_records(self, computation: str, count: int, action: str) -> None:
+        self._late.labels(computation, action).inc(count)
+
+    def checkpoint(self, computation: str, seconds: float, records: int) -> None:
+        self._cp.labels(computation).observe(seconds)
+
+    def fenced(self, computation: str, range_id: int) -> None:
+        self._fenced.labels(computation).inc()
+
+    def watermark(self, node: str, watermark: int, lag_us: int) -> None:
+        self._wm.labels(node).set(watermark)
+        self._lag.labels(node).set(max(lag_us, 0) / 1e6)
+
+    # -- the service's own series --------------------------------------------------
+    def inflight(self, destination: str, count: int) -> None:
+        self._inflight.labels(destination).set(count)
+
+    def backpressure(self, destination: str, seconds: float) -> None:
+        self._backpressure.labels(destination).inc(seconds)
+
+    def retry(self, destination: str) -> None:
+        self._retries.labels(destination).inc()
+
+    def owned_ranges(self, count: int) -> None:
+        self._ranges.set(count)
+
+    def serve(self, host: str, port: int) -> int:
+        """Expose ``/metrics`` over HTTP; ``port`` 0 picks a free port. Returns the port."""
+        server, _thread = start_http_server(port, addr=host, registry=self.registry)
+        return int(server.server_port)

@@ -1,0 +1,89 @@
+"""millwheel errors -> gRPC status codes, in one place.
+
+The class of a :class:`~millwheel.errors.MillWheelError` says what kind of failure it
+is; its message (which names what and where) becomes the status details.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Any, Callable, TypeVar
+
+import grpc
+
+from millwheel.errors import (
+    AlreadyExistsError,
+    FencedError,
+    InvalidSpecError,
+    MillWheelError,
+    NotFoundError,
+    ResourceLimitError,
+    StoreError,
+)
+
+log = logging.getLogger("millwheel.service")
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class PreconditionError(MillWheelError):
+    """The request is well formed but the system is not in a state to take it."""
+
+
+CODES: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
+    (InvalidSpecError, grpc.StatusCode.INVALID_ARGUMENT),
+    (NotFoundError, grpc.StatusCode.NOT_FOUND),
+    (AlreadyExistsError, grpc.StatusCode.ALREADY_EXISTS),
+    (ResourceLimitError, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (FencedError, grpc.StatusCode.ABORTED),
+    (PreconditionError, grpc.StatusCode.FAILED_PRECONDITION),
+    (StoreError, grpc.StatusCode.UNAVAILABLE),
+)
+
+
+def code_for(exc: BaseException) -> grpc.StatusCode:
+    for cls, code in CODES:
+        if isinstance(exc, cls):
+            return code
+    return grpc.StatusCode.INTERNAL
+
+
+def error_class(code: grpc.StatusCode) -> type[MillWheelError]:
+    """The client side: a failed call's status back to the error class (for the CLI)."""
+    for cls, c in CODES:
+        if c == code and issubclass(cls, MillWheelError) and cls is not FencedError:
+            return cls
+    return MillWheelError
+
+
+def rpc(fn: F) -> F:
+    """Wrap a servicer method: MillWheelErrors abort with their status code."""
+
+    @functools.wraps(fn)
+    def wrapper(self: Any, request: Any, context: grpc.ServicerContext) -> Any:
+        try:
+            return fn(self, request, context)
+        except MillWheelError as exc:
+            context.abort(code_for(exc), str(exc))
+        except Exception as exc:  # a bug: say so rather than hang the client
+            log.exception("%s failed", fn.__name__)
+            context.abort(grpc.StatusCode.INTERNAL, f"{fn.__name__}: {exc.__class__.__name__}: {exc}")
+
+    return wrapper  # type: ignore[return-value]
+
+
+def rpc_stream(fn: F) -> F:
+    """Like :func:`rpc` for server-streaming methods (generators)."""
+
+    @functools.wraps(fn)
+    def wrapper(self: Any, request: Any, context: grpc.ServicerContext) -> Any:
+        try:
+            yield from fn(self, request, context)
+        except MillWheelError as exc:
+            context.abort(code_for(exc), str(exc))
+        except Exception as exc:
+            log.exception("%s failed", fn.__name__)
+            context.abort(grpc.StatusCode.INTERNAL, f"{fn.__name__}: {exc.__class__.__name__}: {exc}")
+
+    return wrapper  # type: ignore[return-value]

@@ -1,0 +1,377 @@
+"""The worker process: owns key ranges and moves records between them.
+
+Three loops share the owned ranges (each range's lock serialises them):
+
+* heartbeat (every ``heartbeat_s``): report each owned range's low watermark with its
+  token; receive every range's owner and token, the registry and input watermarks;
+  take new ranges (a :class:`~millwheel.runtime.range_worker.RangeWorker` built with
+  the controller's token) and drop ranges that moved;
+* pump: fire due timers, and send each range's outbox in slices: sink streams go to
+  the stream log, consumer ranges owned here are processed in place, others go to
+  their owner over a :class:`~services.worker_link.PeerLink`; entries are deleted
+  (``outbox.ack``) only once the consumer has checkpointed them;
+* the Deliver servicer: dedup, run user code and checkpoint a received batch, then
+  ack it (the exactly-once sequence of ``millwheel.runtime.range_worker``).
+
+A :class:`~millwheel.errors.FencedError` anywhere means the range moved: drop it.
+SIGTERM drains: the controller moves every range away, then the process exits.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import grpc
+
+from millwheel.clock import SystemClock
+from millwheel.errors import FencedError
+from millwheel.keys import key_range
+from millwheel.operators import build_computation
+from millwheel.record import MIN_TIMESTAMP, Record
+from millwheel.runtime.crash import crash_hook_from_env
+from millwheel.runtime.range_worker import RangeWorker
+from millwheel.runtime.routing import LOG_PREFIX, Router
+from millwheel.state import open_store
+from millwheel.state.protocol import Production
+from millwheel.topology import Topology
+from services import convert
+from services.generated import millwheel_pb2 as pb
+from services.generated import millwheel_pb2_grpc as pb_grpc
+from services.grpc_server import Malformed, channel, start_server
+from services.metrics import PrometheusSensors
+from services.worker_link import PeerLink
+from services.worker_units import OwnedRange, Slice
+
+log = logging.getLogger("millwheel.worker")
+Unit = tuple[str, int]
+
+
+@dataclass(frozen=True)
+class OwnerInfo:
+    worker_id: str
+    address: str
+    token: int
+
+
+class WorkerProcess:
+    def __init__(
+        self, controller: str, store_url: str, *, host: str = "127.0.0.1", port: int = 0,
+        metrics_port: int | None = 0, worker_id: str | None = None, batch_size: int = 500,
+        max_inflight: int = 8, heartbeat_s: float = 0.1, delivery_timeout_s: float = 5.0,
+    ) -> None:
+        self.store = open_store(store_url)
+        self.sensors = PrometheusSensors("worker")
+        self.clock = SystemClock()
+        self.crash = crash_hook_from_env()
+        self.batch_size = batch_size
+        self.max_inflight = max_inflight
+        self.heartbeat_s = heartbeat_s
+        self.delivery_timeout_s = delivery_timeout_s
+        self.topology = Topology()
+        self.version = -1
+        self.router = Router(self.topology)
+        self.units: dict[Unit, OwnedRange] = {}
+        self.owners: dict[Unit, OwnerInfo] = {}
+        self.input_wms: dict[str, int] = {}
+        self.links: dict[str, PeerLink] = {}
+        self.draining = threading.Event()
+        self.stopped = threading.Event()
+        self._units_lock = threading.Lock()
+        self.server, self.port, self.health = start_server(
+            f"{host}:{port}", {"Worker": DeliverServicer(self)})
+        self.address = f"{host}:{self.port}"
+        self.worker_id = worker_id or f"{self.address}/{os.getpid()}"
+        self.metrics_port = self.sensors.serve(host, metrics_port) if metrics_port is not None else 0
+        self.metrics_address = f"{host}:{self.metrics_port}" if self.metrics_port else ""
+        self._controller_channel = channel(controller)
+        self.controller = pb_grpc.ControllerStub(self._controller_channel)
+        self._threads = [
+            threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True),
+            threading.Thread(target=self._pump_loop, name="pump", daemon=True),
+        ]
+        for t in self._threads:
+            t.start()
+        log.info("worker %s listening on %s (metrics %s)", self.worker_id, self.address,
+                 self.metrics_address or "off")
+
+    # -- lifecycle ---------------------------------------------------------------------
+    def drain_and_stop(self, timeout_s: float = 15.0) -> None:
+        """Graceful shutdown: ask the controller to move every range away, wait until
+        none is left (or the timeout), then stop. Every checkpoint is already durable."""
+        log.info("worker %s draining", self.worker_id)
+        self.draining.set()
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and (self.units or not self._drain_seen):
+            time.sleep(0.05)
+        self.stop()
+
+    _drain_seen = False
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.server.stop(grace=1.0).wait(2.0)
+        for t in self._threads:
+            t.join(timeout=2.0)
+        for link in self.links.values():
+            link.close()
+        self._controller_channel.close()
+        self.store.close()
+        log.info("worker %s stopped", self.worker_id)
+
+    # -- heartbeat ---------------------------------------------------------------------
+    def _heartbeat_loop(self) -> None:
+        last_error = 0.0
+        while not self.stopped.wait(self.heartbeat_s):
+            try:
+                self._heartbeat_once()
+            except grpc.RpcError as exc:
+                if time.monotonic() - last_error > 5.0:
+                    last_error = time.monotonic()
+                    log.warning("heartbeat to controller failed: %s; working on with current "
+                                "ranges", exc.code().name)
+            except Exception:
+                log.exception("heartbeat failed")
+
+    def _heartbeat_once(self) -> None:
+        reports = []
+        draining = self.draining.is_set()
+        for owned in list(self.units.values()):
+            with owned.lock:
+                if owned.dropped:
+                    continue
+                if owned.is_injector and owned.slice is None:
+                    owned.reload()
+                wm = owned.report(self.input_wms.get(owned.node, MIN_TIMESTAMP))
+            reports.append(pb.WatermarkReport(node=owned.node, range_id=owned.range_id,
+                                              token=owned.token, watermark=wm))
+        resp = self.controller.Heartbeat(pb.HeartbeatRequest(
+            worker_id=self.worker_id, address=self.address, metrics_address=self.metrics_address,
+            draining=draining, known_topology_version=self.version, reports=reports), timeout=5.0)
+        if draining:
+            self._drain_seen = True
+        self._apply(resp)
+
+    def _apply(self, resp: pb.HeartbeatResponse) -> None:
+        if resp.topology_json:
+            self._set_topology(convert.topology_from_json(resp.topology_json), resp.topology_version)
+        self.owners = {
+            (a.node, a.range_id): OwnerInfo(a.worker_id, a.worker_address, a.token)
+            for a in resp.assignments
+        }
+        for node, wm in resp.input_watermarks.items():
+            self.input_wms[node] = max(self.input_wms.get(node, MIN_TIMESTAMP), wm)
+        fenced = {(f.node, f.range_id, f.token) for f in resp.fenced}
+        mine = {u: o.token for u, o in self.owners.items() if o.worker_id == self.worker_id}
+        for unit, owned in list(self.units.items()):
+            if mine.get(unit) != owned.token or (unit[0], unit[1], owned.token) in fenced:
+                self._drop(owned, "moved to another worker")
+        for unit, token in sorted(mine.items()):
+            if unit not in self.units:
+                self._take(unit, token)
+        self.sensors.owned_ranges(len(self.units))
+
+    def _set_topology(self, topology: Topology, version: int) -> None:
+        self.topology = topology
+        self.version = version
+        self.router = Router(topology)
+        for owned in list(self.units.values()):
+            if owned.worker is not None:
+                owned.worker.router = self.router
+        log.info("registry version %d: %d computations, %d injectors", version,
+                 len(topology.computations), len(topology.injectors))
+
+    def _new_range_worker(self, node: str, range_id: int, token: int) -> RangeWorker:
+        spec = self.topology.computation(node)
+        return RangeWorker(spec, range_id, self.store, build_computation(spec), self.router,
+                           self.clock, self.sensors, self.crash, token=token)
+
+    def _take(self, unit: Unit, token: int) -> None:
+        node, range_id = unit
+        if node.startswith("injector:"):
+            owned = OwnedRange(node, range_id, token, self.store)
+        elif any(c.name == node for c in self.topology.computations):
+            owned = OwnedRange(node, range_id, token, self.store,
+                               worker=self._new_range_worker(node, range_id, token))
+        else:
+            return
+        with self._units_lock:
+            self.units[unit] = owned
+        log.info("took %s/%d (token %d)", node, range_id, token)
+
+    def _drop(self, owned: OwnedRange, reason: str) -> None:
+        with owned.lock:
+            owned.dropped = True
+        with self._units_lock:
+            if self.units.get((owned.node, owned.range_id)) is owned:
+                del self.units[(owned.node, owned.range_id)]
+        log.info("dropped %s/%d (token %d): %s", owned.node, owned.range_id, owned.token, reason)
+
+    def _fenced(self, owned: OwnedRange, exc: FencedError) -> None:
+        self.sensors.fenced(owned.node, owned.range_id)
+        self._drop(owned, str(exc))
+
+    # -- receiving ---------------------------------------------------------------------
+    def process(self, computation: str, range_id: int, records: list[Record]) -> pb.DeliverAck:
+        """Steps 1-3 for a batch addressed to one of our ranges; the ack is step 4."""
+        owned = self.units.get((computation, range_id))
+        if owned is None or owned.worker is None:
+            return pb.DeliverAck(status=pb.DeliverAck.NOT_OWNER,
+                                 message=f"{self.worker_id} does not own {computation}/{range_id}")
+        with owned.lock:
+            if owned.dropped or owned.worker is None:
+                return pb.DeliverAck(status=pb.DeliverAck.NOT_OWNER, message="range moved")
+            rw = owned.worker
+            try:
+                txn = rw.process_records(records, self.input_wms.get(computation, MIN_TIMESTAMP))
+                rw.commit(txn)
+            except FencedError as exc:
+                self._fenced(owned, exc)
+                return pb.DeliverAck(status=pb.DeliverAck.NOT_OWNER, message=str(exc))
+            except Exception as exc:
+                log.error("processing a batch for %s/%d failed: %s", computation, range_id, exc)
+                # The in-memory cache may hold half a batch: rebuild the range from the store.
+                owned.worker = self._new_range_worker(computation, range_id, owned.token)
+                owned.outbox = owned.worker.outbox
+                owned.slice = None
+                return pb.DeliverAck(status=pb.DeliverAck.FAILED, message=str(exc))
+        return pb.DeliverAck(status=pb.DeliverAck.OK)
+
+    # -- sending -----------------------------------------------------------------------
+    def _pump_loop(self) -> None:
+        while not self.stopped.is_set():
+            moved = 0
+            for owned in list(self.units.values()):
+                try:
+                    moved += self._pump(owned)
+                except FencedError as exc:
+                    self._fenced(owned, exc)
+                except Exception:
+                    log.exception("pump of %s/%d failed", owned.node, owned.range_id)
+                    owned.backoff()
+            if not moved:
+                time.sleep(0.005)
+
+    def _pump(self, owned: OwnedRange) -> int:
+        moved = 0
+        with owned.lock:
+            if owned.dropped:
+                return 0
+            if owned.slice is not None:
+                moved += self._finish(owned)
+            rw = owned.worker
+            if rw is not None:
+                txn = rw.fire_timers(self.input_wms.get(owned.node, MIN_TIMESTAMP))
+                if txn is not None:
+                    rw.commit(txn)
+                    moved += 1
+                rw.expire_record_ids()
+            if owned.slice is None and time.monotonic() >= owned.retry_at:
+                moved += self._start(owned)
+        return moved
+
+    def _link(self, address: str) -> PeerLink:
+        link = self.links.get(address)
+        if link is None:
+            link = self.links[address] = PeerLink(address, self.max_inflight, self.sensors)
+        return link
+
+    def _start(self, owned: OwnedRange) -> int:
+        assert owned.outbox is not None
+        entries = owned.outbox.pending(self.batch_size)
+        if not entries and owned.is_injector and time.monotonic() - owned.last_reload > 0.02:
+            owned.reload()
+            entries = owned.outbox.pending(self.batch_size)
+        if not entries:
+            return 0
+        logs: dict[str, list[Production]] = defaultdict(list)
+        groups: dict[Unit, list[Production]] = defaultdict(list)
+        for p in entries:
+            if p.consumer.startswith(LOG_PREFIX):
+                logs[p.consumer[len(LOG_PREFIX):]].append(p)
+            else:
+                try:
+                    ranges = self.topology.computation(p.consumer).options.key_ranges
+                except Exception:
+                    continue  # consumer unregistered: the entry stays until it is back
+                groups[(p.consumer, key_range(p.record.key, ranges))].append(p)
+        done_now: list[tuple[str, str]] = []
+        for stream, items in logs.items():
+            self.store.append_log(stream, [p.record for p in items])
+            done_now += [(p.consumer, p.record.record_id) for p in items]
+        remote = []
+        failed = False
+        for (consumer, range_id), items in groups.items():
+            owner = self.owners.get((consumer, range_id))
+            if owner is None or not owner.worker_id:
+                failed = True
+                continue
+            records = [p.record for p in items]
+            if owner.worker_id == self.worker_id:
+                ack = self.process(consumer, range_id, records)
+                if ack.status == pb.DeliverAck.OK:
+                    done_now += [(p.consumer, p.record.record_id) for p in items]
+                else:
+                    failed = True
+                continue
+            batch = pb.DeliverBatch(producer=owned.node, computation=consumer, range_id=range_id,
+                                    records=[convert.record_to_proto(r) for r in records])
+            fut = self._link(owner.address).send(batch, wait_s=0.2)
+            if fut is None:
+                failed = True
+                continue
+            remote.append((fut, items, owner.address))
+        owned.slice = Slice(time.monotonic(), done_now, remote, failed)
+        return len(entries)
+
+    def _finish(self, owned: OwnedRange) -> int:
+        s = owned.slice
+        assert s is not None and owned.outbox is not None
+        if any(not fut.done() for fut, _, _ in s.remote):
+            if time.monotonic() - s.started > self.delivery_timeout_s:
+                for fut, _, address in s.remote:
+                    if not fut.done():
+                        self._link(address).reset("a batch is overdue")
+            return 0
+        acked = list(s.done_now)
+        failed = s.failed
+        for fut, items, address in s.remote:
+            exc = fut.exception()
+            if exc is None and fut.result().status == pb.DeliverAck.OK:
+                acked += [(p.consumer, p.record.record_id) for p in items]
+            else:
+                failed = True
+                self.sensors.retry(address)
+                log.debug("delivery to %s failed: %s", address,
+                          exc if exc is not None else fut.result().message)
+        owned.slice = None
+        if acked:
+            owned.outbox.ack(owned.token, acked)
+            self.crash("after_ack")
+        if failed:
+            owned.backoff()
+        else:
+            owned.succeeded()
+        return len(acked)
+
+
+class DeliverServicer:
+    """The Worker service: batches in on a bidirectional stream, one ack per batch."""
+
+    def __init__(self, worker: WorkerProcess) -> None:
+        self.worker = worker
+
+    def Deliver(self, request_iterator: Iterator[Any], context: grpc.ServicerContext) -> Iterator[pb.DeliverAck]:
+        for batch in request_iterator:
+            if isinstance(batch, Malformed):
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                              f"malformed {batch.what} message: {batch.error}")
+            records = convert.records_from_proto(batch.records)
+            ack = self.worker.process(batch.computation, batch.range_id, records)
+            ack.batch_id = batch.batch_id
+            yield ack

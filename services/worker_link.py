@@ -1,0 +1,125 @@
+"""A sender's link to one destination worker: one bidirectional Deliver stream.
+
+Batches go out on the stream and each is acked by batch id once the receiver has
+checkpointed it. At most ``max_inflight`` batches are unacked per destination: a
+sender that finds no room waits (backpressure; the wait is measured), so a slow
+stage slows its senders and nothing is dropped. A broken or stuck stream fails every
+pending batch; the caller retries (with backoff) to whoever owns the range by then.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import queue
+import threading
+import time
+from concurrent.futures import Future
+from typing import Any, Iterator
+
+import grpc
+
+from services.generated import millwheel_pb2 as pb
+from services.generated import millwheel_pb2_grpc as pb_grpc
+from services.grpc_server import channel
+from services.metrics import PrometheusSensors
+
+log = logging.getLogger("millwheel.worker")
+_CLOSE = object()
+
+
+class LinkError(Exception):
+    """The stream to a destination broke; pending batches must be retried."""
+
+
+class PeerLink:
+    def __init__(self, address: str, max_inflight: int, sensors: PrometheusSensors) -> None:
+        self.address = address
+        self.sensors = sensors
+        self._channel = channel(address)
+        self._stub = pb_grpc.WorkerStub(self._channel)
+        self._room = threading.BoundedSemaphore(max_inflight)
+        self._lock = threading.Lock()
+        self._pending: dict[int, Future[Any]] = {}
+        self._ids = itertools.count(1)
+        self._queue: queue.Queue[Any] | None = None
+        self._call: Any = None
+
+    def send(self, batch: pb.DeliverBatch, wait_s: float) -> Future[Any] | None:
+        """Queue ``batch``; None if no in-flight room freed up within ``wait_s``."""
+        started = time.monotonic()
+        got = self._room.acquire(timeout=wait_s)
+        waited = time.monotonic() - started
+        if waited > 0.001:
+            self.sensors.backpressure(self.address, waited)
+        if not got:
+            return None
+        fut: Future[Any] = Future()
+        with self._lock:
+            if self._queue is None:
+                self._open()
+            batch.batch_id = next(self._ids)
+            self._pending[batch.batch_id] = fut
+            assert self._queue is not None
+            self._queue.put(batch)
+            self.sensors.inflight(self.address, len(self._pending))
+        return fut
+
+    def _open(self) -> None:
+        q: queue.Queue[Any] = queue.Queue()
+
+        def requests() -> Iterator[pb.DeliverBatch]:
+            while True:
+                item = q.get()
+                if item is _CLOSE:
+                    return
+                yield item
+
+        self._queue = q
+        self._call = self._stub.Deliver(requests())
+        threading.Thread(target=self._read, args=(self._call, q), daemon=True,
+                         name=f"link-{self.address}").start()
+
+    def _read(self, call: Any, q: queue.Queue[Any]) -> None:
+        error: BaseException = LinkError(f"stream to {self.address} ended")
+        try:
+            for ack in call:
+                with self._lock:
+                    fut = self._pending.pop(ack.batch_id, None)
+                    self.sensors.inflight(self.address, len(self._pending))
+                if fut is not None:
+                    self._room.release()
+                    fut.set_result(ack)
+        except grpc.RpcError as exc:
+            error = LinkError(f"stream to {self.address} failed: {exc.code().name}: {exc.details()}")
+        except Exception as exc:  # pragma: no cover - defensive
+            error = LinkError(f"stream to {self.address} failed: {exc}")
+        self._fail(q, error)
+
+    def _fail(self, q: queue.Queue[Any], error: BaseException) -> None:
+        with self._lock:
+            if self._queue is not q:
+                return
+            self._queue = None
+            pending, self._pending = self._pending, {}
+            self.sensors.inflight(self.address, 0)
+        q.put(_CLOSE)
+        for fut in pending.values():
+            self._room.release()
+            if not fut.done():
+                fut.set_exception(error)
+
+    def reset(self, reason: str) -> None:
+        """Abandon the stream (e.g. a batch is overdue: the receiver may be stopped)."""
+        with self._lock:
+            q, call = self._queue, self._call
+        if q is None:
+            return
+        log.warning("resetting link to %s: %s", self.address, reason)
+        if call is not None:
+            call.cancel()
+        self._fail(q, LinkError(f"link to {self.address} reset: {reason}"))
+
+    def close(self) -> None:
+        self.reset("closing")
+        self._channel.close()

@@ -1,0 +1,91 @@
+"""What a worker owns: key ranges of computations and injector outboxes.
+
+Each owned range carries the sequencer token the controller issued with it; every
+write for the range goes through the store under that token, so when the range is
+moved the old owner's writes are fenced. A lock serialises everything done to one
+range (deliveries, timers, sends, acks, watermark reports).
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from millwheel.record import MAX_TIMESTAMP, MIN_TIMESTAMP
+from millwheel.runtime.outbox import Outbox
+from millwheel.runtime.range_worker import RangeWorker
+from millwheel.state.protocol import Production, StateStore
+
+INJ_WM_KEY = "__watermark__"
+
+
+@dataclass
+class Slice:
+    """Outbox entries sent together; acked once their deliveries succeed."""
+
+    started: float
+    done_now: list[tuple[str, str]]  # already delivered (stream log, local consumers)
+    remote: list[tuple[Future[Any], list[Production], str]]  # (ack future, entries, address)
+    failed: bool = False
+
+
+@dataclass
+class OwnedRange:
+    node: str
+    range_id: int
+    token: int
+    store: StateStore
+    worker: RangeWorker | None = None  # None for an injector's outbox
+    lock: threading.RLock = field(default_factory=threading.RLock)
+    outbox: Outbox | None = None
+    injector_wm: int = MIN_TIMESTAMP
+    last_reload: float = 0.0
+    slice: Slice | None = None
+    retry_at: float = 0.0
+    failures: int = 0
+    dropped: bool = False
+
+    def __post_init__(self) -> None:
+        if self.worker is not None:
+            self.outbox = self.worker.outbox
+        else:
+            self.reload()
+
+    @property
+    def is_injector(self) -> bool:
+        return self.worker is None
+
+    def reload(self) -> None:
+        """Injector ranges: the controller appends to the outbox, so re-read it. The
+        reported watermark is read first: records checkpointed together with a newer
+        watermark are then either seen in the outbox or held back by the older one."""
+        raw = self.store.read_state(self.node, [INJ_WM_KEY]).get(INJ_WM_KEY)
+        wm = int(raw) if raw is not None else MIN_TIMESTAMP
+        self.outbox = Outbox(self.store, self.node, 0)
+        self.injector_wm = max(self.injector_wm, wm)
+        self.last_reload = time.monotonic()
+
+    def report(self, input_wm: int) -> int:
+        """This range's low watermark: min(input watermark, oldest pending work)."""
+        assert self.outbox is not None
+        if self.worker is None:
+            return min(self.injector_wm, self.outbox.hold())
+        return min(input_wm, self.worker.hold())
+
+    def backoff(self, base_s: float = 0.05, cap_s: float = 2.0) -> None:
+        """Exponential backoff with jitter before the next send attempt."""
+        self.failures += 1
+        delay = min(cap_s, base_s * 2 ** min(self.failures, 10))
+        self.retry_at = time.monotonic() + delay * random.uniform(0.5, 1.5)
+
+    def succeeded(self) -> None:
+        self.failures = 0
+        self.retry_at = 0.0
+
+    def idle(self) -> bool:
+        return self.outbox is None or (len(self.outbox) == 0 and (
+            self.worker is None or self.worker.timers.hold() == MAX_TIMESTAMP))
