@@ -298,8 +298,9 @@ def cmd_register(args: argparse.Namespace) -> int:
                 raise InvalidSpecError(f"{args.spec}: injectors[{i}] needs 'name' and 'stream'")
             client.register_injector(str(inj["name"]), str(inj["stream"]))
             done.append({"injector": inj["name"], "stream": inj["stream"]})
+        logged = data.get("log_streams", []) if isinstance(data.get("log_streams"), list) else []
         for spec in protos:
-            resp = client.register_computation(spec)
+            resp = client.register_computation(spec, [s for s in spec.outputs if s in logged])
             done.append({"computation": spec.name, "ranges": len(resp.computation.ranges)})
     text = "\n".join(
         f"registered injector {d['injector']!r} -> stream {d['stream']!r}" if "injector" in d

@@ -60,8 +60,9 @@ class ControllerClient:
         return error_class(code)(f"{exc.details()} [{code.name}]")
 
     # -- calls ---------------------------------------------------------------------------
-    def register_computation(self, spec: pb.ComputationSpec) -> pb.RegisterComputationResponse:
-        req = pb.RegisterComputationRequest(spec=spec)
+    def register_computation(self, spec: pb.ComputationSpec, log_streams: Iterable[str] = ()
+                             ) -> pb.RegisterComputationResponse:
+        req = pb.RegisterComputationRequest(spec=spec, log_streams=list(log_streams))
         return self.call(lambda: self.stub.RegisterComputation(req, timeout=self.timeout_s))
 
     def register_injector(self, name: str, stream: str) -> pb.RegisterInjectorResponse:

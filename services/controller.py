@@ -147,7 +147,7 @@ class ControllerService:
             raise InvalidSpecError("RegisterComputation: 'spec' is required")
         spec = convert.spec_from_proto(request.spec)
         with self.lock:
-            self.registry.register_computation(spec)
+            self.registry.register_computation(spec, tuple(request.log_streams))
             self._registry_changed()
             log.info("registered computation %r", spec.name)
             return pb.RegisterComputationResponse(computation=self._info(spec.name))

@@ -21,6 +21,7 @@ COMP_PREFIX = "registry/computation/"
 INJ_PREFIX = "registry/injector/"
 VERSION_KEY = "registry/version"
 ORDER_KEY = "registry/order"
+LOG_KEY = "registry/log_streams"
 
 
 class Registry:
@@ -36,7 +37,8 @@ class Registry:
         injectors = [
             InjectorSpec(**json.loads(value)) for value in store.list_meta(INJ_PREFIX).values()
         ]
-        self.topology = Topology(tuple(ordered), tuple(injectors))
+        logged = tuple(json.loads(store.get_meta(LOG_KEY) or b"[]"))
+        self.topology = Topology(tuple(ordered), tuple(injectors), logged)
         self.version = int(store.get_meta(VERSION_KEY) or b"0")
 
     # -- queries ---------------------------------------------------------------------
@@ -60,10 +62,16 @@ class Registry:
         return node in self.nodes()
 
     # -- changes ---------------------------------------------------------------------
-    def register_computation(self, spec: ComputationSpec) -> None:
+    def register_computation(self, spec: ComputationSpec, log_streams: tuple[str, ...] = ()) -> None:
         if any(c.name == spec.name for c in self.topology.computations):
             raise AlreadyExistsError(f"computation {spec.name!r} is already registered")
-        candidate = self.topology.with_computation(spec)
+        for stream in log_streams:
+            if stream not in spec.all_outputs():
+                raise InvalidSpecError(
+                    f"computation {spec.name!r}: log stream {stream!r} is not one of its outputs")
+        topo = self.topology
+        logged = tuple(dict.fromkeys((*topo.log_streams, *log_streams)))
+        candidate = Topology((*topo.computations, spec), topo.injectors, logged)
         candidate.validate()
         build_computation(spec)  # the code must import and accept its parameters
         self.store.put_meta(COMP_PREFIX + spec.name, json.dumps(computation_to_dict(spec)).encode())
@@ -80,7 +88,8 @@ class Registry:
                     f"injector {spec.name!r} is already registered for stream {existing.stream!r}"
                 )
             return False
-        candidate = Topology(self.topology.computations, (*self.topology.injectors, spec))
+        candidate = Topology(self.topology.computations, (*self.topology.injectors, spec),
+                             self.topology.log_streams)
         candidate.validate()
         self.store.put_meta(INJ_PREFIX + spec.name, json.dumps(
             {"name": spec.name, "stream": spec.stream}).encode())
@@ -88,9 +97,10 @@ class Registry:
         return True
 
     def unregister_computation(self, name: str) -> None:
-        self.computation(name)
+        spec = self.computation(name)
         candidate = Topology(
-            tuple(c for c in self.topology.computations if c.name != name), self.topology.injectors
+            tuple(c for c in self.topology.computations if c.name != name), self.topology.injectors,
+            tuple(s for s in self.topology.log_streams if s not in spec.all_outputs()),
         )
         try:
             candidate.validate()
@@ -103,4 +113,5 @@ class Registry:
         self.topology = topology
         self.version += 1
         self.store.put_meta(ORDER_KEY, json.dumps([c.name for c in topology.computations]).encode())
+        self.store.put_meta(LOG_KEY, json.dumps(list(topology.log_streams)).encode())
         self.store.put_meta(VERSION_KEY, str(self.version).encode())

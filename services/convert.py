@@ -78,6 +78,7 @@ def injector_to_proto(spec: InjectorSpec) -> pb.InjectorSpec:
 # -- the topology workers receive ------------------------------------------------------
 def topology_to_json(topology: Topology) -> str:
     return json.dumps({
+        "log_streams": list(topology.log_streams),
         "computations": [computation_to_dict(c) for c in topology.computations],
         "injectors": [{"name": i.name, "stream": i.stream} for i in topology.injectors],
     })
