@@ -27,7 +27,8 @@ script touches one hash slot and the same code runs on Redis Cluster::
     mw:log:{S}:entries  ZSET    "SEQ:" + framed record, score = SEQ
     mw:meta             HASH    name -> value (the service registry)
 
-A timer field and an outbox field are ``LEN:FIRST`` + ``SECOND`` (``LEN`` is the byte
+``C`` and ``S`` have ``%``, ``{`` and ``}`` percent-encoded, so a name never cuts its
+own hash tag short. A timer field and an outbox field are ``LEN:FIRST`` + ``SECOND`` (``LEN`` is the byte
 length of ``FIRST``): unique for any strings, and a key's timers are one lex range.
 
 Where state lives: the writer of a key's state is its range, so state is stored
@@ -151,6 +152,11 @@ def _unframe(raw: bytes) -> tuple[Any, bytes]:
     return json.loads(header), value
 
 
+def _tag(name: str) -> str:
+    """``name`` made safe inside a hash tag: braces (and ``%``) percent-encoded."""
+    return name.replace("%", "%25").replace("{", "%7B").replace("}", "%7D")
+
+
 def _glob_escape(text: str) -> str:
     return "".join("\\" + c if c in "*?[]\\" else c for c in text)
 
@@ -258,17 +264,17 @@ class RedisStore:
 
     # -- key names --------------------------------------------------------------
     def _range(self, computation: str, range_id: int) -> _RangeKeys:
-        base = f"{self._prefix}:r:{{{computation}:{range_id}}}:"
+        base = f"{self._prefix}:r:{{{_tag(computation)}:{range_id}}}:"
         return _RangeKeys(*(base + s for s in (
             "token", "last", "state", "skeys", "timers", "tkeys", "outbox", "oorder", "oseq",
             "ids", "wm",
         )))
 
     def _registry(self, computation: str) -> str:
-        return f"{self._prefix}:ranges:{{{computation}}}"
+        return f"{self._prefix}:ranges:{{{_tag(computation)}}}"
 
     def _log(self, stream: str) -> tuple[str, str, str]:
-        base = f"{self._prefix}:log:{{{stream}}}:"
+        base = f"{self._prefix}:log:{{{_tag(stream)}}}:"
         return base + "seq", base + "ids", base + "entries"
 
     def _meta(self) -> str:
@@ -302,7 +308,7 @@ class RedisStore:
         message = str(exc)
         if message.startswith("MWCORRUPT "):
             return CorruptDataError(f"{self._where}: {what}: Redis key {message[10:]}")
-        if "WRONGTYPE" in message:
+        if "WRONGTYPE" in message or "not an integer" in message or "not a valid float" in message:
             named = ", ".join(repr(k) for k in keys)
             return CorruptDataError(
                 f"{self._where}: {what}: Redis key {named} holds the wrong kind of value ({message})"
