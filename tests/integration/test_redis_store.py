@@ -13,10 +13,10 @@ import redis
 from redis.crc import key_slot
 
 from millwheel.errors import InvalidSpecError, StoreError
+from millwheel.record import Record, Timer
 from millwheel.state import open_store
 from millwheel.state.protocol import Checkpoint, Production
 from millwheel.state.redis_store import LostWritesError, RedisStore
-from millwheel.record import Record, Timer
 from tests.support.redis_server import RedisServer, free_port
 
 
