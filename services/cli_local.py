@@ -13,7 +13,7 @@ from typing import Any
 
 from millwheel.errors import InvalidSpecError
 from millwheel.runtime.crash import crash_hook_from_env
-from millwheel.runtime.local_runner import LocalRunner, Progress
+from millwheel.runtime.local_runner import LocalRunner, print_progress
 from millwheel.sources import Source
 from millwheel.spec import load_spec_file, sources_from_dict, topology_from_dict
 from millwheel.state import open_store
@@ -72,12 +72,6 @@ def load_target(target: str) -> tuple[Topology, dict[str, Source]]:
     if not isinstance(sources, dict):
         raise InvalidSpecError(f"{target}: must define `sources` as a dict of injector name -> Source")
     return topology, sources
-
-
-def print_progress(p: Progress) -> None:
-    rate = p.processed / p.elapsed_s if p.elapsed_s > 0 else 0.0
-    print(f"  {p.elapsed_s:6.1f}s  injected {p.injected:>9,}  processed {p.processed:>9,}"
-          f"  ({rate:,.0f}/s)  pending {p.pending:>7,}", file=sys.stderr, flush=True)
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -182,9 +182,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from millwheel.runtime.crash import crash_hook_from_env
-    from millwheel.runtime.local_runner import LocalRunner
+    from millwheel.runtime.local_runner import LocalRunner, print_progress
     from millwheel.state import open_store
-    from services.cli_local import print_progress
 
     with tempfile.TemporaryDirectory(prefix="zeitgeist-") as tmp:
         url = args.store or f"sqlite:///{Path(tmp) / 'zeitgeist.db'}"

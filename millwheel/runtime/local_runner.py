@@ -19,6 +19,7 @@ checkpointed.
 
 from __future__ import annotations
 
+import sys
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -49,6 +50,13 @@ class Progress:
     watermarks: dict[str, int]
     elapsed_s: float
     done: bool
+
+
+def print_progress(p: Progress) -> None:
+    """The progress line local runs print to stderr."""
+    rate = p.processed / p.elapsed_s if p.elapsed_s > 0 else 0.0
+    print(f"  {p.elapsed_s:6.1f}s  injected {p.injected:>9,}  processed {p.processed:>9,}"
+          f"  ({rate:,.0f}/s)  pending {p.pending:>7,}", file=sys.stderr, flush=True)
 
 
 class LocalRunner:
