@@ -100,7 +100,23 @@ class ControllerClient:
                                                          timeout=self.timeout_s))
 
     def inject(self, messages: Iterable[pb.InjectRequest]) -> pb.InjectResponse:
-        return self.call(lambda: self.stub.Inject(iter(messages), timeout=None))
+        """Stream ``messages``; an error raised while producing them (a bad input line)
+        is raised as itself, not as gRPC's "Exception iterating requests"."""
+        failed: list[BaseException] = []
+
+        def guarded() -> Iterator[pb.InjectRequest]:
+            try:
+                yield from messages
+            except BaseException as exc:
+                failed.append(exc)
+                raise
+
+        try:
+            return self.stub.Inject(guarded(), timeout=None)
+        except grpc.RpcError as exc:
+            if failed:
+                raise failed[0] from None
+            raise self.error(exc) from None
 
     def subscribe(self, stream: str, after_seq: int = 0, follow: bool = False
                   ) -> Iterator[tuple[int, Record]]:

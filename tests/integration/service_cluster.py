@@ -43,10 +43,11 @@ class Cluster:
         self.client = ControllerClient(self.address, timeout_s=10)
 
     # -- processes -----------------------------------------------------------------------
-    def _spawn(self, name: str, args: list[str]) -> subprocess.Popen[bytes]:
+    def _spawn(self, name: str, args: list[str], env_extra: dict[str, str] | None = None
+               ) -> subprocess.Popen[bytes]:
         log = open(self.tmp / f"{name}.log", "ab")  # noqa: SIM115
         self._logs.append(log)
-        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        env = dict(os.environ, PYTHONPATH=str(ROOT), **(env_extra or {}))
         return subprocess.Popen([sys.executable, "-m", "services.cli", *args], cwd=ROOT, env=env,
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
@@ -56,11 +57,11 @@ class Cluster:
             "--heartbeat-timeout", str(self.heartbeat_timeout_s), *self.controller_args])
         wait_for(lambda: _ok(self.client.status), 20, "controller to answer")
 
-    def start_worker(self, *extra: str) -> subprocess.Popen[bytes]:
+    def start_worker(self, *extra: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         n = len(self.workers)
         proc = self._spawn(f"worker{n}", [
             "worker", "--store", self.store_url, "--controller", self.address,
-            "--delivery-timeout", "2", "--batch-size", "100", *extra])
+            "--delivery-timeout", "2", "--batch-size", "100", *extra], env)
         self.workers.append(proc)
         wait_for(lambda: self.worker_id(proc) is not None, 20, f"worker {n} to join")
         return proc

@@ -1,0 +1,134 @@
+"""Failures of real service processes mid-stream; every run's outputs must equal a
+failure-free run record for record, and no served watermark may go backwards.
+
+* kill -9 of a worker (by signal, and at exact crash points via MILLWHEEL_CRASH_AT);
+* a zombie: a worker SIGSTOPped until its ranges move, then SIGCONTed;
+* a controller killed and restarted on the same port.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from tests.integration.service_cluster import (
+    Cluster,
+    WatermarkMonitor,
+    expected_outputs,
+    wait_for,
+)
+from tests.support import pipelines
+
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
+DISORDER = 2 * pipelines.SECOND
+FAULT_AT = 6  # after this many inject messages
+
+
+@pytest.fixture
+def cluster(tmp_path: Path):
+    c = Cluster(tmp_path)
+    c.start_controller()
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+def run_pipeline(cluster: Cluster, tmp_path: Path, fault: Callable[[], None]) -> WatermarkMonitor:
+    """Register the pipeline, inject with ``fault`` mid-stream, wait for the end, and
+    compare every sink with the failure-free run."""
+    topology = pipelines.topology(key_ranges=3)
+    records = pipelines.workload(n=1200)
+    cluster.register(topology)
+    cluster.wait_balanced()
+    monitor = WatermarkMonitor(cluster.client)
+
+    def between(i: int) -> None:
+        time.sleep(0.05)
+        if i == FAULT_AT:
+            fault()
+
+    cluster.inject("events", "events", records, batch=60, max_disorder_us=DISORDER, done=True,
+                   between=between)
+    cluster.wait_watermark("totals", timeout=120)
+    monitor.stop()
+    want = expected_outputs(tmp_path, topology, pipelines.sources(records), ("counts", "totals"))
+    assert cluster.outputs("counts") == want["counts"]
+    assert cluster.outputs("totals") == want["totals"]
+    assert monitor.samples > 5
+    assert monitor.backwards == []
+    return monitor
+
+
+def test_kill9_worker_mid_stream(cluster: Cluster, tmp_path: Path) -> None:
+    workers = [cluster.start_worker() for _ in range(3)]
+    victim = workers[1]
+    victim_id = cluster.worker_id(victim)
+    assert victim_id is not None
+
+    def kill() -> None:
+        assert cluster.ranges_of(victim_id)
+        os.kill(victim.pid, signal.SIGKILL)
+
+    run_pipeline(cluster, tmp_path, kill)
+    assert victim.wait(5) == -signal.SIGKILL
+    status = cluster.client.status()
+    assert all(r.worker_id and r.worker_id != victim_id for r in status.ranges)
+    assert not next(w for w in status.workers if w.worker_id == victim_id).alive
+
+
+@pytest.mark.parametrize("point", ["after_checkpoint:25", "after_ack:25"])
+def test_worker_killed_at_crash_point(cluster: Cluster, tmp_path: Path, point: str) -> None:
+    crashing = cluster.start_worker(env={"MILLWHEEL_CRASH_AT": point})
+    cluster.start_worker()
+    cluster.start_worker()
+    run_pipeline(cluster, tmp_path, lambda: None)
+    assert crashing.poll() == -signal.SIGKILL, "the crash point was reached"
+
+
+def test_zombie_worker_writes_nothing_visible(cluster: Cluster, tmp_path: Path) -> None:
+    workers = [cluster.start_worker() for _ in range(3)]
+    zombie = workers[2]
+    zombie_id = cluster.worker_id(zombie)
+    assert zombie_id is not None
+    held: list[tuple[str, int, int]] = []
+
+    def pause_until_moved() -> None:
+        held.extend(cluster.ranges_of(zombie_id))
+        assert held
+        os.kill(zombie.pid, signal.SIGSTOP)
+        wait_for(lambda: not cluster.ranges_of(zombie_id), 20, "the paused worker's ranges to move")
+        os.kill(zombie.pid, signal.SIGCONT)
+
+    run_pipeline(cluster, tmp_path, pause_until_moved)
+    # Its old ranges all carry newer tokens now; it is alive again and kept running.
+    current = {(r.node, r.range_id): r.token for r in cluster.client.status().ranges}
+    assert all(current[(node, rid)] > token for node, rid, token in held)
+    assert zombie.poll() is None
+    assert "dropped" in cluster.log("worker2")
+
+
+def test_controller_restart_loses_no_registration_or_watermark(cluster: Cluster, tmp_path: Path) -> None:
+    for _ in range(3):
+        cluster.start_worker()
+    before: dict[str, object] = {}
+
+    def restart() -> None:
+        before["names"] = [c.spec.name for c in cluster.client.computations().computations]
+        before["wms"] = {w.node: w.low_watermark for w in cluster.client.watermarks()}
+        assert cluster.controller is not None
+        os.kill(cluster.controller.pid, signal.SIGKILL)
+        cluster.controller.wait(5)
+        time.sleep(0.3)
+        cluster.start_controller()
+        after = {w.node: w.low_watermark for w in cluster.client.watermarks()}
+        assert [c.spec.name for c in cluster.client.computations().computations] == before["names"]
+        assert all(after[node] >= wm for node, wm in before["wms"].items())  # type: ignore[attr-defined]
+
+    run_pipeline(cluster, tmp_path, restart)
+    assert before["names"] == ["parse", "counts", "totals"]
