@@ -50,6 +50,7 @@ _lock = threading.RLock()
 _session: Any = None
 _settings: tuple[str, tuple[tuple[str, str], ...]] | None = None
 _atexit_registered = False
+_restarts = 0
 
 
 def resolve_master(master: str | None) -> str:
@@ -62,7 +63,7 @@ def get_session(master: str | None = None, conf: Mapping[str, Any] | None = None
     The first caller's master and settings win; a later caller asking for another
     master gets the running session and a warning (one session per process).
     """
-    global _session, _settings, _atexit_registered
+    global _session, _settings, _atexit_registered, _restarts
     wanted = (resolve_master(master), tuple(sorted((k, str(v)) for k, v in (conf or {}).items())))
     with _lock:
         if _session is not None and is_alive():
@@ -70,6 +71,8 @@ def get_session(master: str | None = None, conf: Mapping[str, Any] | None = None
                 log.warning("Spark session already runs on %s; ignoring master %s", _settings[0], wanted[0])
             return _session
         if _session is not None:
+            log.warning("Spark session on %s was lost; starting a new one", _settings and _settings[0])
+            _restarts += 1
             _discard()
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         from pyspark.sql import SparkSession
@@ -98,6 +101,11 @@ def is_alive() -> bool:
             return jsc is not None and not jsc.sc().isStopped()
         except Exception:  # the JVM is gone: py4j cannot reach it
             return False
+
+
+def restart_count() -> int:
+    """How many times a lost session was replaced in this process (for status)."""
+    return _restarts
 
 
 def gateway_pid() -> int | None:
@@ -174,10 +182,7 @@ def run_job(
                 ) from exc
             log.warning("Spark job attempt %d/%d failed (%s); retrying in %.1fs",
                         attempt, attempts, _first_line(exc), delay)
-            if not is_alive():
-                with _lock:
-                    if _session is not None:
-                        _discard()
+            # A dead session is replaced by the next get_session() (counted there).
             time.sleep(delay)
             delay *= 2
         else:

@@ -33,7 +33,7 @@ from millwheel.errors import InvalidSpecError
 from millwheel.operators.windows import Windowing
 from millwheel.record import Record, Timer
 from millwheel.spark.aggregations import Aggregation, Group
-from millwheel.spark.session import run_job
+from millwheel.spark.session import restart_count, run_job
 
 
 class SparkAggregate(Computation):
@@ -66,7 +66,8 @@ class SparkAggregate(Computation):
         self.name = "spark_aggregate"
         self.sensors: Any = None
         self.status: dict[str, Any] = {"jobs": 0, "windows": 0, "retries": 0, "failures": 0,
-                                       "last_error": None, "last_job_s": None}
+                                       "last_error": None, "last_job_s": None,
+                                       "session_restarts": 0}
 
     # -- wiring --------------------------------------------------------------
     def bind_outputs(self, outputs: tuple[str, ...]) -> None:
@@ -151,6 +152,7 @@ class SparkAggregate(Computation):
     def _run(self, groups: list[Group]) -> dict[tuple[str, int], Any]:
         def on_attempt(outcome: str, seconds: float, error: BaseException | None) -> None:
             self.status["last_job_s"] = round(seconds, 3)
+            self.status["session_restarts"] = restart_count()
             if outcome == "ok":
                 self.status["jobs"] += 1
                 self.status["windows"] += len(groups)
