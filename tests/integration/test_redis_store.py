@@ -201,3 +201,17 @@ def test_unreachable_redis_gives_up_after_the_retry_deadline(server: RedisServer
     with pytest.raises(StoreError, match="Redis unreachable for 0.4s"):
         store.checkpoint(full_cp(t, 1))
     assert time.monotonic() - started < 3
+
+
+def test_rediss_url_speaks_tls_with_the_given_ca() -> None:
+    with RedisServer(tls=True, requirepass="pw") as srv:
+        store = open_store(srv.url)
+        try:
+            t = store.acquire("counts", 0)
+            store.checkpoint(full_cp(t, 1))
+            assert store.read_state("counts", ["k1"]) == {"k1": b"v"}
+        finally:
+            store.close()
+        plain = open_store(f"redis://:pw@127.0.0.1:{srv.port}/0?retry_deadline=0.3")
+        with pytest.raises(StoreError):
+            plain.current_token("counts", 0)

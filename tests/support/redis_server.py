@@ -11,6 +11,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import tempfile
 import time
@@ -29,7 +30,8 @@ class RedisServer:
     """One ``redis-server`` process on 127.0.0.1.
 
     ``appendonly``/``appendfsync`` set the AOF persistence; RDB snapshots are off so a
-    test sees exactly what AOF gives. ``requirepass`` turns on password auth.
+    test sees exactly what AOF gives. ``requirepass`` turns on password auth. ``tls``
+    serves TLS only, with a fresh self-signed certificate for 127.0.0.1 (``ca_file``).
     """
 
     def __init__(
@@ -38,6 +40,7 @@ class RedisServer:
         appendonly: bool = False,
         appendfsync: str = "everysec",
         requirepass: str | None = None,
+        tls: bool = False,
         data_dir: str | Path | None = None,
         port: int | None = None,
     ) -> None:
@@ -46,15 +49,32 @@ class RedisServer:
         self.appendonly = appendonly
         self.appendfsync = appendfsync
         self.requirepass = requirepass
+        self.tls = tls
         self._own_dir = data_dir is None
         self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="mw-redis-"))
         self.port = port or free_port()
         self.proc: subprocess.Popen[bytes] | None = None
+        if tls:
+            self._make_certificate()
         self.start()
+
+    @property
+    def ca_file(self) -> Path:
+        return self.data_dir / "tls.crt"
+
+    def _make_certificate(self) -> None:
+        subprocess.run(
+            ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+             "-keyout", str(self.data_dir / "tls.key"), "-out", str(self.ca_file),
+             "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+            check=True, capture_output=True,
+        )
 
     @property
     def url(self) -> str:
         auth = f":{self.requirepass}@" if self.requirepass else ""
+        if self.tls:
+            return f"rediss://{auth}127.0.0.1:{self.port}/0?ssl_ca_certs={self.ca_file}"
         return f"redis://{auth}127.0.0.1:{self.port}/0"
 
     def _args(self) -> list[str]:
@@ -72,6 +92,12 @@ class RedisServer:
         ]
         if self.requirepass:
             args += ["--requirepass", self.requirepass]
+        if self.tls:
+            args[2] = "0"  # no plain-text port
+            args += [
+                "--tls-port", str(self.port), "--tls-cert-file", str(self.ca_file),
+                "--tls-key-file", str(self.data_dir / "tls.key"), "--tls-auth-clients", "no",
+            ]
         return args
 
     def start(self) -> None:
@@ -96,7 +122,11 @@ class RedisServer:
 
     def _ping(self) -> bool:
         try:
-            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as sock:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as plain:
+                sock = plain
+                if self.tls:
+                    context = ssl.create_default_context(cafile=str(self.ca_file))
+                    sock = context.wrap_socket(plain, server_hostname="127.0.0.1")
                 if self.requirepass:
                     sock.sendall(f"AUTH {self.requirepass}\r\n".encode())
                     sock.recv(64)
