@@ -341,9 +341,14 @@ class RedisStore:
         expected = self._last_applied.get(lineage_key, "") if self._verify_lineage else ""
         all_keys = [rk.token, rk.last, *keys]
         head: list[bytes | str | int] = [token, op_id, expected]
-        status, detail = self._call(
-            what, all_keys, lambda: self._script(source, all_keys, [*head, *args])
-        )
+        try:
+            status, detail = self._call(
+                what, all_keys, lambda: self._script(source, all_keys, [*head, *args])
+            )
+        except StoreError:
+            # Whether the write was applied is unknown now: stop expecting a lineage.
+            self._last_applied.pop(lineage_key, None)
+            raise
         status = int(status)
         if status == 0:
             raise FencedError(computation, range_id, token, int(detail))
@@ -365,12 +370,14 @@ class RedisStore:
             pipe = self._r.pipeline(transaction=False)
             for key, command, args in commands:
                 getattr(pipe, command)(key, *args)
-            return list(pipe.execute(raise_on_error=False))
+            results = list(pipe.execute(raise_on_error=False))
+            for result in results:
+                if isinstance(result, _RETRYABLE):
+                    raise result  # the whole pipeline is retried (reads, or INCR on acquire)
+            return results
 
         results = self._call(what, [k for k, _c, _a in commands], run)
         for (key, _c, _a), result in zip(commands, results, strict=True):
-            if isinstance(result, _RETRYABLE):
-                raise StoreError(f"{self._where}: {what}: {result}")
             if isinstance(result, redis.exceptions.ResponseError):
                 raise self._response_error(what, [key], result)
         return results

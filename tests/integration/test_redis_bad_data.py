@@ -114,6 +114,7 @@ def test_foreign_token_and_timer_and_outbox_values_name_their_key(store: RedisSt
 def test_corrupt_stream_log_entry_names_the_key(store: RedisStore, raw: redis.Redis) -> None:
     store.append_log("totals", [Record("k", b"v" * 30, 1, "r1")])
     (member,) = raw.zrange("mw:log:{totals}:entries", 0, -1)
+    assert isinstance(member, bytes)
     raw.zrem("mw:log:{totals}:entries", member)
     raw.zadd("mw:log:{totals}:entries", {member[:-5]: 1})
     with pytest.raises(CorruptDataError, match=r"mw:log:\{totals\}:entries.*truncated"):

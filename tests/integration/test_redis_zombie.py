@@ -7,7 +7,7 @@ owner is visible, and the new owner ends with exactly the failure-free state.
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Callable, Iterator
 
 import pytest
 
@@ -67,7 +67,7 @@ def test_every_fenced_write_of_a_zombie_range_worker_is_refused(server: RedisSer
     store.checkpoint(Checkpoint("counts", 1, old, 10, state_writes={"k": b"old"}))
     new = store.acquire("counts", 1)
     store.checkpoint(Checkpoint("counts", 1, new, 20, state_writes={"k": b"new"}, consumed_ids=["x"]))
-    attempts = [
+    attempts: list[Callable[[], object]] = [
         lambda: store.checkpoint(Checkpoint(
             "counts", 1, old, 30, state_writes={"k": b"zombie", "z": b"zombie"},
             productions=[Production("totals", "counts", Record("k", b"zombie", 5, "zombie-out"))],

@@ -140,8 +140,8 @@ class RedisServer:
         return path.read_text(errors="replace")[-2000:] if path.exists() else ""
 
     def kill(self) -> None:
-        """SIGKILL: no shutdown save, no AOF rewrite; what a machine crash looks like
-        to the process (the OS page cache still reaches the disk)."""
+        """SIGKILL: the process dies at once, no shutdown save or final fsync. (What the
+        kernel already has of the AOF survives, as it would not on a power loss.)"""
         if self.proc is not None and self.proc.poll() is None:
             os.kill(self.proc.pid, signal.SIGKILL)
             self.proc.wait(timeout=10)
