@@ -175,6 +175,10 @@ def _value_text(value: bytes) -> str:
 
 # -- processes --------------------------------------------------------------------------------
 def _logging(level: str) -> None:
+    """Log to stderr; SIGUSR1 dumps every thread's stack (for a process that seems stuck)."""
+    import faulthandler
+
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     logging.basicConfig(level=level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
 

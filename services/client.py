@@ -17,14 +17,12 @@ from millwheel.record import Record
 from services.generated import millwheel_pb2 as pb
 from services.generated import millwheel_pb2_grpc as pb_grpc
 from services.grpc_server import channel
-from services.status import error_class
+from services.status import UnavailableError, error_class
 
 DEFAULT_CONTROLLER = "127.0.0.1:7070"
 T = TypeVar("T")
 
 
-class UnavailableError(MillWheelError):
-    """The controller cannot be reached."""
 
 
 def controller_address(given: str | None = None) -> str:
@@ -56,7 +54,7 @@ class ControllerClient:
     def error(self, exc: grpc.RpcError) -> MillWheelError:
         code = exc.code()
         if code == grpc.StatusCode.UNAVAILABLE:
-            return UnavailableError(f"cannot reach the controller at {self.address}: {exc.details()}")
+            return UnavailableError(f"controller {self.address}: {exc.details()} [UNAVAILABLE]")
         return error_class(code)(f"{exc.details()} [{code.name}]")
 
     # -- calls ---------------------------------------------------------------------------

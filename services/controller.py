@@ -12,9 +12,9 @@ minimum per node and never lets a served value go backwards.
 from __future__ import annotations
 
 import logging
+import secrets
 import threading
 import time
-from collections import defaultdict
 from typing import Any, Iterator
 
 import grpc
@@ -24,21 +24,20 @@ from millwheel.errors import FencedError, InvalidSpecError, MillWheelError, NotF
 from millwheel.keys import key_range
 from millwheel.record import MAX_TIMESTAMP, MIN_TIMESTAMP, Record
 from millwheel.runtime.routing import Router
-from millwheel.state.protocol import Checkpoint, StateStore
+from millwheel.state.protocol import StateStore
 from millwheel.topology import InjectorSpec, injector_node
 from services import convert
 from services.controller_assign import Assigner
 from services.controller_registry import Registry
 from services.generated import millwheel_pb2 as pb
-from services.grpc_server import check, start_server
+from services.generated import millwheel_pb2_grpc as pb_grpc
+from services.grpc_server import channel, check, start_server
 from services.metrics import PrometheusSensors
-from services.status import code_for, rpc, rpc_stream
+from services.status import UnavailableError, code_for, rpc, rpc_stream
 
 log = logging.getLogger("millwheel.controller")
 Ctx = grpc.ServicerContext
 
-INJ_WM_KEY = "__watermark__"
-INJ_SEQ_KEY = "__seq__"
 DEFAULT_MAX_VALUE_BYTES = 1024 * 1024
 
 
@@ -46,7 +45,9 @@ class ControllerService:
     def __init__(
         self, store: StateStore, *, heartbeat_timeout_s: float = 3.0,
         max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES, sensors: PrometheusSensors | None = None,
+        inject_timeout_s: float = 15.0,
     ) -> None:
+        self.inject_timeout_s = inject_timeout_s
         self.store = store
         self.clock = SystemClock()
         self.sensors = sensors
@@ -57,7 +58,7 @@ class ControllerService:
         self.assigner.sync_units(self.registry.nodes())
         self.router = Router(self.registry.topology)
         self._served: dict[str, int] = {}
-        self._inject_locks: defaultdict[str, threading.Lock] = defaultdict(threading.Lock)
+        self._worker_stubs: dict[str, pb_grpc.WorkerStub] = {}
         self._stop = threading.Event()
         self._reaper = threading.Thread(target=self._reap_loop, name="reaper", daemon=True)
         self._reaper.start()
@@ -158,7 +159,6 @@ class ControllerService:
         spec = InjectorSpec(request.spec.name, request.spec.stream)
         with self.lock:
             if self.registry.register_injector(spec):
-                self.store.acquire(injector_node(spec.name), 0)  # the controller writes under it
                 self._registry_changed()
                 log.info("registered injector %r -> stream %r", spec.name, spec.stream)
         return pb.RegisterInjectorResponse(injector=convert.injector_to_proto(spec))
@@ -273,44 +273,55 @@ class ControllerService:
                     f"{where}: no registered computation consumes stream {msg.stream!r}")
             spec = InjectorSpec(msg.injector, msg.stream)
             self.registry.register_injector(spec)
-            self.store.acquire(injector_node(spec.name), 0)
             self._registry_changed()
             return spec
 
     def _inject_one(self, spec: InjectorSpec, msg: Any, index: int) -> tuple[int, int]:
+        """Validate one message whole, then hand it to the worker owning the injector,
+        which checkpoints it into the injector's outbox (the range's only writer).
+        Records without an ID get ``INJECTOR/MESSAGE/INDEX``: fixed before the first
+        attempt, so a retried hand-over is deduplicated downstream."""
         records = [
             convert.record_from_proto(r, f"inject message {index} record {j}", self.max_value_bytes)
             for j, r in enumerate(msg.records)
         ]
-        node = injector_node(spec.name)
-        with self._inject_locks[node]:
-            stored = self.store.read_state(node, [INJ_WM_KEY, INJ_SEQ_KEY])
-            wm = int(stored.get(INJ_WM_KEY, str(MIN_TIMESTAMP).encode()))
-            seq = int(stored.get(INJ_SEQ_KEY, b"0"))
-            new_wm = max(wm, msg.watermark) if msg.HasField("watermark") else wm
+        message_id = secrets.token_hex(8)
+        batch = pb.DeliverBatch(computation=injector_node(spec.name), range_id=0, records=[
+            convert.record_to_proto(r if msg.records[j].id else Record(
+                r.key, r.value, r.timestamp, f"{spec.name}/{message_id}/{j}"))
+            for j, r in enumerate(records)
+        ])
+        if msg.HasField("watermark"):
+            batch.watermark = msg.watermark
+        ack = self._hand_over(injector_node(spec.name), batch)
+        return len(records), ack.watermark
+
+    def _hand_over(self, node: str, batch: pb.DeliverBatch) -> pb.DeliverAck:
+        deadline = time.monotonic() + self.inject_timeout_s
+        problem = "no live worker owns it yet"
+        while True:
             with self.lock:
-                router = self.router
-            productions = []
-            for i, r in enumerate(records):
-                if not msg.records[i].id:
-                    seq += 1
-                    r = Record(r.key, r.value, r.timestamp, f"{spec.name}:{seq}")
-                productions.extend(router.fan_out(spec.stream, r))
-            for _attempt in range(5):
-                token = self.store.current_token(node, 0)
-                cp = Checkpoint(computation=node, range_id=0, token=token,
-                                now_us=self.clock.now_us(),
-                                state_writes={INJ_WM_KEY: str(new_wm).encode(),
-                                              INJ_SEQ_KEY: str(seq).encode()},
-                                productions=productions)
+                owner = self.assigner.units.get((node, 0))
+                worker = self.assigner.workers.get(owner.worker_id or "") if owner else None
+                address = worker.address if worker is not None and worker.alive else None
+            if address:
                 try:
-                    self.store.checkpoint(cp)
-                    break
-                except FencedError:
-                    continue  # the injector range just moved: use the new token
-            else:
-                raise FencedError(node, 0, token, self.store.current_token(node, 0))
-        return len(records), new_wm
+                    ack = next(iter(self._worker_stub(address).Deliver(iter([batch]), timeout=10)))
+                    if ack.status == pb.DeliverAck.OK:
+                        return ack
+                    problem = f"worker {address}: {ack.message}"
+                except grpc.RpcError as exc:
+                    problem = f"worker {address}: {exc.code().name}: {exc.details()}"
+            if time.monotonic() > deadline or self._stop.is_set():
+                raise UnavailableError(f"cannot inject into {node}: {problem}")
+            time.sleep(0.1)
+
+    def _worker_stub(self, address: str) -> pb_grpc.WorkerStub:
+        with self.lock:
+            stub = self._worker_stubs.get(address)
+            if stub is None:
+                stub = self._worker_stubs[address] = pb_grpc.WorkerStub(channel(address))
+            return stub
 
     def Inject(self, request_iterator: Iterator[Any], context: Ctx) -> pb.InjectResponse:
         """Each message is validated whole, then checkpointed into the injector's outbox

@@ -31,6 +31,10 @@ class PreconditionError(MillWheelError):
     """The request is well formed but the system is not in a state to take it."""
 
 
+class UnavailableError(MillWheelError):
+    """A process the request needs cannot be reached (yet); retrying may succeed."""
+
+
 CODES: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (InvalidSpecError, grpc.StatusCode.INVALID_ARGUMENT),
     (NotFoundError, grpc.StatusCode.NOT_FOUND),
@@ -39,6 +43,7 @@ CODES: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (FencedError, grpc.StatusCode.ABORTED),
     (PreconditionError, grpc.StatusCode.FAILED_PRECONDITION),
     (StoreError, grpc.StatusCode.UNAVAILABLE),
+    (UnavailableError, grpc.StatusCode.UNAVAILABLE),
 )
 
 
@@ -65,7 +70,10 @@ def rpc(fn: F) -> F:
         try:
             return fn(self, request, context)
         except MillWheelError as exc:
-            context.abort(code_for(exc), str(exc))
+            code = code_for(exc)
+            if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL):
+                log.error("%s failed: %s", fn.__name__, exc)
+            context.abort(code, str(exc))
         except Exception as exc:  # a bug: say so rather than hang the client
             log.exception("%s failed", fn.__name__)
             context.abort(grpc.StatusCode.INTERNAL, f"{fn.__name__}: {exc.__class__.__name__}: {exc}")

@@ -133,8 +133,8 @@ class WorkerProcess:
             except grpc.RpcError as exc:
                 if time.monotonic() - last_error > 5.0:
                     last_error = time.monotonic()
-                    log.warning("heartbeat to controller failed: %s; working on with current "
-                                "ranges", exc.code().name)
+                    log.warning("heartbeat to controller failed: %s: %s; working on with "
+                                "current ranges", exc.code().name, exc.details())
             except Exception:
                 log.exception("heartbeat failed")
 
@@ -145,8 +145,6 @@ class WorkerProcess:
             with owned.lock:
                 if owned.dropped:
                     continue
-                if owned.is_injector and owned.slice is None:
-                    owned.reload()
                 wm = owned.report(self.input_wms.get(owned.node, MIN_TIMESTAMP))
             reports.append(pb.WatermarkReport(node=owned.node, range_id=owned.range_id,
                                               token=owned.token, watermark=wm))
@@ -217,6 +215,25 @@ class WorkerProcess:
         self._drop(owned, str(exc))
 
     # -- receiving ---------------------------------------------------------------------
+    def inject(self, node: str, records: list[Record], watermark: int | None) -> pb.DeliverAck:
+        """Injected records from the controller: checkpoint them into the injector's outbox."""
+        owned = self.units.get((node, 0))
+        name = node[len("injector:"):]
+        stream = next((i.stream for i in self.topology.injectors if i.name == name), None)
+        if owned is None or not owned.is_injector or stream is None:
+            return pb.DeliverAck(status=pb.DeliverAck.NOT_OWNER,
+                                 message=f"{self.worker_id} does not own {node}")
+        with owned.lock:
+            if owned.dropped:
+                return pb.DeliverAck(status=pb.DeliverAck.NOT_OWNER, message="range moved")
+            try:
+                owned.inject(records, watermark, self.router, stream, self.clock.now_us())
+            except FencedError as exc:
+                self._fenced(owned, exc)
+                return pb.DeliverAck(status=pb.DeliverAck.NOT_OWNER, message=str(exc))
+            self.crash("after_inject")
+            return pb.DeliverAck(status=pb.DeliverAck.OK, watermark=owned.injector_wm)
+
     def process(self, computation: str, range_id: int, records: list[Record]) -> pb.DeliverAck:
         """Steps 1-3 for a batch addressed to one of our ranges; the ack is step 4."""
         owned = self.units.get((computation, range_id))
@@ -284,9 +301,6 @@ class WorkerProcess:
     def _start(self, owned: OwnedRange) -> int:
         assert owned.outbox is not None
         entries = owned.outbox.pending(self.batch_size)
-        if not entries and owned.is_injector and time.monotonic() - owned.last_reload > 0.02:
-            owned.reload()
-            entries = owned.outbox.pending(self.batch_size)
         if not entries:
             return 0
         logs: dict[str, list[Production]] = defaultdict(list)
@@ -372,6 +386,10 @@ class DeliverServicer:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                               f"malformed {batch.what} message: {batch.error}")
             records = convert.records_from_proto(batch.records)
-            ack = self.worker.process(batch.computation, batch.range_id, records)
+            if batch.computation.startswith("injector:"):
+                wm = batch.watermark if batch.HasField("watermark") else None
+                ack = self.worker.inject(batch.computation, records, wm)
+            else:
+                ack = self.worker.process(batch.computation, batch.range_id, records)
             ack.batch_id = batch.batch_id
             yield ack

@@ -15,10 +15,11 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from millwheel.record import MAX_TIMESTAMP, MIN_TIMESTAMP
+from millwheel.record import MAX_TIMESTAMP, MIN_TIMESTAMP, Record
 from millwheel.runtime.outbox import Outbox
 from millwheel.runtime.range_worker import RangeWorker
-from millwheel.state.protocol import Production, StateStore
+from millwheel.runtime.routing import Router
+from millwheel.state.protocol import Checkpoint, Production, StateStore
 
 INJ_WM_KEY = "__watermark__"
 
@@ -43,7 +44,6 @@ class OwnedRange:
     lock: threading.RLock = field(default_factory=threading.RLock)
     outbox: Outbox | None = None
     injector_wm: int = MIN_TIMESTAMP
-    last_reload: float = 0.0
     slice: Slice | None = None
     retry_at: float = 0.0
     failures: int = 0
@@ -53,21 +53,27 @@ class OwnedRange:
         if self.worker is not None:
             self.outbox = self.worker.outbox
         else:
-            self.reload()
+            raw = self.store.read_state(self.node, [INJ_WM_KEY]).get(INJ_WM_KEY)
+            self.injector_wm = int(raw) if raw is not None else MIN_TIMESTAMP
+            self.outbox = Outbox(self.store, self.node, 0)
 
     @property
     def is_injector(self) -> bool:
         return self.worker is None
 
-    def reload(self) -> None:
-        """Injector ranges: the controller appends to the outbox, so re-read it. The
-        reported watermark is read first: records checkpointed together with a newer
-        watermark are then either seen in the outbox or held back by the older one."""
-        raw = self.store.read_state(self.node, [INJ_WM_KEY]).get(INJ_WM_KEY)
-        wm = int(raw) if raw is not None else MIN_TIMESTAMP
-        self.outbox = Outbox(self.store, self.node, 0)
-        self.injector_wm = max(self.injector_wm, wm)
-        self.last_reload = time.monotonic()
+    def inject(self, records: list[Record], watermark: int | None, router: Router,
+               stream: str, now_us: int) -> None:
+        """Checkpoint injected records and the injector's watermark into this range's
+        outbox (under its token), the way :class:`~millwheel.runtime.injector.InjectorWorker`
+        checkpoints a source batch; the controller acks its client only after this."""
+        productions = [p for r in records for p in router.fan_out(stream, r)]
+        wm = self.injector_wm if watermark is None else max(self.injector_wm, watermark)
+        self.store.checkpoint(Checkpoint(
+            computation=self.node, range_id=0, token=self.token, now_us=now_us,
+            state_writes={INJ_WM_KEY: str(wm).encode()}, productions=productions))
+        assert self.outbox is not None
+        self.outbox.add(productions)
+        self.injector_wm = wm
 
     def report(self, input_wm: int) -> int:
         """This range's low watermark: min(input watermark, oldest pending work)."""

@@ -25,7 +25,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
     c.start_controller()
     c.start_worker()
     c.register(pipelines.topology(key_ranges=2))
-    c.inject("events", "events", pipelines.workload(n=50), done=False)
+    records = pipelines.workload(n=50)
+    c.inject("events", "events", records, done=False)
+    c.wait_watermark("totals", records[-1].timestamp - 10 * pipelines.SECOND)  # settled
+    c.wait_watermark("injector:events", records[-1].timestamp)
     try:
         yield c
     finally:

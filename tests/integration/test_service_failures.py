@@ -82,7 +82,7 @@ def test_kill9_worker_mid_stream(cluster: Cluster, tmp_path: Path) -> None:
     assert not next(w for w in status.workers if w.worker_id == victim_id).alive
 
 
-@pytest.mark.parametrize("point", ["after_checkpoint:25", "after_ack:25"])
+@pytest.mark.parametrize("point", ["after_checkpoint:20", "after_ack:6"])
 def test_worker_killed_at_crash_point(cluster: Cluster, tmp_path: Path, point: str) -> None:
     crashing = cluster.start_worker(env={"MILLWHEEL_CRASH_AT": point})
     cluster.start_worker()

@@ -19,14 +19,24 @@ pytestmark = pytest.mark.timeout(240)
 DISORDER = 2 * pipelines.SECOND
 
 
-@pytest.fixture
-def cluster(tmp_path: Path):
-    c = Cluster(tmp_path)
-    c.start_controller()
+@pytest.fixture(params=["sqlite", "redis"])
+def cluster(request: pytest.FixtureRequest, tmp_path: Path):
+    """The same service over the embedded store and over a real redis-server."""
+    redis = None
+    url = None
+    if request.param == "redis":
+        from tests.support.redis_server import RedisServer
+
+        redis = RedisServer(appendonly=True)
+        url = redis.url
+    c = Cluster(tmp_path, store_url=url)
     try:
+        c.start_controller()
         yield c
     finally:
         c.stop()
+        if redis is not None:
+            redis.stop()
 
 
 def test_three_stage_pipeline_across_three_workers(cluster: Cluster, tmp_path: Path) -> None:
