@@ -67,7 +67,7 @@ class SparkAggregate(Computation):
         self.sensors: Any = None
         self.status: dict[str, Any] = {"jobs": 0, "windows": 0, "retries": 0, "failures": 0,
                                        "last_error": None, "last_job_s": None,
-                                       "session_restarts": 0}
+                                       "job_seconds": 0.0, "session_restarts": 0}
 
     # -- wiring --------------------------------------------------------------
     def bind_outputs(self, outputs: tuple[str, ...]) -> None:
@@ -152,6 +152,7 @@ class SparkAggregate(Computation):
     def _run(self, groups: list[Group]) -> dict[tuple[str, int], Any]:
         def on_attempt(outcome: str, seconds: float, error: BaseException | None) -> None:
             self.status["last_job_s"] = round(seconds, 3)
+            self.status["job_seconds"] = self.status.get("job_seconds", 0.0) + seconds
             self.status["session_restarts"] = restart_count()
             if outcome == "ok":
                 self.status["jobs"] += 1
