@@ -62,6 +62,9 @@ def add_commands(sub: Any) -> None:
     wk.add_argument("--controller", metavar="HOST:PORT", default=None,
                     help=f"controller address (default $MILLWHEEL_CONTROLLER or {DEFAULT_CONTROLLER})")
     wk.add_argument("--id", dest="worker_id", help="worker id (default ADDRESS/PID)")
+    wk.add_argument("--advertise", metavar="HOST",
+                    help="host name other processes reach this worker by (default --host, or this "
+                         "machine's name when listening on 0.0.0.0)")
     wk.add_argument("--batch-size", type=int, default=500, help="records per delivered batch")
     wk.add_argument("--max-inflight", type=int, default=8,
                     help="unacked batches per destination before senders wait (backpressure)")
@@ -212,7 +215,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     _logging(args.log_level)
     worker = WorkerProcess(
         controller_address(args.controller), args.store,
-        host=args.host, port=args.port,
+        host=args.host, port=args.port, advertise=args.advertise,
         metrics_port=None if args.metrics_port < 0 else args.metrics_port,
         worker_id=args.worker_id, batch_size=args.batch_size, max_inflight=args.max_inflight,
         heartbeat_s=args.heartbeat, delivery_timeout_s=args.delivery_timeout)
@@ -228,10 +231,17 @@ def cmd_up(args: argparse.Namespace) -> int:
         raise InvalidSpecError("--workers must be at least 1")
     if args.store.startswith("sqlite:///"):
         Path(args.store[len("sqlite:///"):].split("?")[0]).parent.mkdir(parents=True, exist_ok=True)
+    import socket
+
+    with socket.socket() as probe:
+        if probe.connect_ex(("127.0.0.1" if args.host == "0.0.0.0" else args.host, args.port)) == 0:
+            raise InvalidSpecError(
+                f"port {args.port} on {args.host} is in use (another millwheel controller?); "
+                "choose another with --port")
     base = [sys.executable, "-m", "services.cli"]
     common = ["--store", args.store, "--host", args.host, "--log-level", args.log_level]
     procs: list[subprocess.Popen[bytes]] = []
-    controller = f"{args.host}:{args.port}"
+    controller = f"{'127.0.0.1' if args.host == '0.0.0.0' else args.host}:{args.port}"
     procs.append(subprocess.Popen([*base, "controller", *common, "--port", str(args.port),
                                    "--metrics-port", str(args.metrics_port)],
                                   start_new_session=True))

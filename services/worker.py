@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import threading
 import time
 from collections import defaultdict
@@ -62,7 +63,8 @@ class OwnerInfo:
 class WorkerProcess:
     def __init__(
         self, controller: str, store_url: str, *, host: str = "127.0.0.1", port: int = 0,
-        metrics_port: int | None = 0, worker_id: str | None = None, batch_size: int = 500,
+        metrics_port: int | None = 0, worker_id: str | None = None, advertise: str | None = None,
+        batch_size: int = 500,
         max_inflight: int = 8, heartbeat_s: float = 0.1, delivery_timeout_s: float = 5.0,
     ) -> None:
         self.store = open_store(store_url)
@@ -85,10 +87,12 @@ class WorkerProcess:
         self._units_lock = threading.Lock()
         self.server, self.port, self.health = start_server(
             f"{host}:{port}", {"Worker": DeliverServicer(self)})
-        self.address = f"{host}:{self.port}"
+        if advertise is None:
+            advertise = socket.getfqdn() if host in ("0.0.0.0", "::", "") else host
+        self.address = f"{advertise}:{self.port}"
         self.worker_id = worker_id or f"{self.address}/{os.getpid()}"
         self.metrics_port = self.sensors.serve(host, metrics_port) if metrics_port is not None else 0
-        self.metrics_address = f"{host}:{self.metrics_port}" if self.metrics_port else ""
+        self.metrics_address = f"{advertise}:{self.metrics_port}" if self.metrics_port else ""
         self._controller_channel = channel(controller)
         self.controller = pb_grpc.ControllerStub(self._controller_channel)
         self._threads = [
