@@ -1,0 +1,204 @@
+"""Millwheel's local runner under the two loads of the suite.
+
+* :func:`backlog_case`: the whole workload is available at once; records/s over the
+  time the runner takes to drain it ("backlog throughput", the honest sustainable
+  figure for a single-process runner: it is the rate at which the backlog shrinks).
+* :func:`paced_case`: a :class:`~bench.pipelines.PacedSource` releases records at a
+  fixed rate; we record, per record, its release time and when the count stage's
+  checkpoint holding it committed (record latency), per window result when it appeared
+  in the sink log against when the source watermark made it computable (result
+  latency), and each node's output watermark after every step (watermark lag).
+
+Every case checks its output against :func:`bench.workload.expected_counts`.
+Each case is a plain function of picklable arguments, so the suite runs it in a
+fresh process (peak RSS per case, no state carried between cases).
+"""
+
+from __future__ import annotations
+
+import bisect
+import resource
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from millwheel.record import MAX_TIMESTAMP, Record
+from millwheel.runtime.local_runner import LocalRunner
+from millwheel.runtime.range_worker import RangeWorker
+from millwheel.sensors import CountingSensors
+from millwheel.state import open_store
+
+from bench import pipelines
+from bench.workload import DISORDER_US, WINDOW_US, Workload, check, generate
+
+
+@dataclass(frozen=True)
+class WorkloadArgs:
+    n: int
+    keys: int
+    distribution: str
+    seed: int = 7
+    density: int | None = None
+
+    def build(self) -> Workload:
+        return generate(self.n, self.keys, self.distribution, self.seed, density=self.density)
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def _runner(w: Workload, pipeline: str, store_url: str, source: Any, eo: bool, productions: str,
+            batch_size: int) -> tuple[LocalRunner, CountingSensors]:
+    store = open_store(store_url)
+    sensors = CountingSensors()
+    topo = pipelines.topology(pipeline, exactly_once=eo, productions=productions)
+    runner = LocalRunner(topo, store, {"events": source}, sensors=sensors, batch_size=batch_size)
+    return runner, sensors
+
+
+def _verdict(w: Workload, runner: LocalRunner, sensors: CountingSensors, pipeline: str) -> dict[str, Any]:
+    observed = pipelines.read_counts(runner.store, pipeline)
+    return check(w, observed, sensors.counts["late_drop:count"]).as_dict()
+
+
+def backlog_case(wa: WorkloadArgs, pipeline: str, store_url: str, eo: bool = True,
+                 productions: str = "strong", batch_size: int = 1000) -> dict[str, Any]:
+    w = wa.build()
+    source = pipelines.BacklogSource(pipelines.injected(w.records, pipeline))
+    runner, sensors = _runner(w, pipeline, store_url, source, eo, productions, batch_size)
+    started = time.perf_counter()
+    runner.run(idle_sleep_s=0.0005)
+    elapsed = time.perf_counter() - started
+    result = {
+        "records": w.size, "seconds": elapsed, "records_per_s": w.size / elapsed,
+        "correct": _verdict(w, runner, sensors, pipeline), "peak_rss_mb": peak_rss_mb(),
+        "record_bytes": w.record_bytes(),
+    }
+    runner.store.close()
+    return result
+
+
+def _percentiles(values: list[float]) -> dict[str, float | None]:
+    if not values:
+        return {"p50": None, "p95": None, "p99": None, "n": 0}
+    s = sorted(values)
+
+    def pct(q: float) -> float:
+        return s[min(len(s) - 1, int(q * len(s)))]
+
+    return {"p50": pct(0.50), "p95": pct(0.95), "p99": pct(0.99), "n": len(s)}
+
+
+def _probe_commits(runner: LocalRunner, stage: str, done_at: dict[int, float]) -> None:
+    """Stamp the wall time each record's checkpoint in ``stage`` committed."""
+    for worker in runner.workers[stage]:
+        _wrap(worker, done_at)
+
+
+def _wrap(worker: RangeWorker, done_at: dict[int, float]) -> None:
+    process, commit = worker.process_records, worker.commit
+    pending: dict[int, list[int]] = {}
+
+    def process_records(records: Any, input_watermark: int) -> Any:
+        txn = process(records, input_watermark)
+        pending[id(txn)] = [pipelines.sequence_number(r) for r in records]
+        return txn
+
+    def commit_(txn: Any, include_productions: bool = True) -> None:
+        commit(txn, include_productions)
+        now = time.time()
+        for i in pending.pop(id(txn), ()):
+            done_at.setdefault(i, now)
+
+    worker.process_records = process_records  # type: ignore[method-assign]
+    worker.commit = commit_  # type: ignore[method-assign]
+
+
+def _computable_times(records: list[Record], source: pipelines.PacedSource) -> list[tuple[int, float]]:
+    """(watermark value X, wall time the source released enough records for its
+    watermark to reach X), at every step up of the running maximum timestamp."""
+    out: list[tuple[int, float]] = []
+    max_seen = None
+    for i, r in enumerate(records):
+        if max_seen is None or r.timestamp > max_seen:
+            max_seen = r.timestamp
+            out.append((max_seen - DISORDER_US, source.release_time(i)))
+    return out
+
+
+def _first_time(samples: list[tuple[float, int]], x: int) -> float | None:
+    for t, wm in samples:
+        if wm >= x:
+            return t
+    return None
+
+
+def paced_case(wa: WorkloadArgs, pipeline: str, store_url: str, rate: float, eo: bool = True,
+               productions: str = "strong", batch_size: int = 1000) -> dict[str, Any]:
+    w = wa.build()
+    records = pipelines.injected(w.records, pipeline)
+    source = pipelines.PacedSource(records, rate)
+    runner, sensors = _runner(w, pipeline, store_url, source, eo, productions, batch_size)
+    done_at: dict[int, float] = {}
+    _probe_commits(runner, "count", done_at)
+    nodes = ["injector:events", *pipelines.stage_names(pipeline)]
+    samples: dict[str, list[tuple[float, int]]] = {n: [] for n in nodes}
+    sink = pipelines.sink_stream(pipeline)
+    seen_rows: list[tuple[int, float]] = []  # (window end, wall time seen in the log)
+    after = 0
+    source.t0 = time.time()
+    started = time.perf_counter()
+    while True:
+        moved = runner.step()
+        now = time.time()
+        for n in nodes:
+            samples[n].append((now, runner.watermark(n)))
+        for seq, rec in runner.store.read_log(sink, after, 100_000):
+            after = seq
+            seen_rows.append((pipelines.row_window(pipeline, rec)[1] + WINDOW_US, now))
+        if runner.finished():
+            break
+        if not moved:
+            time.sleep(0.0005)
+    elapsed = time.perf_counter() - started
+    # Record latency: release -> checkpoint in the count stage.
+    rec_lat = [(done_at[i] - source.release_time(i)) * 1000 for i in range(w.size) if i in done_at
+               and w.records[i].record_id not in w.late_ids]
+    # Result latency: the source watermark made the window computable -> row in the sink.
+    comp = _computable_times(records, source)
+    xs = [x for x, _ in comp]
+
+    def computable(x: int) -> float | None:
+        j = bisect.bisect_left(xs, x)
+        return comp[j][1] if j < len(comp) else None
+
+    last_release = source.release_time(w.size - 1)
+    res_lat = []
+    for end, t_seen in seen_rows:
+        t_c = computable(end)
+        if t_c is not None and t_c < last_release:  # windows closed by end-of-input excluded
+            res_lat.append((t_seen - t_c) * 1000)
+    # Watermark lag: for each window end X, when each node's output watermark reached it.
+    ends = sorted({e for e, _ in seen_rows})
+    added: dict[str, list[float]] = {n: [] for n in nodes}
+    for x in ends:
+        t_prev = computable(x)
+        if t_prev is None or t_prev >= last_release:
+            continue
+        for n in nodes:
+            t_n = _first_time(samples[n], x)
+            if t_n is None or samples[n][-1][1] >= MAX_TIMESTAMP and t_n == samples[n][-1][0]:
+                break
+            added[n].append((t_n - t_prev) * 1000)
+            t_prev = t_n
+    result = {
+        "rate": rate, "records": w.size, "seconds": elapsed,
+        "achieved_per_s": w.size / elapsed,
+        "record_latency_ms": _percentiles(rec_lat),
+        "result_latency_ms": _percentiles(res_lat),
+        "watermark_lag_added_ms": {n: _percentiles(v) for n, v in added.items()},
+        "correct": _verdict(w, runner, sensors, pipeline), "peak_rss_mb": peak_rss_mb(),
+    }
+    runner.store.close()
+    return result
