@@ -163,9 +163,9 @@ def test_k8s_millwheel_commands_are_accepted_by_the_cli() -> None:
     redis = find("StatefulSet", url.hostname or "")["spec"]["template"]["spec"]["containers"][0]
     assert url.scheme == "redis" and url.port == named_port(redis, "redis")
     assert url.port in {p["port"] for p in redis_svc["spec"]["ports"]}
-    # A worker registers host:port as its address: it must be the pod IP, and its id the pod name.
+    # A worker registers ADVERTISE:PORT as its address: it must be the pod IP, and its id the pod name.
     env = {v["name"]: v.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") for v in wk["env"]}
-    assert wk["args"][wk["args"].index("--host") + 1] == "$(POD_IP)" and env["POD_IP"] == "status.podIP"
+    assert wk["args"][wk["args"].index("--advertise") + 1] == "$(POD_IP)" and env["POD_IP"] == "status.podIP"
     assert wk["args"][wk["args"].index("--id") + 1] == "$(POD_NAME)" and env["POD_NAME"] == "metadata.name"
     assert wk_wl["kind"] == "StatefulSet"  # at most one pod per worker id
 
@@ -182,8 +182,8 @@ def test_k8s_ports_agree_flags_containers_probes_services_annotations() -> None:
         assert notes["prometheus.io/scrape"] == "true", where
         assert int(notes["prometheus.io/port"]) == args.metrics_port, where
         assert notes["prometheus.io/path"] == "/metrics", where
-        if args.command == "controller":
-            assert args.host == "0.0.0.0", "the controller Service must reach it"
+        # Listen on every interface: Services, probes, scrapes and port-forward all reach it.
+        assert args.host == "0.0.0.0", where
     # Every Service port lands on a container port of the same number, named alike.
     for svc in (d for d in k8s_docs() if d["kind"] == "Service"):
         selected = [wl for wl in workloads() if svc["spec"]["selector"].items()
