@@ -85,6 +85,10 @@ class WorkerProcess:
         self.draining = threading.Event()
         self.stopped = threading.Event()
         self._units_lock = threading.Lock()
+        # (node, range, token) rejected by the store: not taken again under that token, and
+        # reported to the controller, which then issues a fresh one if it still means us.
+        self._fenced_tokens: set[tuple[str, int, int]] = set()
+        self._fenced_unreported: list[tuple[str, int, int]] = []
         self.server, self.port, self.health = start_server(
             f"{host}:{port}", {"Worker": DeliverServicer(self)})
         if advertise is None:
@@ -152,6 +156,9 @@ class WorkerProcess:
                 wm = owned.report(self.input_wms.get(owned.node, MIN_TIMESTAMP))
             reports.append(pb.WatermarkReport(node=owned.node, range_id=owned.range_id,
                                               token=owned.token, watermark=wm))
+        fenced, self._fenced_unreported = self._fenced_unreported, []
+        reports += [pb.WatermarkReport(node=n, range_id=r, token=t, watermark=MIN_TIMESTAMP)
+                    for n, r, t in fenced]
         resp = self.controller.Heartbeat(pb.HeartbeatRequest(
             worker_id=self.worker_id, address=self.address, metrics_address=self.metrics_address,
             draining=draining, known_topology_version=self.version, reports=reports), timeout=5.0)
@@ -174,7 +181,7 @@ class WorkerProcess:
             if mine.get(unit) != owned.token or (unit[0], unit[1], owned.token) in fenced:
                 self._drop(owned, "moved to another worker")
         for unit, token in sorted(mine.items()):
-            if unit not in self.units:
+            if unit not in self.units and (unit[0], unit[1], token) not in self._fenced_tokens:
                 self._take(unit, token)
         self.sensors.owned_ranges(len(self.units))
 
@@ -216,6 +223,10 @@ class WorkerProcess:
 
     def _fenced(self, owned: OwnedRange, exc: FencedError) -> None:
         self.sensors.fenced(owned.node, owned.range_id)
+        entry = (owned.node, owned.range_id, owned.token)
+        if entry not in self._fenced_tokens:
+            self._fenced_tokens.add(entry)
+            self._fenced_unreported.append(entry)
         self._drop(owned, str(exc))
 
     # -- receiving ---------------------------------------------------------------------
