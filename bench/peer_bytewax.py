@@ -6,8 +6,8 @@ wall-clock time, which on a replayed backlog drops on-time records as late; the 
 here is pinned (``now_getter``) so its watermark follows event time only, and waits
 5 s for stragglers. Its clock is per key, so a late record of a key not seen for a
 while can still be on time for Bytewax: the check expects exactly the late records
-Bytewax reports as late to be missing, and fails if it dropped any on-time record. "Recovery on" is Bytewax's own: SQLite
-snapshot partitions (``bytewax.recovery``) written at every epoch (``epoch_s``).
+Bytewax reports as late to be missing, and fails if it dropped any on-time record.
+"Recovery on" is Bytewax's own: SQLite snapshot partitions (``bytewax.recovery``) written at every epoch (``epoch_s``).
 """
 
 from __future__ import annotations
@@ -15,14 +15,14 @@ from __future__ import annotations
 import tempfile
 import time
 from collections import Counter
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from bench.run_local import WorkloadArgs, peak_rss_mb
 from bench.workload import EPOCH_US, WINDOW_US, check
 
-ALIGN = datetime.fromtimestamp(EPOCH_US / 1e6, tz=timezone.utc)
+ALIGN = datetime.fromtimestamp(EPOCH_US / 1e6, tz=UTC)
 
 
 def available() -> str | None:
@@ -48,7 +48,7 @@ def bytewax_case(wa: WorkloadArgs, recovery: bool, epoch_s: float = 1.0, batch: 
     flow = Dataflow("bench_count")
     stream = op.input("inp", flow, TestingSource(items, batch_size=batch))
     clock = win.EventClock(
-        ts_getter=lambda x: datetime.fromtimestamp(x[1] / 1e6, tz=timezone.utc),
+        ts_getter=lambda x: datetime.fromtimestamp(x[1] / 1e6, tz=UTC),
         wait_for_system_duration=timedelta(seconds=5),
         now_getter=lambda: ALIGN,  # event time only: a replayed backlog must not age by wall clock
     )

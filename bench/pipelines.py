@@ -17,6 +17,7 @@ import time
 from collections import Counter
 from typing import Sequence
 
+from bench.workload import DISORDER_US, WINDOW_US
 from millwheel.computation import Context
 from millwheel.operators.aggregate import WindowedAggregate
 from millwheel.record import MAX_TIMESTAMP, MIN_TIMESTAMP, Record
@@ -32,8 +33,6 @@ from millwheel.topology import (
     Productions,
     Topology,
 )
-
-from bench.workload import DISORDER_US, WINDOW_US
 
 PARTITIONS = 64
 PIPELINES = ("single", "three")

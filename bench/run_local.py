@@ -22,14 +22,13 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from bench import pipelines, redis_memory
+from bench.workload import DISORDER_US, WINDOW_US, Workload, check, generate
 from millwheel.record import MAX_TIMESTAMP, Record
 from millwheel.runtime.local_runner import LocalRunner
 from millwheel.runtime.range_worker import RangeWorker
 from millwheel.sensors import CountingSensors
 from millwheel.state import open_store
-
-from bench import pipelines
-from bench.workload import DISORDER_US, WINDOW_US, Workload, check, generate
 
 
 @dataclass(frozen=True)
@@ -67,14 +66,28 @@ def backlog_case(wa: WorkloadArgs, pipeline: str, store_url: str, eo: bool = Tru
     w = wa.build()
     source = pipelines.BacklogSource(pipelines.injected(w.records, pipeline))
     runner, sensors = _runner(w, pipeline, store_url, source, eo, productions, batch_size)
+    memory = None
+    paused = 0.0
     started = time.perf_counter()
-    runner.run(idle_sleep_s=0.0005)
-    elapsed = time.perf_counter() - started
+    while True:  # LocalRunner.run, plus a Redis memory snapshot half-way (not timed)
+        moved = runner.step()
+        if memory is None and store_url.startswith("redis") and runner.processed >= w.size // 2:
+            t = time.perf_counter()
+            memory = redis_memory.snapshot(store_url)
+            paused += time.perf_counter() - t
+        if runner.finished():
+            break
+        if not moved:
+            time.sleep(0.0005)
+    elapsed = time.perf_counter() - started - paused
     result = {
         "records": w.size, "seconds": elapsed, "records_per_s": w.size / elapsed,
         "correct": _verdict(w, runner, sensors, pipeline), "peak_rss_mb": peak_rss_mb(),
-        "record_bytes": w.record_bytes(),
+        "record_bytes": w.record_bytes(), "checkpoints": sensors.counts["checkpoints:count"],
     }
+    if store_url.startswith("redis"):
+        result["redis_memory_midway"] = memory
+        result["redis_memory_end"] = redis_memory.snapshot(store_url)
     runner.store.close()
     return result
 

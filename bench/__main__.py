@@ -1,0 +1,116 @@
+"""``python -m bench [--quick] [--only SECTION ...]``: millwheel's benchmark suite.
+
+Writes ``bench/results/<date>-<commit>[-quick].json`` and a markdown table beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from bench import report, suite
+
+SECTIONS = ("limits", "throughput", "latency", "recovery", "peer")
+RESULTS = Path(__file__).resolve().parent / "results"
+
+DESCRIPTION = """\
+Measure millwheel against the machine's physical limits and a peer (Bytewax), in one
+run, and check every run's output against the exact expected window counts.
+
+Sections (all by default, in this order; latency uses throughput's figures):
+  limits      raw Redis Lua checkpoint (batch 100/1000), grpcio bidi stream of
+              100-record batches, pybloom-live adds/lookups
+  throughput  records/s draining a fixed backlog: pipelines single (1 stage, 10 s
+              tumbling count) and three (parse -> count -> sink), SQLite / Redis /
+              Redis AOF everysec, exactly-once strong / weak / at-least-once
+  latency     paced injection at 25/50/75% of that throughput: record latency,
+              window-result latency, watermark lag added per node
+  recovery    kill -9 of a `millwheel run` process at 50% load: time to first
+              record and to steady lag; output still exact
+  peer        Bytewax's keyed windowed count, its recovery off and on
+
+--quick takes under 3 minutes (20k-record cases, a reduced matrix); the full run
+takes 10-20 minutes on 2 cores. Redis cases start private redis-servers on free
+ports (never the system Redis). See docs/bench.md for what each figure means.
+"""
+
+
+def machine() -> dict[str, str]:
+    cpu = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem = "unknown"
+    try:
+        kb = int(Path("/proc/meminfo").read_text().split()[1])
+        mem = f"{kb / 1024 / 1024:.1f} GiB"
+    except (OSError, ValueError, IndexError):
+        pass
+    return {"cpu": cpu, "nproc": str(os.cpu_count()), "memory": mem, "kernel": platform.release()}
+
+
+def commit() -> str:
+    root = Path(__file__).resolve().parents[1]
+    try:
+        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
+                             check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "millwheel", "bench"], cwd=root,
+                               capture_output=True, text=True).stdout.strip()
+        return sha + ("-dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=DESCRIPTION,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="the short suite (< 3 minutes)")
+    parser.add_argument("--only", nargs="+", choices=SECTIONS, metavar="SECTION",
+                        help=f"run only these sections ({', '.join(SECTIONS)})")
+    parser.add_argument("--out", type=Path, default=RESULTS, help=f"results directory (default {RESULTS})")
+    args = parser.parse_args(argv)
+    mode = suite.QUICK if args.quick else suite.FULL
+    sections = set(args.only or SECTIONS)
+    if "latency" in sections or "recovery" in sections:
+        sections.add("throughput")  # their rates are fractions of the measured throughput
+    date = datetime.date.today().isoformat()
+    sha = commit()
+    print(f"millwheel bench ({mode.name}) at {sha}: {', '.join(s for s in SECTIONS if s in sections)}",
+          file=sys.stderr)
+    load_before = os.getloadavg()
+    started = time.monotonic()
+    results = suite.run(mode, sections)
+    meta = {
+        "date": date, "commit": sha, "mode": mode.name, "sections": sorted(sections),
+        "machine": machine(), "python": platform.python_version(),
+        "loadavg_before": [round(x, 2) for x in load_before],
+        "loadavg_after": [round(x, 2) for x in os.getloadavg()],
+        "duration_s": time.monotonic() - started,
+    }
+    ratios, targets = report.ratios_and_targets(results)
+    doc = {"meta": meta, "results": results, "ratios": ratios, "targets": targets}
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = f"{date}-{sha}" + ("-quick" if args.quick else "")
+    (args.out / f"{stem}.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    md = report.markdown(doc)
+    (args.out / f"{stem}.md").write_text(md)
+    print(md)
+    print(f"wrote {args.out / stem}.json and .md in {meta['duration_s']:.0f} s", file=sys.stderr)
+    wrong = [e for sec in ("throughput", "latency", "recovery") for e in results[sec]
+             if "result" in e and not e["result"]["correct"]["ok"]]
+    return 1 if wrong else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,33 @@
+"""The bench harness works: its workload is seeded, its expected counts are exact, and
+the check catches a wrong answer. (Speed is measured in bench/, never asserted here.)"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from bench import pipelines
+from bench.run_local import WorkloadArgs, backlog_case
+from bench.workload import expected_counts, generate
+
+
+def test_workload_is_seeded_and_has_late_records() -> None:
+    a, b = generate(3000, keys=50, distribution="zipf"), generate(3000, keys=50, distribution="zipf")
+    assert [(r.key, r.timestamp, r.record_id) for r in a.records] == [
+        (r.key, r.timestamp, r.record_id) for r in b.records
+    ]
+    assert len({r.record_id for r in a.records}) == 3000
+    assert 10 <= len(a.late_ids) <= 60  # about 1%
+    assert sum(expected_counts(a).values()) == 3000 - len(a.late_ids)
+
+
+def test_small_run_outputs_exact_counts_and_check_catches_errors(tmp_path: object) -> None:
+    for pipeline in pipelines.PIPELINES:
+        result = backlog_case(WorkloadArgs(3000, 50, "uniform"), pipeline, f"sqlite:///{tmp_path}/{pipeline}.db")
+        assert result["correct"]["ok"], result["correct"]
+        assert result["correct"]["late_dropped"] == result["correct"]["late_expected"] > 0
+    w = generate(3000, keys=50)
+    wrong = Counter(expected_counts(w))
+    wrong[next(iter(wrong))] += 1
+    from bench.workload import check
+
+    assert not check(w, wrong).ok
