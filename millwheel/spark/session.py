@@ -215,7 +215,7 @@ def window_frame(spark: Any, rows: Sequence[tuple[str, int, int, int, Any]], val
         T_.StructField("timestamp", T_.LongType(), False),
         T_.StructField("value", value, True),
     ])
-    return spark.createDataFrame(list(rows), schema)
+    return spark.createDataFrame(list(rows), schema, verifySchema=False)  # typed by construction
 
 
 def sql_functions() -> Any:
