@@ -190,3 +190,19 @@ def test_cli_reports_errors_with_exit_code(cluster: Cluster, tmp_path: Path) -> 
                           capture_output=True, text=True, timeout=30)
     assert proc.returncode == 2 and f"{lines}:1: key must be a non-empty string" in proc.stderr
 
+
+
+def test_unregister_removes_a_computation_and_its_ranges(cluster: Cluster) -> None:
+    from services.convert import spec_dict_to_proto
+
+    c = cluster.client
+    before = snapshot(cluster)
+    spec = {"name": "echo", "inputs": [{"stream": "totals"}], "outputs": ["echoed"],
+            "code": {"name": "filter", "params": {"expr": "True"}}, "options": {"key_ranges": 2}}
+    info = c.register_computation(spec_dict_to_proto(spec)).computation
+    assert info.spec.name == "echo" and len(info.ranges) == 2
+    assert "echo" in [x.spec.name for x in c.computations().computations]
+    c.unregister("echo")
+    assert "echo" not in [x.spec.name for x in c.computations().computations]
+    assert not [r for r in c.status().ranges if r.node == "echo"]
+    assert snapshot(cluster) == before
