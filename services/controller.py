@@ -403,7 +403,7 @@ def serve(
     sensors = PrometheusSensors("controller")
     service = ControllerService(store, heartbeat_timeout_s=heartbeat_timeout_s,
                                 max_value_bytes=max_value_bytes, sensors=sensors)
-    server, bound, _health = start_server(f"{host}:{port}", {"Controller": service})
+    server, bound, _health = start_server(f"{host}:{port}", {"Controller": service}, max_workers=32)
     mport = sensors.serve(host, metrics_port) if metrics_port is not None else 0
     log.info("controller listening on %s:%d (store %s, metrics port %d)", host, bound, store_url, mport)
     return server, bound, mport, service
