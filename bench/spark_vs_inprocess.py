@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from millwheel.record import Record  # noqa: E402
 from millwheel.runtime.local_runner import LocalRunner  # noqa: E402
 from millwheel.sources import ListSource  # noqa: E402
+from millwheel.spark.aggregations import Aggregation, Group  # noqa: E402
 from millwheel.spark.session import get_session  # noqa: E402
 from millwheel.state.sqlite_store import SQLiteStore  # noqa: E402
 from millwheel.topology import CodeRef, ComputationSpec, InjectorSpec, InputSpec, Options, Topology  # noqa: E402
@@ -73,7 +74,8 @@ def main() -> int:
     ap.add_argument("--aggregation", default="mean", help="count, sum, min, max or mean (default mean)")
     args = ap.parse_args()
     started = time.perf_counter()
-    get_session().range(1).count()  # start Spark outside the measurements
+    for _ in range(3):  # start Spark and warm its JIT and Python workers outside the measurements
+        Aggregation("mean").compute(get_session(), [Group("k", 0, 1, [(0, 1.0)] * 1000)])
     print(f"Spark session warm in {time.perf_counter() - started:.1f}s; aggregation {args.aggregation}, "
           f"{args.keys} keys, {args.windows} windows, {args.key_ranges} key ranges", file=sys.stderr)
     agg = {"size_us": WINDOW_US, "aggregation": args.aggregation, "field": "x"}

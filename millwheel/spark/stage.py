@@ -141,9 +141,10 @@ class SparkAggregate(Computation):
                 group = groups[(ctx.key, start)]
                 if (ctx.key, start) in results:
                     self._emit(ctx, group, results[(ctx.key, start)])
-                ks.meta[str(start)] = max(ks.meta[str(start)], rev + 1)
-                if not self.allowed_lateness_us:
-                    del ks.meta[str(start)]
+                if self.allowed_lateness_us:
+                    ks.meta[str(start)] = max(ks.meta.get(str(start), 0), rev + 1)
+                else:
+                    ks.meta.pop(str(start), None)
         for ks, start in gcs:
             ks.meta.pop(str(start), None)
         for ks in keys.values():
