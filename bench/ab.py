@@ -16,7 +16,7 @@ from bench.suite import in_fresh_process
 def main(argv: list[str]) -> None:
     n = int(argv[0]) if argv else 50_000
     reps = int(argv[1]) if len(argv) > 1 else 3
-    batch = int(argv[2]) if len(argv) > 2 else 1000
+    batch = int(argv[2]) if len(argv) > 2 else 5000
     out: dict[str, list[int]] = {}
     for _ in range(reps):
         for pipe in ("single", "three"):
@@ -26,6 +26,7 @@ def main(argv: list[str]) -> None:
             if not r["correct"]["ok"]:
                 raise SystemExit(f"{pipe}: output wrong: {r['correct']['detail']}")
             out.setdefault(pipe, []).append(round(r["records_per_s"]))
+            out.setdefault(pipe + "_per_cpu_s", []).append(round(r["records_per_cpu_s"]))
     print(json.dumps({"records": n, "batch": batch, "records_per_s": out, "loadavg": os.getloadavg()}))
 
 

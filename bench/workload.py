@@ -68,8 +68,10 @@ def generate(
 ) -> Workload:
     """``n`` records over ``keys`` keys; same arguments, same records and IDs.
 
-    ``density`` (records per event-second) defaults to ``n / 60`` capped at 2000, so
-    even a small workload spans several 10 s windows and has late records.
+    ``density`` (records per event-second) defaults to ``n / 30`` within [500, 2000],
+    so a workload spans several 10 s windows. The late records are late for any
+    runner whose batches span less than ~16 s of event time (5000 records at the
+    default density of any workload of 20k records or more).
     """
     if distribution not in ("uniform", "zipf"):
         raise ValueError(f"distribution must be 'uniform' or 'zipf', not {distribution!r}")
@@ -80,7 +82,7 @@ def generate(
         chosen = rng.choices(population, cum_weights=cum, k=n)
     else:
         chosen = rng.choices(population, k=n)
-    dens = density or max(50, min(2000, n // 60))
+    dens = density or max(500, min(2000, n // 30))
     spacing = SECOND / dens
     eligible_from = int(LATE_WARMUP_US / spacing)
     p_late = late_fraction * n / max(1, n - eligible_from) if n > eligible_from else 0.0

@@ -69,7 +69,7 @@ class LocalRunner:
         clock: Clock | None = None,
         sensors: Sensors | None = None,
         crash: CrashHook = no_crash,
-        batch_size: int = 1000,
+        batch_size: int = 5000,
         max_pending: int = 20_000,
         watermark_report_interval_us: int = 200_000,
     ) -> None:

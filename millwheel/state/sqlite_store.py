@@ -70,6 +70,11 @@ class SQLiteStore:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute(f"PRAGMA synchronous={synchronous.upper()}")
         self._db.execute("PRAGMA busy_timeout=30000")
+        # Checkpoint the WAL into the database every 64 MB instead of every 4 MB: hot
+        # pages (outbox, seen IDs) are rewritten by every commit, and each checkpoint
+        # writes and fsyncs them again. Durability is unchanged (docs/bench.md).
+        self._db.execute("PRAGMA wal_autocheckpoint=16384")
+        self._db.execute("PRAGMA cache_size=-32768")  # 32 MB page cache (default 2 MB)
         self._db.executescript(_SCHEMA)
 
     # -- helpers -------------------------------------------------------------

@@ -11,7 +11,7 @@ from bench.workload import expected_counts, generate
 
 
 def test_workload_is_seeded_and_has_late_records() -> None:
-    a, b = generate(3000, keys=50, distribution="zipf"), generate(3000, keys=50, distribution="zipf")
+    a, b = (generate(3000, keys=50, distribution="zipf", density=50) for _ in range(2))
     assert [(r.key, r.timestamp, r.record_id) for r in a.records] == [
         (r.key, r.timestamp, r.record_id) for r in b.records
     ]
@@ -22,10 +22,12 @@ def test_workload_is_seeded_and_has_late_records() -> None:
 
 def test_small_run_outputs_exact_counts_and_check_catches_errors(tmp_path: object) -> None:
     for pipeline in pipelines.PIPELINES:
-        result = backlog_case(WorkloadArgs(3000, 50, "uniform"), pipeline, f"sqlite:///{tmp_path}/{pipeline}.db")
+        # 200-record batches span 4 s of event time at 50 records/s: the late records are late
+        result = backlog_case(WorkloadArgs(3000, 50, "uniform", density=50), pipeline,
+                              f"sqlite:///{tmp_path}/{pipeline}.db", batch_size=200)
         assert result["correct"]["ok"], result["correct"]
         assert result["correct"]["late_dropped"] == result["correct"]["late_expected"] > 0
-    w = generate(3000, keys=50)
+    w = generate(3000, keys=50, density=50)
     wrong = Counter(expected_counts(w))
     wrong[next(iter(wrong))] += 1
     from bench.workload import check
