@@ -40,7 +40,10 @@ def ratios_and_targets(res: dict[str, Any]) -> tuple[dict[str, Any], list[dict[s
             _div(single_redis, lua.get(("redis", 1000, 1))),
         "single_redis_aof_eo_strong / lua_limit(aof, batch 100, depth 1)":
             _div(single_redis_aof, lua.get(("redis-aof", 100, 1))),
-        "single_sqlite_eo_strong / bloom_adds_per_s": _div(single_sqlite, bloom["adds_per_s"] if bloom else None),
+        "single_sqlite_eo_strong / pybloom_live_adds_per_s":
+            _div(single_sqlite, bloom["adds_per_s"] if bloom else None),
+        "single_sqlite_eo_strong / rbloom_adds_per_s":
+            _div(single_sqlite, bloom["rbloom_adds_per_s"] if bloom else None),
         "three_sqlite_eo_strong / grpc_stream_limit": _div(three["sqlite"], grpc),
         "single_sqlite_eo_strong / bytewax_recovery_on": _div(single_sqlite, bw_on["records_per_s"] if bw_on else None),
         "single_sqlite_eo_strong / bytewax_recovery_off":
@@ -162,6 +165,9 @@ def markdown(doc: dict[str, Any]) -> str:
         else:
             lines.append(f"| pybloom-live | {_f(r['ids'])} IDs, fp {r['false_positive_rate']:.4f} | "
                          f"adds {_f(r['adds_per_s'])}, lookups {_f(r['lookups_per_s'])} |")
+            lines.append(f"| rbloom, scalable (millwheel.dedup) | {_f(r['ids'])} IDs, fp "
+                         f"{r['rbloom_false_positive_rate']:.4f} | adds {_f(r['rbloom_adds_per_s'])}, "
+                         f"lookups {_f(r['rbloom_lookups_per_s'])} |")
     lines += ["", "## Peer: Bytewax (same workload, same check)", "",
               "| workload | records | recovery | records/s | peak RSS MB | output |", "|---|---|---|---|---|---|"]
     for e in res["peer"]:
