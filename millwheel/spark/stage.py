@@ -35,6 +35,8 @@ from millwheel.record import Record, Timer
 from millwheel.spark.aggregations import Aggregation, Group
 from millwheel.spark.session import restart_count, run_job
 
+META_CACHE_KEYS = 100_000
+
 
 class SparkAggregate(Computation):
     def __init__(
@@ -65,6 +67,7 @@ class SparkAggregate(Computation):
         self.retry_backoff_s = float(retry_backoff_s)
         self.name = "spark_aggregate"
         self.sensors: Any = None
+        self._meta_cache: dict[str, tuple[bytes, dict[str, int]]] = {}
         self.status: dict[str, Any] = {"jobs": 0, "windows": 0, "retries": 0, "failures": 0,
                                        "last_error": None, "last_job_s": None,
                                        "job_seconds": 0.0, "session_restarts": 0}
@@ -84,7 +87,10 @@ class SparkAggregate(Computation):
     def process_record(self, ctx: Context, record: Record) -> None:
         value = self.agg.extract(record.value, record.record_id)
         state = ctx.state
-        meta = _meta(state)
+        cached = self._meta_cache.get(ctx.key)
+        # The header of the state this stage last wrote for the key, if that is still it
+        # (same bytes object): saves parsing it for every record.
+        meta = dict(cached[1]) if cached is not None and cached[0] is state else _meta(state)
         meta_changed = False
         keep = False
         lateness = self.allowed_lateness_us
@@ -106,9 +112,13 @@ class SparkAggregate(Computation):
             return
         line = f"{record.timestamp}\t{json.dumps(value)}\n".encode()
         if meta_changed or state is None:
-            ctx.set_state(_meta_bytes(meta) + _split(state)[1] + line)
+            new_state = _meta_bytes(meta) + _split(state)[1] + line
         else:
-            ctx.set_state(state + line)
+            new_state = state + line
+        ctx.set_state(new_state)
+        if len(self._meta_cache) >= META_CACHE_KEYS:
+            self._meta_cache.clear()
+        self._meta_cache[ctx.key] = (new_state, meta)
 
     # -- timers --------------------------------------------------------------
     def process_timer(self, ctx: Context, timer: Timer) -> None:

@@ -51,7 +51,8 @@ computations:
 
 def stream(spec: Path, db: Path) -> str:
     topology, sources = load_target(str(spec))
-    LocalRunner(topology, SQLiteStore(db), sources).run(idle_sleep_s=0.001)
+    # Batches of 500: the late records (last in the file) come after the watermark moved on.
+    LocalRunner(topology, SQLiteStore(db), sources, batch_size=500).run(idle_sleep_s=0.001)
     return f"sqlite:///{db}"
 
 

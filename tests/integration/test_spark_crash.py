@@ -30,7 +30,7 @@ MARKER_ENV = "MILLWHEEL_TEST_SLOW_JOB_MARKER"
 def write_spec(tmp: Path, code_params: str) -> Path:
     events = tmp / "events.jsonl"
     with events.open("w") as fh:
-        for r in pipelines.workload(n=4000, users=6):
+        for r in pipelines.workload(n=20_000, users=6):  # several injector batches, so several jobs
             fh.write(json.dumps({"key": r.key, "value": json.loads(r.value), "timestamp": r.timestamp,
                                  "id": r.record_id}) + "\n")
     spec = tmp / "pipeline.yaml"
@@ -91,13 +91,14 @@ def reference_run(spec: Path, db: Path) -> tuple[dict[str, Any], list[int]]:
 def test_kill9_right_after_the_spark_job_then_restart_is_exactly_once(tmp_path: Path) -> None:
     spec = write_spec(tmp_path, "aggregation: count")
     reference, after_job = reference_run(spec, tmp_path / "ref.db")
-    assert len(after_job) >= 4 and len(windows(reference)) == len(set(windows(reference))) > 30
+    assert len(after_job) >= 3 and len(windows(reference)) == len(set(windows(reference))) > 300
     db = tmp_path / "s.db"
-    proc = millwheel_run(spec, db, {"MILLWHEEL_CRASH_AT": f"after_user_code:{after_job[2]}"})
+    crash_at = after_job[len(after_job) // 2]  # right after a Spark job in the middle of the run
+    proc = millwheel_run(spec, db, {"MILLWHEEL_CRASH_AT": f"after_user_code:{crash_at}"})
     _, err = proc.communicate(timeout=240)
     assert proc.returncode == -signal.SIGKILL, err.decode()[-2000:]
     partial = pipelines.outputs(SQLiteStore(db))
-    assert 0 < len(partial["counts"]) < len(reference["counts"])  # it died mid-run
+    assert len(partial["counts"]) < len(reference["counts"])  # it died mid-run
     proc = millwheel_run(spec, db, {})
     _, err = proc.communicate(timeout=240)
     assert proc.returncode == 0, err.decode()[-2000:]
