@@ -237,3 +237,18 @@ def test_session_lost_mid_job_is_restarted_and_the_job_retried(
     assert sorted((v["start"], v["value"]) for v in log_values(store, "out")) == [
         (w * 10 * S, 10) for w in range(6)]
     assert session.is_alive()
+
+
+def test_pyspark_is_imported_by_the_session_module_only_and_lazily() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys, millwheel.operators, millwheel.spark.stage, millwheel.spark.backfill, services.cli; "
+            "services.cli.build_parser(); assert 'pyspark' not in sys.modules, 'pyspark imported eagerly'")
+    root = Path(__file__).resolve().parents[2]
+    subprocess.run([sys.executable, "-c", code], cwd=root, check=True)
+    importers = sorted(
+        str(p.relative_to(root)) for d in ("millwheel", "services") for p in (root / d).rglob("*.py")
+        if "from pyspark" in p.read_text() or "import pyspark" in p.read_text()
+    )
+    assert importers == ["millwheel/spark/session.py"]
