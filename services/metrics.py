@@ -48,6 +48,15 @@ class PrometheusSensors:
         self._retries = Counter("millwheel_delivery_retries_total",
                                 "Batches retried after a failed or refused delivery", ["destination"],
                                 registry=r)
+        self._spark_jobs = Counter("millwheel_spark_jobs_total",
+                                   "Spark stage jobs by outcome (ok, retry, failed)",
+                                   ["computation", "outcome"], registry=r)
+        self._spark_seconds = Histogram("millwheel_spark_job_seconds", "Spark stage job duration in seconds",
+                                        ["computation"], registry=r,
+                                        buckets=(.5, 1, 2.5, 5, 10, 30, 60, 120, 300))
+        self._spark_windows = Counter("millwheel_spark_windows_total",
+                                      "Windows whose results a Spark job produced", ["computation"],
+                                      registry=r)
         self._ranges = Gauge("millwheel_owned_ranges", "Key ranges this process owns", registry=r)
         self._up = Gauge("millwheel_process_info", "Which millwheel process this is", ["process"],
                          registry=r)
@@ -77,6 +86,12 @@ class PrometheusSensors:
     def watermark(self, node: str, watermark: int, lag_us: int) -> None:
         self._wm.labels(node).set(watermark)
         self._lag.labels(node).set(max(lag_us, 0) / 1e6)
+
+    def spark_job(self, computation: str, outcome: str, seconds: float, windows: int) -> None:
+        self._spark_jobs.labels(computation, outcome).inc()
+        if outcome == "ok":
+            self._spark_seconds.labels(computation).observe(seconds)
+            self._spark_windows.labels(computation).inc(windows)
 
     # -- the service's own series --------------------------------------------------
     def inflight(self, destination: str, count: int) -> None:
