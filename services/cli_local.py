@@ -37,6 +37,8 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     run.add_argument("--store", default=DEFAULT_STORE, help=f"store URL (default {DEFAULT_STORE})")
     run.add_argument("--print", dest="print_streams", action="append", default=[], metavar="STREAM",
                      help="print this sink stream's records as JSON lines when done (repeatable)")
+    run.add_argument("--batch-size", type=int, default=None, metavar="N",
+                     help="records per batch and checkpoint (default: the runner's, 5000)")
     run.add_argument("--quiet", action="store_true", help="no progress lines")
     run.set_defaults(func=cmd_run)
 
@@ -78,7 +80,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     topology, sources = load_target(args.target)
     store = open_store(args.store)
     try:
-        runner = LocalRunner(topology, store, sources, crash=crash_hook_from_env())
+        if args.batch_size is not None and args.batch_size < 1:
+            raise InvalidSpecError(f"--batch-size must be >= 1, got {args.batch_size}")
+        extra = {"batch_size": args.batch_size} if args.batch_size else {}
+        runner = LocalRunner(topology, store, sources, crash=crash_hook_from_env(), **extra)
         runner.run(on_progress=None if args.quiet else print_progress)
         for stream in topology.sink_streams():
             count = len(store.read_log(stream, 0, 10**9))

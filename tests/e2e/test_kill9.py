@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import json
-import os
 import random
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,54 +12,9 @@ import pytest
 from millwheel.state.sqlite_store import SQLiteStore
 from tests.support import pipelines
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def write_spec(tmp: Path, n: int) -> Path:
-    events = tmp / "events.jsonl"
-    with events.open("w") as fh:
-        for r in pipelines.workload(n=n):
-            fh.write(
-                json.dumps({"key": r.key, "value": json.loads(r.value), "timestamp": r.timestamp, "id": r.record_id})
-                + "\n"
-            )
-    spec = tmp / "pipeline.yaml"
-    spec.write_text(f"""
-injectors:
-  - {{name: events, stream: events, file: {events.name}, max_disorder_us: 2000000}}
-log_streams: [counts]
-computations:
-  - name: parse
-    inputs: [events]
-    outputs: [parsed]
-    code: {{name: map, params: {{key: "json['user']"}}}}
-    options: {{key_ranges: 3}}
-  - name: counts
-    inputs: [parsed]
-    outputs: [counts]
-    code: {{name: window_aggregate, params: {{size_us: 10000000}}}}
-    options: {{key_ranges: 3}}
-  - name: totals
-    inputs: [counts]
-    outputs: [totals]
-    code: tests.support.pipelines:RunningTotal
-    options: {{key_ranges: 3}}
-""")
-    return spec
-
 
 def millwheel_run(spec: Path, db: Path, crash_at: str | None = None) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    env.pop("MILLWHEEL_CRASH_AT", None)
-    if crash_at:
-        env["MILLWHEEL_CRASH_AT"] = crash_at
-    return subprocess.Popen(
-        [sys.executable, "-m", "services.cli", "run", str(spec), "--store", f"sqlite:///{db}", "--quiet"],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
+    return pipelines.millwheel_run(spec, f"sqlite:///{db}", crash_at)
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +22,7 @@ def spec_and_reference(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> tuple[Path, dict[str, list[tuple[str, bytes, int, str]]]]:
     tmp = tmp_path_factory.mktemp("k9")
-    spec = write_spec(tmp, 30000)
+    spec = pipelines.write_spec(tmp, 30000)
     proc = millwheel_run(spec, tmp / "ref.db")
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err.decode()

@@ -13,7 +13,7 @@ from millwheel.errors import CorruptDataError
 from millwheel.record import Record, Timer
 from millwheel.state.protocol import Checkpoint, Production
 from millwheel.state.redis_store import RedisStore
-from tests.integration.redis_support import millwheel_run, write_spec
+from tests.support.pipelines import millwheel_run, write_spec
 from tests.support.redis_server import RedisServer
 
 

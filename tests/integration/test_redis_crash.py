@@ -14,7 +14,7 @@ from typing import Iterator
 
 import pytest
 
-from tests.integration.redis_support import Outputs, millwheel_run, outputs_of, run_to_end, write_spec
+from tests.support.pipelines import Outputs, millwheel_run, outputs_of, run_to_end, write_spec
 from tests.support.redis_server import RedisServer
 
 

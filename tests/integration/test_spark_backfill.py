@@ -22,10 +22,8 @@ T1, T2 = 1010 * S, 1060 * S  # the workload spans 1000 s .. 1075 s of event time
 def write_spec(tmp: Path, late: int = 0) -> Path:
     events = tmp / "events.jsonl"
     records = pipelines.workload(n=1500, users=5)
-    with events.open("w") as fh:
-        for r in records:
-            fh.write(json.dumps({"key": r.key, "value": json.loads(r.value), "timestamp": r.timestamp,
-                                 "id": r.record_id}) + "\n")
+    pipelines.write_events_jsonl(events, records)
+    with events.open("a") as fh:
         for i in range(late):  # arrive last, 60 s behind: beyond any allowed lateness
             fh.write(json.dumps({"key": "raw", "value": {"user": "u1", "n": 7}, "timestamp": (1015 + i) * S,
                                  "id": f"late-{i}"}) + "\n")

@@ -28,11 +28,8 @@ MARKER_ENV = "MILLWHEEL_TEST_SLOW_JOB_MARKER"
 
 
 def write_spec(tmp: Path, code_params: str) -> Path:
-    events = tmp / "events.jsonl"
-    with events.open("w") as fh:
-        for r in pipelines.workload(n=20_000, users=6):  # several injector batches, so several jobs
-            fh.write(json.dumps({"key": r.key, "value": json.loads(r.value), "timestamp": r.timestamp,
-                                 "id": r.record_id}) + "\n")
+    # several injector batches, so several jobs
+    events = pipelines.write_events_jsonl(tmp / "events.jsonl", pipelines.workload(n=20_000, users=6))
     spec = tmp / "pipeline.yaml"
     spec.write_text(f"""
 injectors:

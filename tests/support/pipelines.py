@@ -12,13 +12,18 @@ every later total of its key, not just one output.
 from __future__ import annotations
 
 import json
+import os
 import random
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 from millwheel.computation import Computation, Context
 from millwheel.keys import KeyExtractor
 from millwheel.record import Record
 from millwheel.sources import ListSource
+from millwheel.state import open_store
 from millwheel.state.protocol import StateStore
 from millwheel.topology import (
     CodeRef,
@@ -30,6 +35,8 @@ from millwheel.topology import (
 )
 
 SECOND = 1_000_000
+ROOT = Path(__file__).resolve().parents[2]
+Outputs = dict[str, list[tuple[str, bytes, int, str]]]
 
 
 class RunningTotal(Computation):
@@ -99,3 +106,73 @@ def final_state(store: StateStore, computation: str) -> dict[str, bytes]:
 
 def key_extractor(spec: str) -> KeyExtractor:
     return KeyExtractor(spec)
+
+
+def write_events_jsonl(path: Path, records: list[Record]) -> Path:
+    """Records as the JSON lines `millwheel run` and `millwheel inject` read."""
+    with path.open("w") as fh:
+        for r in records:
+            fh.write(json.dumps({"key": r.key, "value": json.loads(r.value), "timestamp": r.timestamp,
+                                 "id": r.record_id}) + "\n")
+    return path
+
+
+def write_spec(tmp: Path, n: int, key_ranges: int = 3) -> Path:
+    """This module's topology as a YAML spec over a JSON-lines file of ``workload(n)``."""
+    events = write_events_jsonl(tmp / "events.jsonl", workload(n=n))
+    spec = tmp / "pipeline.yaml"
+    spec.write_text(f"""
+injectors:
+  - {{name: events, stream: events, file: {events.name}, max_disorder_us: 2000000}}
+log_streams: [counts]
+computations:
+  - name: parse
+    inputs: [events]
+    outputs: [parsed]
+    code: {{name: map, params: {{key: "json['user']"}}}}
+    options: {{key_ranges: {key_ranges}}}
+  - name: counts
+    inputs: [parsed]
+    outputs: [counts]
+    code: {{name: window_aggregate, params: {{size_us: 10000000}}}}
+    options: {{key_ranges: {key_ranges}}}
+  - name: totals
+    inputs: [counts]
+    outputs: [totals]
+    code: tests.support.pipelines:RunningTotal
+    options: {{key_ranges: {key_ranges}}}
+""")
+    return spec
+
+
+def millwheel_run(
+    spec: Path, url: str, crash_at: str | None = None, extra_env: dict[str, str] | None = None,
+    batch_size: int = 250,
+) -> subprocess.Popen[bytes]:
+    """``python -m services.cli run SPEC --store URL`` as a child process (kill it with -9).
+
+    Small batches by default, so a crash point's N-th visit falls inside the run."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **(extra_env or {})}
+    env.pop("MILLWHEEL_CRASH_AT", None)
+    if crash_at:
+        env["MILLWHEEL_CRASH_AT"] = crash_at
+    return subprocess.Popen(
+        [sys.executable, "-m", "services.cli", "run", str(spec), "--store", url, "--quiet",
+         "--batch-size", str(batch_size)],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )
+
+
+def run_to_end(spec: Path, url: str, timeout_s: float = 180) -> None:
+    proc = millwheel_run(spec, url)
+    _, err = proc.communicate(timeout=timeout_s)
+    assert proc.returncode == 0, err.decode()
+
+
+def outputs_of(url: str) -> Outputs:
+    store = open_store(url)
+    try:
+        return outputs(store)
+    finally:
+        store.close()
+
