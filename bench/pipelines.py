@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
-from typing import Sequence
+from typing import Iterable, Iterator, Sequence
 
 from bench.workload import DISORDER_US, WINDOW_US
 from millwheel.computation import Context
@@ -191,12 +191,19 @@ class ProbedCount(WindowedAggregate):
         self._fh = open(spec["probe"], "a", buffering=1) if "probe" in spec else None  # noqa: SIM115
         self._last = 0.0
 
-    def process_record(self, ctx: Context, record: Record) -> None:
-        super().process_record(ctx, record)
-        if self._fh is None:
+    def process_records(self, ctx: Context, records: Iterable[Record]) -> None:
+        last: list[Record] = []
+
+        def tracked() -> Iterator[Record]:
+            for record in records:
+                last[:] = [record]
+                yield record
+
+        super().process_records(ctx, tracked())
+        if self._fh is None or not last:
             return
         now = time.time()
         if now - self._last >= 0.02:
             self._last = now
-            lag = now - (self._t0 + sequence_number(record) / self._rate)
+            lag = now - (self._t0 + sequence_number(last[0]) / self._rate)
             self._fh.write(f"{now:.4f} {lag:.4f}\n")

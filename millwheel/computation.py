@@ -57,7 +57,25 @@ class Context(Protocol):
 
 
 class Computation:
-    """Base class for user computations; override one or both hooks."""
+    """Base class for user computations; override one or both hooks.
+
+    Two optional batch hooks may be defined as well (not on this base class, so the
+    framework can tell whether a computation has them):
+
+    * ``process_records(self, ctx, records)``: called once per key per input batch
+      instead of ``process_record`` once per record. ``records`` holds that key's new
+      records of the batch in arrival order, after deduplication and the late-data
+      policy (dropped and routed records are not in it); it supports ``len()`` and
+      iteration. While the code iterates ``records``, ``ctx`` follows the record of
+      the current iteration: ``ctx.is_late`` is that record's, and records produced
+      get the same IDs ``process_record`` would have given them. State read once
+      through ``ctx.state`` and written once with ``ctx.set_state`` per batch is the
+      point: a built-in aggregate decodes and encodes its state once per key per
+      batch instead of once per record. A subclass that overrides ``process_record``
+      below the class defining ``process_records`` gets the per-record path.
+    * ``process_timer_batch(self, items)``: every due timer of a key range at once,
+      as ``(ctx, timer)`` pairs (a Spark stage runs one job for them).
+    """
 
     def process_record(self, ctx: Context, record: Record) -> None:
         """Handle one input record of ``ctx.key``."""

@@ -12,7 +12,7 @@ Behaviour a user can rely on:
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Iterable
 
 from millwheel.computation import Computation, Context
 from millwheel.errors import InvalidSpecError
@@ -64,27 +64,40 @@ class WindowedAggregate(Computation):
             ) from None
 
     def process_record(self, ctx: Context, record: Record) -> None:
+        self.process_records(ctx, (record,))
+
+    def process_records(self, ctx: Context, records: Iterable[Record]) -> None:
+        """The per-key batch hook: the key's windows are decoded once, updated by
+        every record in order, and encoded once."""
         windows = _load(ctx.state)
-        x = self._number(record)
-        changed_fired: list[str] = []
-        for start in self.windowing.assign(record.timestamp):
-            end = self.windowing.end(start)
-            if end - 1 + self.allowed_lateness_us < ctx.input_watermark and str(start) not in windows:
-                continue  # window already closed for good: lateness policy decided to process, skip
-            acc = windows.get(str(start))
-            if acc is None:
-                acc = windows[str(start)] = [0, 0.0, x, x, False]
-                ctx.set_timer(f"end:{start}", end - 1)
-                if self.allowed_lateness_us:
-                    ctx.set_timer(f"gc:{start}", end - 1 + self.allowed_lateness_us, hold=False)
-            acc[0] += 1
-            acc[1] += x
-            acc[2] = min(acc[2], x)
-            acc[3] = max(acc[3], x)
-            if acc[4]:
-                changed_fired.append(str(start))
-        for start_s in changed_fired:  # a late record updated a window already produced
-            self._emit(ctx, int(start_s), windows[start_s])
+        windowing = self.windowing
+        size = windowing.size_us
+        lateness = self.allowed_lateness_us
+        watermark = ctx.input_watermark
+        counting = self.aggregation == "count"
+        for record in records:
+            x = 0.0 if counting else self._number(record)
+            changed_fired: list[str] = []
+            for start in windowing.assign(record.timestamp):
+                start_s = str(start)
+                acc = windows.get(start_s)
+                if acc is None:
+                    end = start + size
+                    if end - 1 + lateness < watermark:
+                        continue  # closed for good: the lateness policy let it through, skip
+                    acc = windows[start_s] = [0, 0.0, x, x, False]
+                    ctx.set_timer(f"end:{start}", end - 1)
+                    if lateness:
+                        ctx.set_timer(f"gc:{start}", end - 1 + lateness, hold=False)
+                acc[0] += 1
+                if not counting:
+                    acc[1] += x
+                    acc[2] = min(acc[2], x)
+                    acc[3] = max(acc[3], x)
+                if acc[4]:
+                    changed_fired.append(start_s)
+            for start_s in changed_fired:  # a late record updated a window already produced
+                self._emit(ctx, int(start_s), windows[start_s])
         ctx.set_state(_dump(windows))
 
     def process_timer(self, ctx: Context, timer: Timer) -> None:

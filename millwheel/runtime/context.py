@@ -7,7 +7,7 @@ state writes, timer changes, productions, consumed IDs — and becomes exactly o
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterator, Sequence
 
 from millwheel.errors import InvalidSpecError
 from millwheel.record import Record, TimeDomain, Timer, derive_record_id
@@ -58,6 +58,21 @@ class KeyContext:
     @property
     def key(self) -> str:
         return self._key
+
+    @property
+    def cause(self) -> str:
+        """The record ID (or timer identity) productions are derived from right now."""
+        return self._cause
+
+    def _focus(self, record: Record) -> None:
+        """Make ``record`` the one being processed (the batch hook's iteration).
+
+        The count of records produced restarts only with a new cause, so what the hook
+        produced before its loop (caused by the first record) keeps its IDs unique."""
+        if record.record_id != self._cause:
+            self._cause = record.record_id
+            self._produced = 0
+        self._is_late = record.timestamp < self._input_watermark
 
     @property
     def state(self) -> bytes | None:
@@ -112,3 +127,33 @@ class KeyContext:
     @property
     def processing_time(self) -> int:
         return self._txn.worker.clock.now_us()
+
+
+class KeyRecords:
+    """One key's records of a batch, for the ``process_records(ctx, records)`` hook.
+
+    The first iteration moves ``ctx`` to each record in turn, so ``ctx.is_late`` and
+    the IDs of records produced while handling it are exactly those ``process_record``
+    would have had: derived from that record's ID, hence the same whatever the batch.
+    Later iterations leave ``ctx`` on the last record (IDs stay unique).
+    """
+
+    __slots__ = ("_ctx", "_records", "_iterated")
+
+    def __init__(self, ctx: KeyContext, records: Sequence[Record]) -> None:
+        self._ctx = ctx
+        self._records = records
+        self._iterated = False
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def __iter__(self) -> Iterator[Record]:
+        if self._iterated:
+            yield from self._records
+            return
+        self._iterated = True
+        focus = self._ctx._focus
+        for record in self._records:
+            focus(record)
+            yield record

@@ -10,7 +10,9 @@ Processing a batch, as numbered in ARCHITECTURE.md:
 
 1. Dedup: drop records whose IDs the range already consumed (Bloom filter, confirmed
    in the store on a maybe-hit) and repeats inside the batch.
-2. Run user code, serially per key, applying the late-data policy.
+2. Run user code, serially per key, applying the late-data policy. Code with the
+   optional ``process_records(ctx, records)`` hook gets each key's records of the
+   batch in one call (its state decoded and encoded once per batch, not per record).
 3. Checkpoint atomically: state, timers, strong productions, consumed IDs (fenced).
 4. (runner) Ack the sender, who deletes the records from its outbox.
 5. (runner) Send this range's outbox downstream; delete each entry once acked.
@@ -26,7 +28,7 @@ from millwheel.computation import Computation
 from millwheel.dedup import Deduplicator
 from millwheel.errors import UserCodeError
 from millwheel.record import Record, Timer, derive_record_id, timer_cause
-from millwheel.runtime.context import KeyContext, RangeTransaction
+from millwheel.runtime.context import KeyContext, KeyRecords, RangeTransaction
 from millwheel.runtime.outbox import Outbox
 from millwheel.runtime.routing import Router
 from millwheel.sensors import Sensors
@@ -40,6 +42,23 @@ MAX_TIMERS_PER_BATCH = 10_000
 
 def no_crash(point: str) -> None:
     """The crash hook of a real run: crash points are no-ops."""
+
+
+def records_hook(code: Computation) -> Callable[[KeyContext, KeyRecords], None] | None:
+    """``code.process_records`` if it has the per-key batch hook, else None.
+
+    A subclass that overrides ``process_record`` below the class that defines
+    ``process_records`` meant its per-record code to run: it gets the per-record path.
+    """
+    hook = getattr(code, "process_records", None)
+    if hook is None:
+        return None
+    for klass in type(code).__mro__:
+        if "process_records" in vars(klass):
+            return hook  # type: ignore[no-any-return]
+        if "process_record" in vars(klass):
+            return None
+    return hook  # type: ignore[no-any-return]
 
 
 class RangeWorker:
@@ -76,6 +95,7 @@ class RangeWorker:
         self.timers = TimerQueue(store.read_timers(self.name, range_id))
         self.outbox = Outbox(store, self.name, range_id)
         self.dedup = Deduplicator(store, self.name, range_id) if spec.options.exactly_once else None
+        self._records_hook = records_hook(code)
         self._cache: dict[str, bytes | None] = {}
         self._last_expiry = clock.now_us()
 
@@ -108,6 +128,8 @@ class RangeWorker:
         if self.dedup is not None:  # at-least-once remembers no IDs
             txn.consumed_ids.extend(r.record_id for r in fresh)
         txn.records_in = len(fresh)
+        hook = self._records_hook
+        by_key: dict[str, list[Record]] = {}
         for record in fresh:  # 2
             is_late = record.timestamp < input_watermark
             if is_late and record.timestamp + options.allowed_lateness_us < input_watermark:
@@ -118,20 +140,39 @@ class RangeWorker:
                     late_routed += 1
                     self._route_late(txn, record)
                     continue
+            if hook is not None:  # grouped per key, each key's records in arrival order
+                same_key = by_key.get(record.key)
+                if same_key is None:
+                    by_key[record.key] = [record]
+                else:
+                    same_key.append(record)
+                continue
             ctx = KeyContext(txn, record.key, record.record_id, input_watermark, is_late)
             try:
                 self.code.process_record(ctx, record)
             except Exception as exc:
-                raise UserCodeError(
-                    f"computation {self.name!r} failed on key {record.key!r} record "
-                    f"{record.record_id}: {exc.__class__.__name__}: {exc}"
-                ) from exc
+                raise self._user_error(record.key, record.record_id, exc) from exc
+        if hook is not None:
+            for key, records_of_key in by_key.items():
+                first = records_of_key[0]
+                ctx = KeyContext(txn, key, first.record_id, input_watermark,
+                                 first.timestamp < input_watermark)
+                try:
+                    hook(ctx, KeyRecords(ctx, records_of_key))
+                except Exception as exc:
+                    raise self._user_error(key, ctx.cause, exc) from exc
         if late_dropped:
             self.sensors.late_records(self.name, late_dropped, "drop")
         if late_routed:
             self.sensors.late_records(self.name, late_routed, "route")
         self.crash("after_user_code")
         return txn
+
+    def _user_error(self, key: str, record_id: str, exc: Exception) -> UserCodeError:
+        return UserCodeError(
+            f"computation {self.name!r} failed on key {key!r} record "
+            f"{record_id}: {exc.__class__.__name__}: {exc}"
+        )
 
     def _dedup(self, records: Sequence[Record]) -> list[Record]:
         if self.dedup is None:
