@@ -17,6 +17,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="millwheel",
         description="Keyed, stateful, exactly-once stream computations (after Google's MillWheel).",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=(
+            "examples:\n"
+            "  millwheel demo zeitgeist                      spike/dip detection, local mode\n"
+            "  millwheel run pipeline.yaml --store sqlite:///data/p.db\n"
+            "  millwheel up --workers 2                      controller + 2 workers\n"
+            "  millwheel register pipeline.yaml && millwheel inject events.jsonl --injector events\n"
+            "  millwheel watermark; millwheel state COMPUTATION KEY; millwheel subscribe STREAM\n"
+            "\n'millwheel COMMAND --help' tells more about each command. Errors exit with status 2."
+        ),
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMAND_MODULES:
