@@ -9,6 +9,7 @@ checkpoint; ``?synchronous=FULL`` in the URL also survives power loss.
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import threading
 from pathlib import Path
@@ -19,6 +20,14 @@ from millwheel.record import Record, TimeDomain, Timer
 from millwheel.state.protocol import Checkpoint, Production
 
 T = TypeVar("T")
+
+# Why the schema is shaped this way (each b-tree written per record costs; docs/bench.md):
+# * outbox ``seq`` is a plain rowid, not AUTOINCREMENT (no sqlite_sequence write per
+#   insert): a new row still gets max(seq) + 1, so ``ORDER BY seq`` is checkpoint order.
+# * consumed IDs are one row each (the dedup lookup), but their expiry goes through
+#   ``seen_batches``, one row per checkpoint listing its IDs (a JSON array), instead
+#   of a second index entry per ID.
+# Files written by older versions are migrated when opened (:func:`_migrate`).
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS tokens (
@@ -33,14 +42,17 @@ CREATE TABLE IF NOT EXISTS timers (
     PRIMARY KEY (computation, key, tag));
 CREATE INDEX IF NOT EXISTS timers_by_range ON timers (computation, range_id);
 CREATE TABLE IF NOT EXISTS outbox (
-    producer TEXT NOT NULL, range_id INTEGER NOT NULL, seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    producer TEXT NOT NULL, range_id INTEGER NOT NULL, seq INTEGER PRIMARY KEY,
     consumer TEXT NOT NULL, stream TEXT NOT NULL, record_id TEXT NOT NULL,
     key TEXT NOT NULL, value BLOB NOT NULL, ts INTEGER NOT NULL,
     UNIQUE (producer, range_id, consumer, record_id));
 CREATE TABLE IF NOT EXISTS seen_ids (
     computation TEXT NOT NULL, range_id INTEGER NOT NULL, record_id TEXT NOT NULL,
     seen_at INTEGER NOT NULL, PRIMARY KEY (computation, range_id, record_id)) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS seen_ids_by_time ON seen_ids (computation, range_id, seen_at);
+CREATE TABLE IF NOT EXISTS seen_batches (
+    computation TEXT NOT NULL, range_id INTEGER NOT NULL, seen_at INTEGER NOT NULL,
+    ids TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS seen_batches_by_time ON seen_batches (computation, range_id, seen_at);
 CREATE TABLE IF NOT EXISTS stream_log (
     seq INTEGER PRIMARY KEY AUTOINCREMENT, stream TEXT NOT NULL, record_id TEXT NOT NULL,
     key TEXT NOT NULL, value BLOB NOT NULL, ts INTEGER NOT NULL,
@@ -51,6 +63,33 @@ CREATE TABLE IF NOT EXISTS watermarks (
     PRIMARY KEY (node, range_id));
 CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value BLOB NOT NULL);
 """
+
+
+def _json_list(items: Sequence[str]) -> str | None:
+    """``items`` as a JSON array SQLite's ``json_each`` returns verbatim, or None when it
+    would not (``json_each`` cuts a string at an escaped NUL)."""
+    text = json.dumps(items if isinstance(items, list) else list(items), ensure_ascii=False)
+    return None if "\\u0000" in text else text
+
+
+def _migrate(db: sqlite3.Connection) -> None:
+    """Bring a file written by an older version to this schema (idempotent, and safe
+    with several processes opening the file at once)."""
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        old_index = db.execute(
+            "SELECT 1 FROM sqlite_master WHERE type='index' AND name='seen_ids_by_time'"
+        ).fetchone()
+        if old_index:  # consumed IDs indexed by time -> a seen_batches row per (range, time)
+            db.execute(
+                "INSERT INTO seen_batches SELECT computation, range_id, seen_at, "
+                "json_group_array(record_id) FROM seen_ids GROUP BY computation, range_id, seen_at"
+            )
+            db.execute("DROP INDEX seen_ids_by_time")
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+    db.execute("COMMIT")
 
 
 class SQLiteStore:
@@ -76,6 +115,7 @@ class SQLiteStore:
         self._db.execute("PRAGMA wal_autocheckpoint=16384")
         self._db.execute("PRAGMA cache_size=-32768")  # 32 MB page cache (default 2 MB)
         self._db.executescript(_SCHEMA)
+        _migrate(self._db)
 
     # -- helpers -------------------------------------------------------------
     def _fence(self, computation: str, range_id: int, token: int) -> None:
@@ -167,22 +207,49 @@ class SQLiteStore:
                     ],
                 )
             if cp.consumed_ids:  # 5
-                db.executemany(
-                    "INSERT OR IGNORE INTO seen_ids VALUES (?, ?, ?, ?)",
-                    [(comp, rid, i, cp.now_us) for i in cp.consumed_ids],
-                )
+                ids = _json_list(cp.consumed_ids)
+                if ids is None:
+                    db.executemany(
+                        "INSERT OR IGNORE INTO seen_ids VALUES (?, ?, ?, ?)",
+                        [(comp, rid, i, cp.now_us) for i in cp.consumed_ids],
+                    )
+                    ids = json.dumps(list(cp.consumed_ids), ensure_ascii=False)
+                else:  # one statement: no per-ID round trip through the sqlite3 module
+                    db.execute(
+                        "INSERT OR IGNORE INTO seen_ids SELECT ?, ?, value, ? FROM json_each(?)",
+                        (comp, rid, cp.now_us, ids),
+                    )
+                db.execute("INSERT INTO seen_batches VALUES (?, ?, ?, ?)", (comp, rid, cp.now_us, ids))
 
         self._write(txn)
 
     def ack(
         self, producer: str, range_id: int, token: int, acked: Sequence[tuple[str, str]]
     ) -> None:
+        by_consumer: dict[str, list[str]] = {}
+        for consumer, record_id in acked:
+            same = by_consumer.get(consumer)
+            if same is None:
+                by_consumer[consumer] = [record_id]
+            else:
+                same.append(record_id)
+
         def txn() -> None:
             self._fence(producer, range_id, token)
-            self._db.executemany(
-                "DELETE FROM outbox WHERE producer=? AND range_id=? AND consumer=? AND record_id=?",
-                [(producer, range_id, c, r) for c, r in acked],
-            )
+            for consumer, record_ids in by_consumer.items():
+                ids = _json_list(record_ids)
+                if ids is None:
+                    self._db.executemany(
+                        "DELETE FROM outbox WHERE producer=? AND range_id=? AND consumer=? "
+                        "AND record_id=?",
+                        [(producer, range_id, consumer, r) for r in record_ids],
+                    )
+                else:
+                    self._db.execute(
+                        "DELETE FROM outbox WHERE producer=? AND range_id=? AND consumer=? "
+                        "AND record_id IN (SELECT value FROM json_each(?))",
+                        (producer, range_id, consumer, ids),
+                    )
 
         self._write(txn)
 
@@ -270,11 +337,30 @@ class SQLiteStore:
     def expire_ids(self, computation: str, range_id: int, token: int, older_than_us: int) -> int:
         def txn() -> int:
             self._fence(computation, range_id, token)
-            cur = self._db.execute(
-                "DELETE FROM seen_ids WHERE computation=? AND range_id=? AND seen_at < ?",
+            db = self._db
+            batches = db.execute(
+                "SELECT rowid, ids FROM seen_batches WHERE computation=? AND range_id=? "
+                "AND seen_at < ?",
                 (computation, range_id, older_than_us),
-            )
-            return cur.rowcount
+            ).fetchall()
+            removed = 0
+            for rowid, ids in batches:
+                # seen_at < bound as well: an ID consumed again keeps its first time
+                sql = "DELETE FROM seen_ids WHERE computation=? AND range_id=? AND seen_at < ? AND "
+                listed = json.loads(ids)
+                if _json_list(listed) is None:
+                    cur = db.executemany(
+                        sql + "record_id=?",
+                        [(computation, range_id, older_than_us, i) for i in listed],
+                    )
+                else:
+                    cur = db.execute(
+                        sql + "record_id IN (SELECT value FROM json_each(?))",
+                        (computation, range_id, older_than_us, ids),
+                    )
+                removed += max(cur.rowcount, 0)
+                db.execute("DELETE FROM seen_batches WHERE rowid=?", (rowid,))
+            return removed
 
         return self._write(txn)
 
