@@ -9,6 +9,7 @@ checkpoint; ``?synchronous=FULL`` in the URL also survives power loss.
 
 from __future__ import annotations
 
+import functools
 import json
 import sqlite3
 import threading
@@ -90,6 +91,43 @@ def _migrate(db: sqlite3.Connection) -> None:
         db.execute("ROLLBACK")
         raise
     db.execute("COMMIT")
+
+
+_MAX_ROWS = 128  # rows per multi-row INSERT: at most 2 + 128 * 6 parameters (< 999)
+
+
+@functools.lru_cache(maxsize=256)
+def _insert_sql(head: str, n_fixed: int, width: int, rows: int) -> str:
+    """``head`` + ``VALUES`` for ``rows`` rows: the first ``n_fixed`` columns of every row
+    are the shared parameters ?1..?n_fixed, the next ``width`` are the row's own."""
+    fixed = ",".join(f"?{i + 1}" for i in range(n_fixed))
+    tuples = []
+    for r in range(rows):
+        base = n_fixed + r * width
+        own = ",".join(f"?{base + i + 1}" for i in range(width))
+        tuples.append(f"({fixed},{own})" if fixed else f"({own})")
+    return f"{head} VALUES {','.join(tuples)}"
+
+
+def _insert_rows(
+    db: sqlite3.Connection, head: str, fixed: tuple[object, ...], width: int, flat: list[object]
+) -> None:
+    """Insert ``len(flat) // width`` rows, many per statement.
+
+    ``executemany`` runs one statement per row through the sqlite3 module, which cost
+    more than the b-tree insert itself; a statement of up to ``_MAX_ROWS`` rows does not.
+    Rows go in in order (so rowids follow it); chunk sizes are powers of two, so a few
+    prepared statements per table serve every batch size.
+    """
+    n = len(flat) // width
+    done = 0
+    while done < n:
+        rows = min(_MAX_ROWS, 1 << ((n - done).bit_length() - 1))
+        db.execute(
+            _insert_sql(head, len(fixed), width, rows),
+            (*fixed, *flat[done * width : (done + rows) * width]),
+        )
+        done += rows
 
 
 class SQLiteStore:
@@ -176,10 +214,15 @@ class SQLiteStore:
 
         def txn() -> None:
             self._fence(comp, rid, cp.token)  # 1
-            writes = [(comp, k, v) for k, v in cp.state_writes.items() if v is not None]  # 2
-            deletes = [(comp, k) for k, v in cp.state_writes.items() if v is None]
+            writes: list[object] = []  # 2
+            deletes = []
+            for k, v in cp.state_writes.items():
+                if v is None:
+                    deletes.append((comp, k))
+                else:
+                    writes += (k, v)
             if writes:
-                db.executemany("INSERT OR REPLACE INTO state VALUES (?, ?, ?)", writes)
+                _insert_rows(db, "INSERT OR REPLACE INTO state", (comp,), 2, writes)
             if deletes:
                 db.executemany("DELETE FROM state WHERE computation=? AND key=?", deletes)
             if cp.timer_clears:  # 3
@@ -188,23 +231,20 @@ class SQLiteStore:
                     [(comp, k, t) for k, t in cp.timer_clears],
                 )
             if cp.timer_sets:
-                db.executemany(
-                    "INSERT OR REPLACE INTO timers VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    [
-                        (comp, rid, t.key, t.tag, t.time, t.domain.value, int(t.hold))
-                        for t in cp.timer_sets
-                    ],
-                )
+                timers: list[object] = []
+                for t in cp.timer_sets:
+                    timers += (t.key, t.tag, t.time, t.domain.value, int(t.hold))
+                _insert_rows(db, "INSERT OR REPLACE INTO timers", (comp, rid), 5, timers)
             if cp.productions:  # 4
-                db.executemany(
+                rows: list[object] = []
+                for p in cp.productions:
+                    r = p.record
+                    rows += (p.consumer, p.stream, r.record_id, r.key, r.value, r.timestamp)
+                _insert_rows(
+                    db,
                     "INSERT OR IGNORE INTO outbox "
-                    "(producer, range_id, consumer, stream, record_id, key, value, ts) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                    [
-                        (comp, rid, p.consumer, p.stream, p.record.record_id, p.record.key,
-                         p.record.value, p.record.timestamp)
-                        for p in cp.productions
-                    ],
+                    "(producer, range_id, consumer, stream, record_id, key, value, ts)",
+                    (comp, rid), 6, rows,
                 )
             if cp.consumed_ids:  # 5
                 ids = _json_list(cp.consumed_ids)
@@ -377,10 +417,12 @@ class SQLiteStore:
     def append_log(self, stream: str, records: Sequence[Record]) -> int:
         def txn() -> int:
             before = self._db.total_changes
-            self._db.executemany(
-                "INSERT OR IGNORE INTO stream_log (stream, record_id, key, value, ts) "
-                "VALUES (?, ?, ?, ?, ?)",
-                [(stream, r.record_id, r.key, r.value, r.timestamp) for r in records],
+            rows: list[object] = []
+            for r in records:
+                rows += (r.record_id, r.key, r.value, r.timestamp)
+            _insert_rows(
+                self._db, "INSERT OR IGNORE INTO stream_log (stream, record_id, key, value, ts)",
+                (stream,), 4, rows,
             )
             return self._db.total_changes - before
 
