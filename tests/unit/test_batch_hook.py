@@ -3,12 +3,16 @@ the same input gives the same state, timers and productions (IDs included) as th
 per-record path, and code without the hook keeps the per-record path."""
 
 import json
+from math import isfinite
 from pathlib import Path
 from typing import Iterable
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from millwheel.clock import ManualClock
 from millwheel.computation import Computation, Context
-from millwheel.operators.aggregate import WindowedAggregate
+from millwheel.operators.aggregate import WindowedAggregate, _dump, _load
 from millwheel.record import Record
 from millwheel.runtime.range_worker import RangeWorker, records_hook
 from millwheel.runtime.routing import Router
@@ -94,3 +98,14 @@ def test_hook_productions_get_the_per_record_ids_and_lateness(tmp_path: Path) ->
     assert len({rid for rid, _ in batch[2]}) == 6
     values = {v for _, v in batch[2]}
     assert b"x1:0:True" in values and b"x3:1:False" in values
+
+
+@given(st.dictionaries(
+    st.integers(-(2**62), 2**62).map(str),
+    st.tuples(st.integers(0, 2**40), st.floats(), st.floats(), st.floats(), st.booleans()).map(list),
+    max_size=4,
+))
+def test_aggregate_state_is_the_compact_json_of_its_windows(windows: dict[str, list[object]]) -> None:
+    assert _dump(windows) == json.dumps(windows, separators=(",", ":")).encode()
+    if all(isfinite(v) for acc in windows.values() for v in acc[1:4]):  # type: ignore[arg-type]
+        assert _load(_dump(windows)) == windows
