@@ -65,7 +65,7 @@ def add_commands(sub: Any) -> None:
     wk.add_argument("--advertise", metavar="HOST",
                     help="host name other processes reach this worker by (default --host, or this "
                          "machine's name when listening on 0.0.0.0)")
-    wk.add_argument("--batch-size", type=int, default=500, help="records per delivered batch")
+    wk.add_argument("--batch-size", type=int, default=5000, help="records per delivered batch")
     wk.add_argument("--max-inflight", type=int, default=8,
                     help="unacked batches per destination before senders wait (backpressure)")
     wk.add_argument("--heartbeat", type=float, default=0.1, metavar="SECONDS",

@@ -286,7 +286,8 @@ class ControllerService:
             for j, r in enumerate(msg.records)
         ]
         message_id = secrets.token_hex(8)
-        batch = pb.DeliverBatch(computation=injector_node(spec.name), range_id=0, records=[
+        batch = pb.DeliverBatch(computation=injector_node(spec.name), range_id=0,
+                                topology_version=self.registry.version, records=[
             convert.record_to_proto(r if msg.records[j].id else Record(
                 r.key, r.value, r.timestamp, f"{spec.name}/{message_id}/{j}"))
             for j, r in enumerate(records)

@@ -65,7 +65,7 @@ class WorkerProcess:
         self, controller: str, store_url: str, *, host: str = "127.0.0.1", port: int = 0,
         metrics_port: int | None = 0, worker_id: str | None = None, advertise: str | None = None,
         batch_size: int = 500,
-        max_inflight: int = 8, heartbeat_s: float = 0.1, delivery_timeout_s: float = 5.0,
+        max_inflight: int = 8, max_slices: int = 4, heartbeat_s: float = 0.1, delivery_timeout_s: float = 5.0,
     ) -> None:
         self.store = open_store(store_url)
         self.sensors = PrometheusSensors("worker")
@@ -73,6 +73,8 @@ class WorkerProcess:
         self.crash = crash_hook_from_env()
         self.batch_size = batch_size
         self.max_inflight = max_inflight
+        self.max_slices = max_slices
+        self._wake = threading.Event()
         self.heartbeat_s = heartbeat_s
         self.delivery_timeout_s = delivery_timeout_s
         self.topology = Topology()
@@ -184,6 +186,7 @@ class WorkerProcess:
             if unit not in self.units and (unit[0], unit[1], token) not in self._fenced_tokens:
                 self._take(unit, token)
         self.sensors.owned_ranges(len(self.units))
+        self._wake.set()
 
     def _set_topology(self, topology: Topology, version: int) -> None:
         self.topology = topology
@@ -247,6 +250,7 @@ class WorkerProcess:
                 self._fenced(owned, exc)
                 return pb.DeliverAck(status=pb.DeliverAck.NOT_OWNER, message=str(exc))
             self.crash("after_inject")
+            self._wake.set()
             return pb.DeliverAck(status=pb.DeliverAck.OK, watermark=owned.injector_wm)
 
     def process(self, computation: str, range_id: int, records: list[Record]) -> pb.DeliverAck:
@@ -270,13 +274,19 @@ class WorkerProcess:
                 # The in-memory cache may hold half a batch: rebuild the range from the store.
                 owned.worker = self._new_range_worker(computation, range_id, owned.token)
                 owned.outbox = owned.worker.outbox
-                owned.slice = None
+                owned.reset_slices()
                 return pb.DeliverAck(status=pb.DeliverAck.FAILED, message=str(exc))
+        self._wake.set()
         return pb.DeliverAck(status=pb.DeliverAck.OK)
 
     # -- sending -----------------------------------------------------------------------
+    def wake(self) -> None:
+        """New work for the pump (an ack arrived, an outbox grew, watermarks moved)."""
+        self._wake.set()
+
     def _pump_loop(self) -> None:
         while not self.stopped.is_set():
+            self._wake.clear()
             moved = 0
             for owned in list(self.units.values()):
                 try:
@@ -285,17 +295,21 @@ class WorkerProcess:
                     self._fenced(owned, exc)
                 except Exception:
                     log.exception("pump of %s/%d failed", owned.node, owned.range_id)
+                    owned.reset_slices()
                     owned.backoff()
             if not moved:
-                time.sleep(0.005)
+                # Acks, deliveries and heartbeats wake us; the timeout covers
+                # processing-time timers and retry deadlines.
+                self._wake.wait(0.01)
 
     def _pump(self, owned: OwnedRange) -> int:
         moved = 0
         with owned.lock:
             if owned.dropped:
                 return 0
-            if owned.slice is not None:
-                moved += self._finish(owned)
+            for s in [s for s in owned.slices if s.ready()]:
+                moved += self._finish(owned, s)
+            self._check_overdue(owned)
             rw = owned.worker
             if rw is not None:
                 txn = rw.fire_timers(self.input_wms.get(owned.node, MIN_TIMESTAMP))
@@ -303,8 +317,11 @@ class WorkerProcess:
                     rw.commit(txn)
                     moved += 1
                 rw.expire_record_ids()
-            if owned.slice is None and time.monotonic() >= owned.retry_at:
-                moved += self._start(owned)
+            while len(owned.slices) < self.max_slices and time.monotonic() >= owned.retry_at:
+                started = self._start(owned)
+                moved += started
+                if not started or owned.slices[-1].failed:
+                    break
         return moved
 
     def _link(self, address: str) -> PeerLink:
@@ -314,8 +331,10 @@ class WorkerProcess:
         return link
 
     def _start(self, owned: OwnedRange) -> int:
-        assert owned.outbox is not None
-        entries = owned.outbox.pending(self.batch_size)
+        """Send the next slice of the outbox: stream-log entries and consumer ranges owned
+        here are done at once, others go to their owner's link if it has room (else they
+        stay for a later slice). Returns the entries sent."""
+        entries = owned.sendable(self.batch_size)
         if not entries:
             return 0
         logs: dict[str, list[Production]] = defaultdict(list)
@@ -349,24 +368,30 @@ class WorkerProcess:
                     failed = True
                 continue
             batch = pb.DeliverBatch(producer=owned.node, computation=consumer, range_id=range_id,
+                                    topology_version=self.version,
                                     records=[convert.record_to_proto(r) for r in records])
-            fut = self._link(owner.address).send(batch, wait_s=0.2)
+            fut = self._link(owner.address).try_send(batch)
             if fut is None:
-                failed = True
-                continue
+                continue  # no room at that destination: these entries wait for a later slice
+            fut.add_done_callback(lambda _f: self._wake.set())
             remote.append((fut, items, owner.address))
-        owned.slice = Slice(time.monotonic(), done_now, remote, failed)
-        return len(entries)
+        if not done_now and not remote and not failed:
+            return 0
+        s = Slice(time.monotonic(), done_now, remote, failed)
+        owned.slices.append(s)
+        owned.inflight.update(s.in_flight())
+        return len(done_now) + sum(len(items) for _, items, _ in remote) or 1
 
-    def _finish(self, owned: OwnedRange) -> int:
-        s = owned.slice
-        assert s is not None and owned.outbox is not None
-        if any(not fut.done() for fut, _, _ in s.remote):
-            if time.monotonic() - s.started > self.delivery_timeout_s:
+    def _check_overdue(self, owned: OwnedRange) -> None:
+        now = time.monotonic()
+        for s in owned.slices:
+            if now - s.started > self.delivery_timeout_s:
                 for fut, _, address in s.remote:
                     if not fut.done():
                         self._link(address).reset("a batch is overdue")
-            return 0
+
+    def _finish(self, owned: OwnedRange, s: Slice) -> int:
+        assert owned.outbox is not None
         acked = list(s.done_now)
         failed = s.failed
         for fut, items, address in s.remote:
@@ -378,7 +403,8 @@ class WorkerProcess:
                 self.sensors.retry(address)
                 log.debug("delivery to %s failed: %s", address,
                           exc if exc is not None else fut.result().message)
-        owned.slice = None
+        owned.slices.remove(s)
+        owned.inflight.difference_update(s.in_flight())
         if acked:
             owned.outbox.ack(owned.token, acked)
             self.crash("after_ack")
@@ -386,7 +412,7 @@ class WorkerProcess:
             owned.backoff()
         else:
             owned.succeeded()
-        return len(acked)
+        return len(acked) or 1
 
 
 class DeliverServicer:
@@ -400,6 +426,11 @@ class DeliverServicer:
             if isinstance(batch, Malformed):
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                               f"malformed {batch.what} message: {batch.error}")
+            if batch.topology_version > self.worker.version:
+                yield pb.DeliverAck(batch_id=batch.batch_id, status=pb.DeliverAck.FAILED,
+                                    message=f"registry version {batch.topology_version} not yet "
+                                            f"known here (have {self.worker.version})")
+                continue
             records = convert.records_from_proto(batch.records)
             if batch.computation.startswith("injector:"):
                 wm = batch.watermark if batch.HasField("watermark") else None

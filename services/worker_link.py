@@ -2,8 +2,9 @@
 
 Batches go out on the stream and each is acked by batch id once the receiver has
 checkpointed it. At most ``max_inflight`` batches are unacked per destination: a
-sender that finds no room waits (backpressure; the wait is measured), so a slow
-stage slows its senders and nothing is dropped. A broken or stuck stream fails every
+sender that finds no room keeps its records and tries again when an ack frees room
+(backpressure; the time blocked is measured), so a slow stage slows its senders and
+nothing is dropped. A broken or stuck stream fails every
 pending batch; the caller retries (with backoff) to whoever owns the range by then.
 """
 
@@ -44,16 +45,19 @@ class PeerLink:
         self._ids = itertools.count(1)
         self._queue: queue.Queue[Any] | None = None
         self._call: Any = None
+        self._blocked_since: float | None = None
 
-    def send(self, batch: pb.DeliverBatch, wait_s: float) -> Future[Any] | None:
-        """Queue ``batch``; None if no in-flight room freed up within ``wait_s``."""
-        started = time.monotonic()
-        got = self._room.acquire(timeout=wait_s)
-        waited = time.monotonic() - started
-        if waited > 0.001:
-            self.sensors.backpressure(self.address, waited)
-        if not got:
+    def try_send(self, batch: pb.DeliverBatch) -> Future[Any] | None:
+        """Queue ``batch``, or None at once if ``max_inflight`` batches are unacked (the
+        caller keeps the records and tries again when an ack frees room). The time
+        from the first refusal to the next accepted batch counts as backpressure."""
+        if not self._room.acquire(blocking=False):
+            if self._blocked_since is None:
+                self._blocked_since = time.monotonic()
             return None
+        if self._blocked_since is not None:
+            self.sensors.backpressure(self.address, time.monotonic() - self._blocked_since)
+            self._blocked_since = None
         fut: Future[Any] = Future()
         with self._lock:
             if self._queue is None:

@@ -24,14 +24,25 @@ from millwheel.state.protocol import Checkpoint, Production, StateStore
 INJ_WM_KEY = "__watermark__"
 
 
+Entry = tuple[str, str]  # (consumer, record id): an outbox entry
+
+
 @dataclass
 class Slice:
-    """Outbox entries sent together; acked once their deliveries succeed."""
+    """Outbox entries sent together; acked once their deliveries succeed. A range keeps
+    several slices in flight (a window), so a round trip to a consumer does not stall
+    the range: entries in flight are not sent again until their slice is finished."""
 
     started: float
-    done_now: list[tuple[str, str]]  # already delivered (stream log, local consumers)
+    done_now: list[Entry]  # already delivered (stream log, local consumers)
     remote: list[tuple[Future[Any], list[Production], str]]  # (ack future, entries, address)
     failed: bool = False
+
+    def ready(self) -> bool:
+        return all(fut.done() for fut, _, _ in self.remote)
+
+    def in_flight(self) -> list[Entry]:
+        return [(p.consumer, p.record.record_id) for _, items, _ in self.remote for p in items]
 
 
 @dataclass
@@ -44,7 +55,8 @@ class OwnedRange:
     lock: threading.RLock = field(default_factory=threading.RLock)
     outbox: Outbox | None = None
     injector_wm: int = MIN_TIMESTAMP
-    slice: Slice | None = None
+    slices: list[Slice] = field(default_factory=list)
+    inflight: set[Entry] = field(default_factory=set)
     retry_at: float = 0.0
     failures: int = 0
     dropped: bool = False
@@ -81,6 +93,24 @@ class OwnedRange:
         if self.worker is None:
             return min(self.injector_wm, self.outbox.hold())
         return min(input_wm, self.worker.hold())
+
+    def sendable(self, limit: int) -> list[Production]:
+        """Up to ``limit`` outbox entries, oldest first, that are not in flight."""
+        assert self.outbox is not None
+        if not self.inflight:
+            return self.outbox.pending(limit)
+        out = []
+        for p in self.outbox.pending(limit + len(self.inflight)):
+            if (p.consumer, p.record.record_id) not in self.inflight:
+                out.append(p)
+                if len(out) >= limit:
+                    break
+        return out
+
+    def reset_slices(self) -> None:
+        """Forget every slice in flight (their entries are sent again; consumers dedup)."""
+        self.slices = []
+        self.inflight = set()
 
     def backoff(self, base_s: float = 0.05, cap_s: float = 2.0) -> None:
         """Exponential backoff with jitter before the next send attempt."""

@@ -1,0 +1,321 @@
+"""The service figures: the three-stage pipeline across ``millwheel up --workers 2``.
+
+What a user of the service sees, measured from another process over gRPC:
+
+* **backlog throughput**: a fixed workload is injected through ``Inject`` as fast as
+  the service accepts it (messages built before the clock starts), and the clock stops
+  when the sink stream (read by ``Subscribe``) holds every window row; the rows must
+  equal the exact expected counts. Also reported: the rate at which ``Inject`` accepted
+  the records, and CPU seconds per process (controller, workers, this client).
+* **latency at 50%**: records injected in small messages paced at half that rate;
+  a record's latency is injection -> its window row in the sink, minus the time the
+  window could not close yet (event time runs 5x wall clock): reported as the
+  window-result latency, from the message whose watermark closed a window to the
+  window's first row arriving by ``Subscribe``.
+
+Each case starts ``millwheel up`` (a controller and 2 workers as child processes) on a
+fresh store: an SQLite file, or a private ``redis-server`` with AOF ``everysec``.
+The workload has no late records: when a record counts as late depends on how far
+watermarks moved meanwhile, which across processes is timing, not a fixed answer.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from bench import pipelines, workload
+from bench.workload import DISORDER_US, WINDOW_US
+from millwheel.record import MAX_TIMESTAMP
+from services.client import ControllerClient, inject_messages
+from services.convert import spec_to_proto
+
+ROOT = Path(__file__).resolve().parents[1]
+SINK = "rows"
+INJECTOR = "events"
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _cpu_s(pid: int) -> float:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / TICK
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                    out.append(int(entry.name))
+            except (OSError, IndexError, ValueError):
+                pass
+    return out
+
+
+class Service:
+    """``millwheel up --workers N`` on ``store_url``, stopped by SIGINT like Ctrl-C."""
+
+    def __init__(self, store_url: str, workers: int, tmp: Path, extra_env: dict[str, str] | None = None
+                 ) -> None:
+        self.port = _free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.log_path = tmp / "up.log"
+        self._log = open(self.log_path, "wb")  # noqa: SIM115
+        env = dict(os.environ, PYTHONPATH=str(ROOT), **(extra_env or {}))
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "services.cli", "up", "--workers", str(workers), "--store", store_url,
+             "--port", str(self.port), "--log-level", "WARNING"],
+            cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.client = ControllerClient(self.address, timeout_s=30)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if len([w for w in self.client.status().workers if w.alive]) >= workers:
+                    break
+            except Exception:
+                pass
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                raise RuntimeError(f"millwheel up did not start: {self.log_path.read_text()[-2000:]}")
+            time.sleep(0.1)
+
+    def pids(self) -> dict[str, int]:
+        workers = sorted(int(w.worker_id.rsplit("/", 1)[1]) for w in self.client.status().workers)
+        roles = {f"worker{i}": pid for i, pid in enumerate(workers)}
+        for pid in _children(self.proc.pid):
+            if pid not in workers:
+                roles["controller"] = pid
+        return roles
+
+    def wait_balanced(self, timeout_s: float = 30) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            s = self.client.status()
+            live = [w for w in s.workers if w.alive]
+            if s.ranges and all(r.worker_id for r in s.ranges) and \
+                    max(w.ranges for w in live) - min(w.ranges for w in live) <= 1:
+                return
+            time.sleep(0.1)
+        raise RuntimeError("ranges were not assigned in time")
+
+    def stop(self) -> None:
+        self.client.close()
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(40)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self._log.close()
+
+
+class SinkReader:
+    """Follows the sink stream by Subscribe; notes when each window's first row came."""
+
+    def __init__(self, client: ControllerClient) -> None:
+        self.client = client
+        self.counts: Counter[tuple[str, int]] = Counter()
+        self.rows = 0
+        self.first_seen: dict[int, float] = {}
+        self.changed = threading.Condition()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            for _seq, rec in self.client.subscribe(SINK, 0, follow=True):
+                window = pipelines.row_window("three", rec)
+                now = time.monotonic()
+                with self.changed:
+                    self.counts[window] += pipelines.row_count("three", rec)
+                    self.rows += 1
+                    self.first_seen.setdefault(window[1], now)
+                    self.changed.notify_all()
+        except Exception:
+            pass
+
+    def wait_rows(self, rows: int, timeout_s: float) -> bool:
+        with self.changed:
+            return self.changed.wait_for(lambda: self.rows >= rows, timeout_s)
+
+
+def _register(client: ControllerClient, productions: str) -> None:
+    topo = pipelines.topology("three", productions=productions)
+    for inj in topo.injectors:
+        client.register_injector(inj.name, inj.stream)
+    for spec in topo.computations:
+        logged = [s for s in spec.all_outputs() if s in topo.log_streams]
+        client.register_computation(spec_to_proto(spec), logged)
+
+
+def _store(kind: str, tmp: Path) -> tuple[str, Any]:
+    if kind == "sqlite":
+        return f"sqlite:///{tmp}/service.db", None
+    from tests.support.redis_server import RedisServer
+
+    server = RedisServer(appendonly=kind == "redis-aof", appendfsync="everysec")
+    return server.url, server
+
+
+def backlog(n: int, store: str = "sqlite", workers: int = 2, batch: int = 1000,
+            productions: str = "strong", timeout_s: float = 600) -> dict[str, Any]:
+    """Backlog throughput of the three-stage pipeline across ``workers`` workers."""
+    w = workload.generate(n, late_fraction=0.0)
+    expected = workload.expected_counts(w)
+    records = pipelines.injected(w.records, "three")
+    with tempfile.TemporaryDirectory(prefix="mw-bench-svc-") as tmpdir:
+        tmp = Path(tmpdir)
+        url, redis = _store(store, tmp)
+        svc = Service(url, workers, tmp)
+        try:
+            _register(svc.client, productions)
+            svc.wait_balanced()
+            pids = svc.pids()
+            msgs = list(inject_messages(INJECTOR, INJECTOR, records, batch, DISORDER_US, done=True))
+            reader = SinkReader(ControllerClient(svc.address))
+            cpu0 = {role: _cpu_s(pid) for role, pid in pids.items()}
+            self_cpu0 = time.process_time()
+            started = time.monotonic()
+            resp = svc.client.inject(iter(msgs))
+            injected_s = time.monotonic() - started
+            complete = reader.wait_rows(len(expected), timeout_s)
+            elapsed = time.monotonic() - started
+            cpu = {role: round(_cpu_s(pid) - cpu0[role], 2) for role, pid in pids.items()}
+            cpu["client"] = round(time.process_time() - self_cpu0, 2)
+            time.sleep(0.3)  # a duplicate row would arrive after the last expected one
+            verdict = workload.check(w, reader.counts)
+            reader.client.close()
+        finally:
+            svc.stop()
+            if redis is not None:
+                redis.stop()
+    return {
+        "records": n, "accepted": resp.accepted, "store": store, "workers": workers,
+        "productions": productions, "inject_batch": batch,
+        "records_per_s": n / elapsed if complete else None,
+        "inject_records_per_s": n / injected_s, "elapsed_s": elapsed, "complete": complete,
+        "cpu_s": cpu, "records_per_cpu_s": n / max(1e-9, sum(cpu.values())),
+        "correct": verdict.as_dict(),
+    }
+
+
+def latency(n: int, rate: float, store: str = "sqlite", workers: int = 2, batch: int = 100,
+            productions: str = "strong") -> dict[str, Any]:
+    """Window-result latency at ``rate`` records/s (paced messages of ``batch`` records):
+    from sending the message whose watermark closed a window to the window's first row."""
+    density = int(rate * 5)  # event time runs 5x wall clock
+    w = workload.generate(n, late_fraction=0.0, density=density)
+    expected = workload.expected_counts(w)
+    records = pipelines.injected(w.records, "three")
+    msgs = list(inject_messages(INJECTOR, INJECTOR, records, batch, DISORDER_US, done=True))
+    with tempfile.TemporaryDirectory(prefix="mw-bench-svc-") as tmpdir:
+        tmp = Path(tmpdir)
+        url, redis = _store(store, tmp)
+        svc = Service(url, workers, tmp)
+        try:
+            _register(svc.client, productions)
+            svc.wait_balanced()
+            reader = SinkReader(ControllerClient(svc.address))
+            closes: dict[int, float] = {}  # window start -> when its closing message was sent
+            interval = batch / rate
+
+            def paced() -> Any:
+                t0 = time.monotonic()
+                for i, msg in enumerate(msgs):
+                    delay = t0 + i * interval - time.monotonic()
+                    if delay > 0:
+                        time.sleep(delay)
+                    if msg.HasField("watermark"):
+                        now = time.monotonic()
+                        for start in _closed(msg.watermark, closes):
+                            closes[start] = now
+                    yield msg
+
+            svc.client.inject(paced())
+            complete = reader.wait_rows(len(expected), 120)
+            time.sleep(0.3)
+            verdict = workload.check(w, reader.counts)
+            lat = [reader.first_seen[s] - t for s, t in closes.items() if s in reader.first_seen]
+            reader.client.close()
+        finally:
+            svc.stop()
+            if redis is not None:
+                redis.stop()
+    lat_ms = sorted(x * 1000 for x in lat)
+    return {
+        "records": n, "rate": rate, "store": store, "workers": workers, "inject_batch": batch,
+        "complete": complete, "windows": len(lat_ms),
+        "result_latency_ms": {"p50": _pct(lat_ms, 50), "p95": _pct(lat_ms, 95), "max": max(lat_ms, default=None)},
+        "correct": verdict.as_dict(),
+    }
+
+
+def _closed(watermark: int, seen: dict[int, float]) -> list[int]:
+    """Window starts the watermark has newly passed the end of (the final, infinite
+    watermark of end of input is not a window closing in time: excluded)."""
+    if watermark >= MAX_TIMESTAMP:
+        return []
+    out = []
+    start = workload.EPOCH_US - WINDOW_US
+    while start + WINDOW_US <= watermark:
+        if start not in seen:
+            out.append(start)
+        start += WINDOW_US
+    return out
+
+
+def _pct(xs: list[float], p: int) -> float | None:
+    if not xs:
+        return None
+    if len(xs) == 1:
+        return xs[0]
+    return statistics.quantiles(xs, n=100, method="inclusive")[p - 1]
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    import json
+
+    ap = argparse.ArgumentParser(prog="python -m bench.service",
+                                 description="the service figures alone (see bench/service.py)")
+    ap.add_argument("--records", type=int, default=50_000)
+    ap.add_argument("--store", default="sqlite", choices=("sqlite", "redis", "redis-aof"))
+    ap.add_argument("--batch", type=int, default=1000, help="records per Inject message")
+    ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--latency", action="store_true", help="also the latency at 50%% of the rate")
+    args = ap.parse_args(argv)
+    rates = []
+    for _ in range(args.repeat):
+        r = backlog(args.records, args.store, batch=args.batch)
+        rates.append(r["records_per_s"] or 0.0)
+        print(json.dumps(r), flush=True)
+    print(f"median {statistics.median(rates):,.0f} records/s over {len(rates)}", file=sys.stderr)
+    if args.latency:
+        print(json.dumps(latency(args.records // 2, statistics.median(rates) / 2, args.store)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
