@@ -44,10 +44,9 @@ class InjectorWorker:
         if self.done or len(self.outbox) >= max_pending:
             return 0
         batch = self.source.read(self.cursor, max_records)
-        productions = []
         for i, record in enumerate(batch.records):
             record.validate(f"injector {self.spec.name!r} record {i}")
-            productions.extend(self.router.fan_out(self.spec.stream, record))
+        productions = self.router.fan_out_many(self.spec.stream, batch.records)
         cp = Checkpoint(
             computation=self.node, range_id=0, token=self.token, now_us=self.clock.now_us(),
             state_writes={CURSOR_KEY: batch.cursor}, productions=productions,

@@ -8,13 +8,31 @@ range (and so the owner and token) without running user code again.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterable
 
-from millwheel.keys import KeyFn
+from millwheel.keys import KeyExtractor, KeyFn
 from millwheel.record import Record
 from millwheel.state.protocol import Production
 from millwheel.topology import Topology
 
 LOG_PREFIX = "log:"
+_IDENTITY = KeyExtractor("key").compile()
+
+_new = object.__new__
+_set_consumer = Production.__dict__["consumer"].__set__
+_set_stream = Production.__dict__["stream"].__set__
+_set_record = Production.__dict__["record"].__set__
+
+
+def production(consumer: str, stream: str, record: Record) -> Production:
+    """``Production(consumer, stream, record)``, the same frozen object, built through its
+    slots: the dataclass ``__init__`` goes through ``object.__setattr__`` per field and
+    cost twice as much, once per record on the hot path."""
+    p = _new(Production)
+    _set_consumer(p, consumer)
+    _set_stream(p, stream)
+    _set_record(p, record)
+    return p
 
 
 @dataclass(frozen=True)
@@ -33,14 +51,30 @@ class Router:
                 )
         for stream in topology.logged_streams():
             self._routes.setdefault(stream, []).append(Route(LOG_PREFIX + stream, None))
+        # (consumer, key function or None when the record keeps its key), per stream
+        self._plain: dict[str, list[tuple[str, KeyFn | None]]] = {
+            stream: [(r.consumer, None if r.key_fn in (None, _IDENTITY) else r.key_fn) for r in routes]
+            for stream, routes in self._routes.items()
+        }
 
     def fan_out(self, stream: str, record: Record) -> list[Production]:
         out = []
-        for route in self._routes.get(stream, ()):
-            if route.key_fn is None:
-                out.append(Production(route.consumer, stream, record))
+        for consumer, key_fn in self._plain.get(stream, ()):
+            if key_fn is None:
+                out.append(production(consumer, stream, record))
             else:
-                key = route.key_fn(record)
+                key = key_fn(record)
                 rec = record if key == record.key else Record(key, record.value, record.timestamp, record.record_id)
-                out.append(Production(route.consumer, stream, rec))
+                out.append(production(consumer, stream, rec))
+        return out
+
+    def fan_out_many(self, stream: str, records: Iterable[Record]) -> list[Production]:
+        """:meth:`fan_out` of each record in turn, concatenated."""
+        routes = self._plain.get(stream, ())
+        if len(routes) == 1 and routes[0][1] is None:  # one consumer, keys kept
+            consumer = routes[0][0]
+            return [production(consumer, stream, record) for record in records]
+        out: list[Production] = []
+        for record in records:
+            out.extend(self.fan_out(stream, record))
         return out
