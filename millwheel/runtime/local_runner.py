@@ -133,12 +133,12 @@ class LocalRunner:
         return [(w.outbox, w.range_id, (lambda w=w: w.token)) for w in self.workers[node]]  # type: ignore[misc]
 
     # -- step 2: send and ack ------------------------------------------------
-    def _deliver(self, productions: list[Production]) -> list[tuple[str, str]]:
-        """Hand productions to their consumers; returns the entries now safe to ack."""
+    def _deliver(self, productions: list[Production]) -> None:
+        """Hand productions to their consumers, one checkpoint per consumer range; on
+        return every one of them is checkpointed downstream (safe to ack)."""
         by_consumer: dict[str, list[Production]] = defaultdict(list)
         for p in productions:
             by_consumer[p.consumer].append(p)
-        acked: list[tuple[str, str]] = []
         for consumer, items in by_consumer.items():
             if consumer.startswith(LOG_PREFIX):
                 self.store.append_log(consumer[len(LOG_PREFIX) :], [p.record for p in items])
@@ -153,8 +153,6 @@ class LocalRunner:
                     txn = worker.process_records(records, input_wm)
                     self._commit(worker, txn)
                     self.processed += len(records)
-            acked.extend((consumer, p.record.record_id) for p in items)
-        return acked
 
     def _commit(self, worker: RangeWorker, txn: RangeTransaction) -> None:
         """Step 3; with weak productions, send first and checkpoint only what could not be
@@ -172,17 +170,29 @@ class LocalRunner:
             worker.commit(txn)
 
     def _send(self, node: str) -> int:
+        """Send ``node``'s outboxes downstream, up to ``batch_size`` entries at a time taken
+        across all its ranges, so each consumer range checkpoints them together; then
+        each producing range acks its part (fenced by its own token)."""
         sent = 0
-        for outbox, _range_id, token in self._outboxes(node):
-            while len(outbox):
-                batch = outbox.pending(self.batch_size)
-                acked = self._deliver(batch)
-                outbox.ack(token(), acked)
+        outboxes = self._outboxes(node)
+        while True:
+            parts: list[tuple[Outbox, Callable[[], int], list[Production]]] = []
+            room = self.batch_size
+            for outbox, _range_id, token in outboxes:
+                if room > 0 and len(outbox):
+                    part = outbox.pending(room)
+                    parts.append((outbox, token, part))
+                    room -= len(part)
+            if not parts:
+                return sent
+            batch = parts[0][2] if len(parts) == 1 else [p for part in parts for p in part[2]]
+            self._deliver(batch)
+            for outbox, token, part in parts:
+                outbox.ack(token(), [(p.consumer, p.record.record_id) for p in part])
                 self.crash("after_ack")
-                sent += len(batch)
-                if sent >= self.max_pending:
-                    return sent
-        return sent
+            sent += len(batch)
+            if sent >= self.max_pending:
+                return sent
 
     def _fire_timers(self, name: str) -> int:
         fired = 0
