@@ -15,6 +15,7 @@ import logging
 import secrets
 import threading
 import time
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, Iterator
 
 import grpc
@@ -22,7 +23,7 @@ import grpc
 from millwheel.clock import SystemClock
 from millwheel.errors import FencedError, InvalidSpecError, MillWheelError, NotFoundError
 from millwheel.keys import key_range
-from millwheel.record import MAX_TIMESTAMP, MIN_TIMESTAMP, Record
+from millwheel.record import MAX_TIMESTAMP, MIN_TIMESTAMP
 from millwheel.runtime.routing import Router
 from millwheel.state.protocol import StateStore
 from millwheel.topology import InjectorSpec, injector_node
@@ -30,10 +31,10 @@ from services import convert
 from services.controller_assign import Assigner
 from services.controller_registry import Registry
 from services.generated import millwheel_pb2 as pb
-from services.generated import millwheel_pb2_grpc as pb_grpc
-from services.grpc_server import channel, check, start_server
+from services.grpc_server import check, start_server
 from services.metrics import PrometheusSensors
 from services.status import UnavailableError, code_for, rpc, rpc_stream
+from services.worker_link import LinkError, PeerLink
 
 log = logging.getLogger("millwheel.controller")
 Ctx = grpc.ServicerContext
@@ -58,7 +59,7 @@ class ControllerService:
         self.assigner.sync_units(self.registry.nodes())
         self.router = Router(self.registry.topology)
         self._served: dict[str, int] = {}
-        self._worker_stubs: dict[str, pb_grpc.WorkerStub] = {}
+        self._links: dict[str, PeerLink] = {}
         self._stop = threading.Event()
         self._reaper = threading.Thread(target=self._reap_loop, name="reaper", daemon=True)
         self._reaper.start()
@@ -280,24 +281,24 @@ class ControllerService:
         """Validate one message whole, then hand it to the worker owning the injector,
         which checkpoints it into the injector's outbox (the range's only writer).
         Records without an ID get ``INJECTOR/MESSAGE/INDEX``: fixed before the first
-        attempt, so a retried hand-over is deduplicated downstream."""
-        records = [
-            convert.record_from_proto(r, f"inject message {index} record {j}", self.max_value_bytes)
-            for j, r in enumerate(msg.records)
-        ]
-        message_id = secrets.token_hex(8)
+        attempt, so a retried hand-over is deduplicated downstream. The records are
+        forwarded as they came (validated in place, not rebuilt)."""
+        missing = convert.check_records(msg.records, f"inject message {index}", self.max_value_bytes)
         batch = pb.DeliverBatch(computation=injector_node(spec.name), range_id=0,
-                                topology_version=self.registry.version, records=[
-            convert.record_to_proto(r if msg.records[j].id else Record(
-                r.key, r.value, r.timestamp, f"{spec.name}/{message_id}/{j}"))
-            for j, r in enumerate(records)
-        ])
+                                topology_version=self.registry.version)
+        batch.records.extend(msg.records)
+        if missing:
+            message_id = secrets.token_hex(8)
+            for j in missing:
+                batch.records[j].id = f"{spec.name}/{message_id}/{j}"
         if msg.HasField("watermark"):
             batch.watermark = msg.watermark
         ack = self._hand_over(injector_node(spec.name), batch)
-        return len(records), ack.watermark
+        return len(batch.records), ack.watermark
 
     def _hand_over(self, node: str, batch: pb.DeliverBatch) -> pb.DeliverAck:
+        """One batch to the owner of ``node``'s range 0 over a kept-open Deliver stream,
+        retried (to whoever owns it by then) until acked or ``inject_timeout_s``."""
         deadline = time.monotonic() + self.inject_timeout_s
         problem = "no live worker owns it yet"
         while True:
@@ -306,23 +307,31 @@ class ControllerService:
                 worker = self.assigner.workers.get(owner.worker_id or "") if owner else None
                 address = worker.address if worker is not None and worker.alive else None
             if address:
+                link = self._link(address)
+                fut = link.send(batch, wait_s=10)
                 try:
-                    ack = next(iter(self._worker_stub(address).Deliver(iter([batch]), timeout=10)))
-                    if ack.status == pb.DeliverAck.OK:
-                        return ack
-                    problem = f"worker {address}: {ack.message}"
-                except grpc.RpcError as exc:
-                    problem = f"worker {address}: {exc.code().name}: {exc.details()}"
+                    if fut is None:
+                        problem = f"worker {address}: too many injections in flight"
+                    else:
+                        ack = fut.result(timeout=10)
+                        if ack.status == pb.DeliverAck.OK:
+                            return ack  # type: ignore[no-any-return]
+                        problem = f"worker {address}: {ack.message}"
+                except LinkError as exc:
+                    problem = f"worker {address}: {exc}"
+                except FutureTimeout:
+                    link.reset("an injection is overdue")
+                    problem = f"worker {address}: no answer within 10 s"
             if time.monotonic() > deadline or self._stop.is_set():
                 raise UnavailableError(f"cannot inject into {node}: {problem}")
-            time.sleep(0.1)
+            time.sleep(0.05)
 
-    def _worker_stub(self, address: str) -> pb_grpc.WorkerStub:
+    def _link(self, address: str) -> PeerLink:
         with self.lock:
-            stub = self._worker_stubs.get(address)
-            if stub is None:
-                stub = self._worker_stubs[address] = pb_grpc.WorkerStub(channel(address))
-            return stub
+            link = self._links.get(address)
+            if link is None:
+                link = self._links[address] = PeerLink(address, 32, self.sensors)
+            return link
 
     def Inject(self, request_iterator: Iterator[Any], context: Ctx) -> pb.InjectResponse:
         """Each message is validated whole, then checkpointed into the injector's outbox

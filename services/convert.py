@@ -11,7 +11,7 @@ import json
 from typing import Any, Iterable, Mapping
 
 from millwheel.errors import InvalidSpecError, ResourceLimitError
-from millwheel.record import Record, Timer
+from millwheel.record import MAX_TIMESTAMP, MIN_TIMESTAMP, Record, Timer
 from millwheel.spec import computation_from_dict, computation_to_dict, topology_from_dict
 from millwheel.topology import ComputationSpec, InjectorSpec, Topology
 from services.generated import millwheel_pb2 as pb
@@ -100,6 +100,26 @@ def record_from_proto(msg: pb.Record, where: str, max_value_bytes: int) -> Recor
     record = Record(msg.key, bytes(msg.value), int(msg.timestamp), msg.id or "-")
     record.validate(where)
     return record
+
+
+def check_records(msgs: Iterable[pb.Record], where: str, max_value_bytes: int) -> list[int]:
+    """Validate wire records in place, as :func:`record_from_proto` does one by one but
+    without building core records (the controller only forwards them). Returns the
+    indexes of records without an ID."""
+    missing = []
+    for j, m in enumerate(msgs):
+        if not m.key:
+            raise InvalidSpecError(f"{where} record {j}: key must not be empty")
+        if len(m.value) > max_value_bytes:
+            raise ResourceLimitError(
+                f"{where} record {j}: value of key {m.key!r} is {len(m.value)} bytes, over the "
+                f"limit of {max_value_bytes} bytes"
+            )
+        if not MIN_TIMESTAMP <= m.timestamp <= MAX_TIMESTAMP:
+            raise InvalidSpecError(f"{where} record {j}: timestamp {m.timestamp} is out of range")
+        if not m.id:
+            missing.append(j)
+    return missing
 
 
 def records_from_proto(msgs: Iterable[pb.Record]) -> list[Record]:

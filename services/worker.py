@@ -304,6 +304,7 @@ class WorkerProcess:
 
     def _pump(self, owned: OwnedRange) -> int:
         moved = 0
+        planned: list[Slice] = []
         with owned.lock:
             if owned.dropped:
                 return 0
@@ -318,10 +319,23 @@ class WorkerProcess:
                     moved += 1
                 rw.expire_record_ids()
             while len(owned.slices) < self.max_slices and time.monotonic() >= owned.retry_at:
-                started = self._start(owned)
-                moved += started
-                if not started or owned.slices[-1].failed:
+                entries = owned.sendable(self.batch_size)
+                if not entries:
                     break
+                s = Slice(time.monotonic(), entries)
+                owned.slices.append(s)
+                owned.inflight.update(s.keys())
+                planned.append(s)
+        # Sent without the range's lock: deliveries into this range, injection and
+        # heartbeats go on meanwhile; only this thread finishes the slices.
+        for i, s in enumerate(planned):
+            moved += self._send(owned, s)
+            if s.failed:  # e.g. a consumer range has no owner: back off, send the rest later
+                with owned.lock:
+                    for later in planned[i + 1:]:
+                        owned.slices.remove(later)
+                        owned.inflight.difference_update(later.keys())
+                break
         return moved
 
     def _link(self, address: str) -> PeerLink:
@@ -330,57 +344,55 @@ class WorkerProcess:
             link = self.links[address] = PeerLink(address, self.max_inflight, self.sensors)
         return link
 
-    def _start(self, owned: OwnedRange) -> int:
-        """Send the next slice of the outbox: stream-log entries and consumer ranges owned
-        here are done at once, others go to their owner's link if it has room (else they
-        stay for a later slice). Returns the entries sent."""
-        entries = owned.sendable(self.batch_size)
-        if not entries:
-            return 0
+    def _send(self, owned: OwnedRange, s: Slice) -> int:
+        """Deliver a planned slice: stream-log entries and consumer ranges owned here at
+        once, others to their owner's link if it has room (else they are released for a
+        later slice). Returns the entries delivered or sent."""
         logs: dict[str, list[Production]] = defaultdict(list)
         groups: dict[Unit, list[Production]] = defaultdict(list)
-        for p in entries:
+        released: list[Production] = []
+        for p in s.entries:
             if p.consumer.startswith(LOG_PREFIX):
                 logs[p.consumer[len(LOG_PREFIX):]].append(p)
             else:
                 try:
                     ranges = self.topology.computation(p.consumer).options.key_ranges
                 except Exception:
-                    continue  # consumer unregistered: the entry stays until it is back
+                    released.append(p)  # consumer unregistered: the entry stays until it is back
+                    continue
                 groups[(p.consumer, key_range(p.record.key, ranges))].append(p)
-        done_now: list[tuple[str, str]] = []
         for stream, items in logs.items():
-            self.store.append_log(stream, [p.record for p in items])
-            done_now += [(p.consumer, p.record.record_id) for p in items]
-        remote = []
-        failed = False
+            self.store.append_log(stream, [p.record for p in items])  # idempotent by record id
+            s.done_now += [(p.consumer, p.record.record_id) for p in items]
         for (consumer, range_id), items in groups.items():
             owner = self.owners.get((consumer, range_id))
             if owner is None or not owner.worker_id:
-                failed = True
+                s.failed = True
                 continue
             records = [p.record for p in items]
             if owner.worker_id == self.worker_id:
                 ack = self.process(consumer, range_id, records)
                 if ack.status == pb.DeliverAck.OK:
-                    done_now += [(p.consumer, p.record.record_id) for p in items]
+                    s.done_now += [(p.consumer, p.record.record_id) for p in items]
                 else:
-                    failed = True
+                    s.failed = True
                 continue
             batch = pb.DeliverBatch(producer=owned.node, computation=consumer, range_id=range_id,
                                     topology_version=self.version,
                                     records=[convert.record_to_proto(r) for r in records])
             fut = self._link(owner.address).try_send(batch)
             if fut is None:
-                continue  # no room at that destination: these entries wait for a later slice
+                released += items  # no room at that destination: a later slice takes them
+                continue
             fut.add_done_callback(lambda _f: self._wake.set())
-            remote.append((fut, items, owner.address))
-        if not done_now and not remote and not failed:
-            return 0
-        s = Slice(time.monotonic(), done_now, remote, failed)
-        owned.slices.append(s)
-        owned.inflight.update(s.in_flight())
-        return len(done_now) + sum(len(items) for _, items, _ in remote) or 1
+            s.remote.append((fut, items, owner.address))
+        if released:
+            keys = {(p.consumer, p.record.record_id) for p in released}
+            with owned.lock:
+                s.entries = [p for p in s.entries if (p.consumer, p.record.record_id) not in keys]
+                owned.inflight.difference_update(keys)
+        s.sent = True
+        return len(s.done_now) + sum(len(items) for _, items, _ in s.remote)
 
     def _check_overdue(self, owned: OwnedRange) -> None:
         now = time.monotonic()
@@ -404,15 +416,15 @@ class WorkerProcess:
                 log.debug("delivery to %s failed: %s", address,
                           exc if exc is not None else fut.result().message)
         owned.slices.remove(s)
-        owned.inflight.difference_update(s.in_flight())
+        owned.inflight.difference_update(s.keys())
         if acked:
             owned.outbox.ack(owned.token, acked)
             self.crash("after_ack")
         if failed:
             owned.backoff()
-        else:
+        elif acked:
             owned.succeeded()
-        return len(acked) or 1
+        return len(acked)
 
 
 class DeliverServicer:

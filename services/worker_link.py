@@ -34,9 +34,9 @@ class LinkError(Exception):
 
 
 class PeerLink:
-    def __init__(self, address: str, max_inflight: int, sensors: PrometheusSensors) -> None:
+    def __init__(self, address: str, max_inflight: int, sensors: PrometheusSensors | None = None) -> None:
         self.address = address
-        self.sensors = sensors
+        self.sensors = sensors or PrometheusSensors("link")
         self._channel = channel(address)
         self._stub = pb_grpc.WorkerStub(self._channel)
         self._room = threading.BoundedSemaphore(max_inflight)
@@ -46,6 +46,16 @@ class PeerLink:
         self._queue: queue.Queue[Any] | None = None
         self._call: Any = None
         self._blocked_since: float | None = None
+
+    def send(self, batch: pb.DeliverBatch, wait_s: float) -> Future[Any] | None:
+        """Queue ``batch``, waiting up to ``wait_s`` for room; None if none freed up."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            fut = self.try_send(batch)
+            if fut is not None or time.monotonic() >= deadline:
+                return fut
+            if self._room.acquire(timeout=max(0.0, deadline - time.monotonic())):
+                self._room.release()
 
     def try_send(self, batch: pb.DeliverBatch) -> Future[Any] | None:
         """Queue ``batch``, or None at once if ``max_inflight`` batches are unacked (the

@@ -31,18 +31,23 @@ Entry = tuple[str, str]  # (consumer, record id): an outbox entry
 class Slice:
     """Outbox entries sent together; acked once their deliveries succeed. A range keeps
     several slices in flight (a window), so a round trip to a consumer does not stall
-    the range: entries in flight are not sent again until their slice is finished."""
+    the range: entries in a slice are not sent again until the slice is finished.
+
+    A slice is planned under the range's lock and sent outside it (local consumers
+    are processed in place, which may take a while), then finished under the lock."""
 
     started: float
-    done_now: list[Entry]  # already delivered (stream log, local consumers)
-    remote: list[tuple[Future[Any], list[Production], str]]  # (ack future, entries, address)
+    entries: list[Production]
+    done_now: list[Entry] = field(default_factory=list)  # delivered (stream log, local consumers)
+    remote: list[tuple[Future[Any], list[Production], str]] = field(default_factory=list)
     failed: bool = False
+    sent: bool = False
 
     def ready(self) -> bool:
-        return all(fut.done() for fut, _, _ in self.remote)
+        return self.sent and all(fut.done() for fut, _, _ in self.remote)
 
-    def in_flight(self) -> list[Entry]:
-        return [(p.consumer, p.record.record_id) for _, items, _ in self.remote for p in items]
+    def keys(self) -> list[Entry]:
+        return [(p.consumer, p.record.record_id) for p in self.entries]
 
 
 @dataclass
