@@ -31,6 +31,8 @@ class Windowing:
 
     def assign(self, timestamp: int) -> list[int]:
         """Start times of every window containing ``timestamp``, oldest first."""
+        if self.period_us is None:  # tumbling: exactly one
+            return [timestamp - timestamp % self.size_us]
         step = self.step
         last = timestamp - timestamp % step
         starts = []

@@ -7,6 +7,7 @@ the node's output watermark (ARCHITECTURE.md, "Low watermarks").
 
 from __future__ import annotations
 
+from itertools import islice
 from typing import Iterable, Sequence
 
 from millwheel.record import MAX_TIMESTAMP
@@ -27,26 +28,23 @@ class Outbox:
         return len(self._entries)
 
     def add(self, productions: Iterable[Production]) -> None:
+        entries = self._entries
         for p in productions:
-            self._entries[(p.consumer, p.record.record_id)] = p
+            entries[p.consumer, p.record.record_id] = p
         self._hold = None
 
     def pending(self, limit: int) -> list[Production]:
         """Up to ``limit`` entries, oldest checkpoint first."""
-        out = []
-        for p in self._entries.values():
-            out.append(p)
-            if len(out) >= limit:
-                break
-        return out
+        return list(islice(self._entries.values(), max(limit, 1)))
 
     def ack(self, token: int, acked: Sequence[tuple[str, str]]) -> None:
         """Consumers checkpointed these entries: delete them, fenced by ``token``."""
         if not acked:
             return
         self._store.ack(self._node, self._range_id, token, acked)
+        pop = self._entries.pop
         for entry in acked:
-            self._entries.pop(entry, None)
+            pop(entry, None)
         self._hold = None
 
     def hold(self) -> int:

@@ -119,16 +119,17 @@ class RangeWorker:
     def process_records(self, records: Sequence[Record], input_watermark: int) -> RangeTransaction:
         """Steps 1-2 for a batch; nothing is durable until :meth:`commit`."""
         txn = RangeTransaction(self)
-        fresh = self._dedup(records)  # 1
+        fresh, fresh_ids = self._dedup(records)  # 1
         self.crash("after_dedup")
         self.sensors.records_in(self.name, len(fresh))
-        self._prefetch(r.key for r in fresh)
+        hook = self._records_hook
+        if hook is None:
+            self._prefetch(r.key for r in fresh)
         options = self.spec.options
         late_dropped = late_routed = 0
         if self.dedup is not None:  # at-least-once remembers no IDs
-            txn.consumed_ids.extend(r.record_id for r in fresh)
+            txn.consumed_ids = fresh_ids
         txn.records_in = len(fresh)
-        hook = self._records_hook
         by_key: dict[str, list[Record]] = {}
         for record in fresh:  # 2
             is_late = record.timestamp < input_watermark
@@ -153,6 +154,7 @@ class RangeWorker:
             except Exception as exc:
                 raise self._user_error(record.key, record.record_id, exc) from exc
         if hook is not None:
+            self._prefetch(by_key)
             for key, records_of_key in by_key.items():
                 first = records_of_key[0]
                 ctx = KeyContext(txn, key, first.record_id, input_watermark,
@@ -174,20 +176,25 @@ class RangeWorker:
             f"{record_id}: {exc.__class__.__name__}: {exc}"
         )
 
-    def _dedup(self, records: Sequence[Record]) -> list[Record]:
+    def _dedup(self, records: Sequence[Record]) -> tuple[list[Record], list[str]]:
+        """The records not consumed before nor repeated in the batch, and their IDs."""
+        ids = [r.record_id for r in records]
         if self.dedup is None:
-            return list(records)
-        seen = self.dedup.seen([r.record_id for r in records])
+            return list(records), ids
+        seen = self.dedup.seen(ids)
+        if not seen and len(set(ids)) == len(ids):  # the usual case: all new
+            return list(records), ids
         fresh: list[Record] = []
+        fresh_ids: list[str] = []
         batch_ids: set[str] = set()
         for record in records:
             if record.record_id in seen or record.record_id in batch_ids:
                 continue
             batch_ids.add(record.record_id)
             fresh.append(record)
-        if len(fresh) != len(records):
-            self.sensors.duplicates_dropped(self.name, len(records) - len(fresh))
-        return fresh
+            fresh_ids.append(record.record_id)
+        self.sensors.duplicates_dropped(self.name, len(records) - len(fresh))
+        return fresh, fresh_ids
 
     def _route_late(self, txn: RangeTransaction, record: Record) -> None:
         stream = self.spec.options.late_stream
