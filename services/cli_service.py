@@ -53,6 +53,9 @@ def add_commands(sub: Any) -> None:
                      help="a worker silent this long is dead and its ranges move (default 3)")
     ctl.add_argument("--max-value-bytes", type=int, default=1024 * 1024,
                      help="largest record value Inject accepts (default 1 MiB)")
+    ctl.add_argument("--inject-wait", type=float, default=10.0, metavar="SECONDS",
+                     help="how long Inject holds a message while the injector's outbox is full "
+                          "before answering RESOURCE_EXHAUSTED with a retry hint (default 10)")
     ctl.set_defaults(func=cmd_controller)
 
     wk = sub.add_parser("worker", help="run a worker",
@@ -68,6 +71,9 @@ def add_commands(sub: Any) -> None:
     wk.add_argument("--batch-size", type=int, default=5000, help="records per delivered batch")
     wk.add_argument("--max-inflight", type=int, default=8,
                     help="unacked batches per destination before senders wait (backpressure)")
+    wk.add_argument("--max-injector-outbox", type=int, default=50_000, metavar="N",
+                    help="an injector's outbox holding N records refuses more until it drains: "
+                         "Inject waits, then answers RESOURCE_EXHAUSTED (default 50000)")
     wk.add_argument("--heartbeat", type=float, default=0.1, metavar="SECONDS",
                     help="heartbeat interval (default 0.1)")
     wk.add_argument("--delivery-timeout", type=float, default=5.0, metavar="SECONDS",
@@ -199,7 +205,8 @@ def cmd_controller(args: argparse.Namespace) -> int:
     _logging(args.log_level)
     server, port, mport, service = serve(
         args.store, args.host, args.port, None if args.metrics_port < 0 else args.metrics_port,
-        heartbeat_timeout_s=args.heartbeat_timeout, max_value_bytes=args.max_value_bytes)
+        heartbeat_timeout_s=args.heartbeat_timeout, max_value_bytes=args.max_value_bytes,
+        inject_wait_s=args.inject_wait)
     print(f"millwheel controller listening on {args.host}:{port} (metrics port {mport}, "
           f"store {args.store})", file=sys.stderr, flush=True)
     _wait_for_signal()
@@ -218,6 +225,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         host=args.host, port=args.port, advertise=args.advertise,
         metrics_port=None if args.metrics_port < 0 else args.metrics_port,
         worker_id=args.worker_id, batch_size=args.batch_size, max_inflight=args.max_inflight,
+        max_injector_outbox=args.max_injector_outbox,
         heartbeat_s=args.heartbeat, delivery_timeout_s=args.delivery_timeout)
     print(f"millwheel worker {worker.worker_id} listening on {worker.address} (metrics port "
           f"{worker.metrics_port})", file=sys.stderr, flush=True)

@@ -8,12 +8,14 @@ error whether the failure was local or remote.
 from __future__ import annotations
 
 import os
+import random
+import time
 from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 import grpc
 
 from millwheel.errors import MillWheelError
-from millwheel.record import Record
+from millwheel.record import MIN_TIMESTAMP, Record
 from services.generated import millwheel_pb2 as pb
 from services.generated import millwheel_pb2_grpc as pb_grpc
 from services.grpc_server import channel
@@ -35,6 +37,7 @@ class ControllerClient:
         self.timeout_s = timeout_s
         self._channel = channel(self.address)
         self.stub = pb_grpc.ControllerStub(self._channel)
+        self.busy_retries = 0  # Inject calls resent after a backpressure refusal
 
     def close(self) -> None:
         self._channel.close()
@@ -97,24 +100,58 @@ class ControllerClient:
         return self.call(lambda: self.stub.ClusterStatus(pb.ClusterStatusRequest(),
                                                          timeout=self.timeout_s))
 
-    def inject(self, messages: Iterable[pb.InjectRequest]) -> pb.InjectResponse:
-        """Stream ``messages``; an error raised while producing them (a bad input line)
-        is raised as itself, not as gRPC's "Exception iterating requests"."""
-        failed: list[BaseException] = []
+    def inject(self, messages: Iterable[pb.InjectRequest], *, busy_retry_s: float = 600.0,
+               messages_per_call: int = 64) -> pb.InjectResponse:
+        """Stream ``messages`` in calls of up to ``messages_per_call`` messages.
 
-        def guarded() -> Iterator[pb.InjectRequest]:
+        A call refused for backpressure (RESOURCE_EXHAUSTED with a ``retry-after-ms``
+        hint: the injector's outbox is full) is resent from its first message not yet
+        accepted, after the hint grown exponentially with jitter, for up to
+        ``busy_retry_s``; nothing is lost or sent twice. An error raised while producing
+        the messages (a bad input line) is raised as itself, after the messages before
+        it were sent."""
+        accepted = 0
+        watermark = MIN_TIMESTAMP
+        it = iter(messages)
+        while True:
+            chunk: list[pb.InjectRequest] = []
+            failed: BaseException | None = None
             try:
-                yield from messages
-            except BaseException as exc:
-                failed.append(exc)
-                raise
+                for msg in it:
+                    chunk.append(msg)
+                    if len(chunk) >= messages_per_call:
+                        break
+            except Exception as exc:
+                failed = exc
+            if chunk:
+                resp = self._inject_call(chunk, busy_retry_s)
+                accepted += resp.accepted
+                watermark = resp.watermark
+            if failed is not None:
+                raise failed
+            if len(chunk) < messages_per_call:
+                return pb.InjectResponse(accepted=accepted, watermark=watermark)
 
-        try:
-            return self.stub.Inject(guarded(), timeout=None)
-        except grpc.RpcError as exc:
-            if failed:
-                raise failed[0] from None
-            raise self.error(exc) from None
+    def _inject_call(self, chunk: list[pb.InjectRequest], busy_retry_s: float) -> pb.InjectResponse:
+        deadline = time.monotonic() + busy_retry_s
+        accepted = 0
+        attempt = 0
+        while True:
+            try:
+                resp = self.stub.Inject(iter(chunk), timeout=None)
+                return pb.InjectResponse(accepted=accepted + resp.accepted, watermark=resp.watermark)
+            except grpc.RpcError as exc:
+                meta = dict(exc.trailing_metadata() or ())
+                hint = meta.get("retry-after-ms")
+                if exc.code() != grpc.StatusCode.RESOURCE_EXHAUSTED or hint is None \
+                        or time.monotonic() > deadline:
+                    raise self.error(exc) from None
+                done = int(meta.get("accepted-messages", "0"))
+                accepted += sum(len(m.records) for m in chunk[:done])
+                chunk = chunk[done:]
+                attempt = 0 if done else attempt + 1
+                self.busy_retries += 1
+                time.sleep(min(10.0, int(hint) / 1000 * 2 ** min(attempt, 4)) * random.uniform(0.5, 1.0))
 
     def subscribe(self, stream: str, after_seq: int = 0, follow: bool = False
                   ) -> Iterator[tuple[int, Record]]:

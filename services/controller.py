@@ -12,6 +12,7 @@ minimum per node and never lets a served value go backwards.
 from __future__ import annotations
 
 import logging
+import random
 import secrets
 import threading
 import time
@@ -33,22 +34,24 @@ from services.controller_registry import Registry
 from services.generated import millwheel_pb2 as pb
 from services.grpc_server import check, start_server
 from services.metrics import PrometheusSensors
-from services.status import UnavailableError, code_for, rpc, rpc_stream
+from services.status import BusyError, UnavailableError, code_for, rpc, rpc_stream
 from services.worker_link import LinkError, PeerLink
 
 log = logging.getLogger("millwheel.controller")
 Ctx = grpc.ServicerContext
 
 DEFAULT_MAX_VALUE_BYTES = 1024 * 1024
+BUSY_RETRY_MS = 500  # the retry hint of an Inject refused for backpressure
 
 
 class ControllerService:
     def __init__(
         self, store: StateStore, *, heartbeat_timeout_s: float = 3.0,
         max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES, sensors: PrometheusSensors | None = None,
-        inject_timeout_s: float = 15.0,
+        inject_timeout_s: float = 15.0, inject_wait_s: float = 10.0,
     ) -> None:
         self.inject_timeout_s = inject_timeout_s
+        self.inject_wait_s = inject_wait_s
         self.store = store
         self.clock = SystemClock()
         self.sensors = sensors
@@ -301,6 +304,8 @@ class ControllerService:
         retried (to whoever owns it by then) until acked or ``inject_timeout_s``."""
         deadline = time.monotonic() + self.inject_timeout_s
         problem = "no live worker owns it yet"
+        busy_since: float | None = None
+        busy_waits = 0
         while True:
             with self.lock:
                 owner = self.assigner.units.get((node, 0))
@@ -315,7 +320,22 @@ class ControllerService:
                     else:
                         ack = fut.result(timeout=10)
                         if ack.status == pb.DeliverAck.OK:
+                            if busy_since is not None and self.sensors is not None:
+                                self.sensors.backpressure(node, time.monotonic() - busy_since)
                             return ack  # type: ignore[no-any-return]
+                        if ack.status == pb.DeliverAck.BUSY:
+                            # Backpressure: hold the message (and so the client's stream)
+                            # until the outbox drains, then give up with a retry hint.
+                            now = time.monotonic()
+                            busy_since = now if busy_since is None else busy_since
+                            if now - busy_since >= self.inject_wait_s or self._stop.is_set():
+                                if self.sensors is not None:
+                                    self.sensors.backpressure(node, now - busy_since)
+                                raise BusyError(f"{ack.message}; retry later", BUSY_RETRY_MS)
+                            busy_waits += 1
+                            time.sleep(min(0.2, 0.005 * 2 ** min(busy_waits, 6)) * random.uniform(0.5, 1.0))
+                            deadline = time.monotonic() + self.inject_timeout_s
+                            continue
                         problem = f"worker {address}: {ack.message}"
                 except LinkError as exc:
                     problem = f"worker {address}: {exc}"
@@ -337,6 +357,7 @@ class ControllerService:
         """Each message is validated whole, then checkpointed into the injector's outbox
         before the next is read: what is acked is durable, a bad message adds nothing."""
         accepted = 0
+        messages = 0
         wm = MIN_TIMESTAMP
         try:
             for index, msg in enumerate(request_iterator):
@@ -344,8 +365,12 @@ class ControllerService:
                 spec = self._injector_for(msg, index)
                 n, wm = self._inject_one(spec, msg, index)
                 accepted += n
+                messages += 1
         except MillWheelError as exc:
             note = f" ({accepted} records of earlier messages were accepted)" if accepted else ""
+            if isinstance(exc, BusyError):
+                context.set_trailing_metadata((("retry-after-ms", str(exc.retry_after_ms)),
+                                               ("accepted-messages", str(messages))))
             context.abort(code_for(exc), f"{exc}{note}")
         return pb.InjectResponse(accepted=accepted, watermark=wm)
 
@@ -405,6 +430,7 @@ class ControllerService:
 def serve(
     store_url: str, host: str = "127.0.0.1", port: int = 7070, metrics_port: int | None = 0,
     heartbeat_timeout_s: float = 3.0, max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
+    inject_wait_s: float = 10.0,
 ) -> tuple[grpc.Server, int, int, ControllerService]:
     """Start a controller; returns (server, port, metrics port or 0, service)."""
     from millwheel.state import open_store
@@ -412,7 +438,8 @@ def serve(
     store = open_store(store_url)
     sensors = PrometheusSensors("controller")
     service = ControllerService(store, heartbeat_timeout_s=heartbeat_timeout_s,
-                                max_value_bytes=max_value_bytes, sensors=sensors)
+                                max_value_bytes=max_value_bytes, sensors=sensors,
+                                inject_wait_s=inject_wait_s)
     server, bound, _health = start_server(f"{host}:{port}", {"Controller": service}, max_workers=32)
     mport = sensors.serve(host, metrics_port) if metrics_port is not None else 0
     log.info("controller listening on %s:%d (store %s, metrics port %d)", host, bound, store_url, mport)

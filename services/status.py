@@ -35,6 +35,14 @@ class UnavailableError(MillWheelError):
     """A process the request needs cannot be reached (yet); retrying may succeed."""
 
 
+class BusyError(ResourceLimitError):
+    """The injector's outbox is full: retry after ``retry_after_ms`` (backpressure)."""
+
+    def __init__(self, message: str, retry_after_ms: int) -> None:
+        super().__init__(message)
+        self.retry_after_ms = retry_after_ms
+
+
 CODES: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (InvalidSpecError, grpc.StatusCode.INVALID_ARGUMENT),
     (NotFoundError, grpc.StatusCode.NOT_FOUND),

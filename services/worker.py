@@ -64,8 +64,9 @@ class WorkerProcess:
     def __init__(
         self, controller: str, store_url: str, *, host: str = "127.0.0.1", port: int = 0,
         metrics_port: int | None = 0, worker_id: str | None = None, advertise: str | None = None,
-        batch_size: int = 500,
-        max_inflight: int = 8, max_slices: int = 4, heartbeat_s: float = 0.1, delivery_timeout_s: float = 5.0,
+        batch_size: int = 5000,
+        max_inflight: int = 8, max_slices: int = 4, max_injector_outbox: int = 50_000,
+        heartbeat_s: float = 0.1, delivery_timeout_s: float = 5.0,
     ) -> None:
         self.store = open_store(store_url)
         self.sensors = PrometheusSensors("worker")
@@ -74,6 +75,7 @@ class WorkerProcess:
         self.batch_size = batch_size
         self.max_inflight = max_inflight
         self.max_slices = max_slices
+        self.max_injector_outbox = max_injector_outbox
         self._wake = threading.Event()
         self.heartbeat_s = heartbeat_s
         self.delivery_timeout_s = delivery_timeout_s
@@ -244,6 +246,13 @@ class WorkerProcess:
         with owned.lock:
             if owned.dropped:
                 return pb.DeliverAck(status=pb.DeliverAck.NOT_OWNER, message="range moved")
+            assert owned.outbox is not None
+            if len(owned.outbox) >= self.max_injector_outbox:
+                # Backpressure: the pipeline drains this outbox slower than it fills.
+                return pb.DeliverAck(
+                    status=pb.DeliverAck.BUSY, watermark=owned.injector_wm,
+                    message=f"injector {name!r} is busy: {len(owned.outbox)} records wait in its "
+                            f"outbox (limit {self.max_injector_outbox})")
             try:
                 owned.inject(records, watermark, self.router, stream, self.clock.now_us())
             except FencedError as exc:
