@@ -10,7 +10,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Iterator, Sequence
 
 from millwheel.errors import InvalidSpecError
-from millwheel.record import Record, TimeDomain, Timer, derive_record_id
+from millwheel.record import MAX_TIMESTAMP, MIN_TIMESTAMP, Record, TimeDomain, Timer, derive_record_id
+from millwheel.runtime.routing import record_of
 from millwheel.state.protocol import Checkpoint, Production
 
 if TYPE_CHECKING:
@@ -110,8 +111,10 @@ class KeyContext:
                 f"computation {worker.name!r} produced to {stream!r}, which is not one of its "
                 f"output streams {sorted(worker.outputs)}"
             )
-        record = Record(key, value, timestamp, derive_record_id(worker.name, self._cause, self._produced))
-        record.validate(f"computation {worker.name!r} production to {stream!r}")
+        record = record_of(key, value, timestamp, derive_record_id(worker.name, self._cause, self._produced))
+        if not (type(key) is str and type(value) is bytes and type(timestamp) is int
+                and MIN_TIMESTAMP <= timestamp <= MAX_TIMESTAMP):  # else say what is wrong
+            record.validate(f"computation {worker.name!r} production to {stream!r}")
         self._produced += 1
         self._txn.records_out += 1
         self._txn.productions.extend(worker.router.fan_out(stream, record))

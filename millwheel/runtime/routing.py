@@ -24,6 +24,23 @@ _set_stream = Production.__dict__["stream"].__set__
 _set_record = Production.__dict__["record"].__set__
 
 
+_set_key = Record.__dict__["key"].__set__
+_set_value = Record.__dict__["value"].__set__
+_set_timestamp = Record.__dict__["timestamp"].__set__
+_set_record_id = Record.__dict__["record_id"].__set__
+
+
+def record_of(key: str, value: bytes, timestamp: int, record_id: str) -> Record:
+    """``Record(key, value, timestamp, record_id)`` built through its slots, as
+    :func:`production` (no validation: callers validate)."""
+    r = _new(Record)
+    _set_key(r, key)
+    _set_value(r, value)
+    _set_timestamp(r, timestamp)
+    _set_record_id(r, record_id)
+    return r
+
+
 def production(consumer: str, stream: str, record: Record) -> Production:
     """``Production(consumer, stream, record)``, the same frozen object, built through its
     slots: the dataclass ``__init__`` goes through ``object.__setattr__`` per field and
@@ -64,7 +81,7 @@ class Router:
                 out.append(production(consumer, stream, record))
             else:
                 key = key_fn(record)
-                rec = record if key == record.key else Record(key, record.value, record.timestamp, record.record_id)
+                rec = record if key == record.key else record_of(key, record.value, record.timestamp, record.record_id)
                 out.append(production(consumer, stream, rec))
         return out
 

@@ -1,10 +1,18 @@
 """Fan-out addresses one production per consumer (and the log), re-keyed per consumer;
-the batch form is the per-record form concatenated."""
+the batch form is the per-record form concatenated; produce checks what it builds."""
 
+import pytest
+
+from millwheel.clock import ManualClock
+from millwheel.computation import Computation, Context
+from millwheel.errors import UserCodeError
 from millwheel.keys import KeyExtractor
-from millwheel.record import Record
+from millwheel.record import Record, derive_record_id
+from millwheel.runtime.range_worker import RangeWorker
 from millwheel.runtime.routing import Router, production
+from millwheel.sensors import CountingSensors
 from millwheel.state.protocol import Production
+from millwheel.state.sqlite_store import SQLiteStore
 from millwheel.topology import CodeRef, ComputationSpec, InjectorSpec, InputSpec, Options, Topology
 
 
@@ -33,3 +41,29 @@ def test_production_helper_builds_the_same_frozen_value() -> None:
     p = production("c", "s", rec)
     assert p == Production("c", "s", rec) and hash(p) == hash(Production("c", "s", rec))
     assert type(p) is Production
+
+
+class _Produces(Computation):
+    def __init__(self, value: object, ts: object = 5) -> None:
+        self.value, self.ts = value, ts
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        ctx.produce("x", ctx.key, self.value, self.ts)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("value,ts,message", [
+    ("text", 5, "value must be bytes"), (b"ok", True, "timestamp must be integer"),
+    (b"ok", 2**63, "out of range"), (b"ok", 5, None),
+])
+def test_produce_checks_the_record_it_builds(
+    sqlite_store: SQLiteStore, value: object, ts: object, message: str | None
+) -> None:
+    spec = ComputationSpec("a", (InputSpec("s"),), ("x",), CodeRef("x:Y"), Options(key_ranges=1))
+    topo = Topology((spec,), (InjectorSpec("i", "s"),))
+    worker = RangeWorker(spec, 0, sqlite_store, _Produces(value, ts), Router(topo), ManualClock(1), CountingSensors())
+    if message is None:
+        txn = worker.process_records([Record("k", b"", 1, "r1")], 0)
+        assert [p.record for p in txn.productions] == [Record("k", b"ok", 5, derive_record_id("a", "r1", 0))]
+        return
+    with pytest.raises(UserCodeError, match=f"production to 'x'.*{message}"):
+        worker.process_records([Record("k", b"", 1, "r1")], 0)
