@@ -74,6 +74,9 @@ def add_commands(sub: Any) -> None:
     wk.add_argument("--max-injector-outbox", type=int, default=50_000, metavar="N",
                     help="an injector's outbox holding N records refuses more until it drains: "
                          "Inject waits, then answers RESOURCE_EXHAUSTED (default 50000)")
+    wk.add_argument("--weak-wait", type=float, default=1.0, metavar="SECONDS",
+                    help="weak productions: outputs not acked downstream within this time are "
+                         "checkpointed and resent later (default 1)")
     wk.add_argument("--heartbeat", type=float, default=0.1, metavar="SECONDS",
                     help="heartbeat interval (default 0.1)")
     wk.add_argument("--delivery-timeout", type=float, default=5.0, metavar="SECONDS",
@@ -225,7 +228,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         host=args.host, port=args.port, advertise=args.advertise,
         metrics_port=None if args.metrics_port < 0 else args.metrics_port,
         worker_id=args.worker_id, batch_size=args.batch_size, max_inflight=args.max_inflight,
-        max_injector_outbox=args.max_injector_outbox,
+        max_injector_outbox=args.max_injector_outbox, weak_wait_s=args.weak_wait,
         heartbeat_s=args.heartbeat, delivery_timeout_s=args.delivery_timeout)
     print(f"millwheel worker {worker.worker_id} listening on {worker.address} (metrics port "
           f"{worker.metrics_port})", file=sys.stderr, flush=True)

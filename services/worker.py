@@ -35,12 +35,13 @@ from millwheel.errors import FencedError
 from millwheel.keys import key_range
 from millwheel.operators import build_computation
 from millwheel.record import MIN_TIMESTAMP, Record
+from millwheel.runtime.context import RangeTransaction
 from millwheel.runtime.crash import crash_hook_from_env
 from millwheel.runtime.range_worker import RangeWorker
 from millwheel.runtime.routing import LOG_PREFIX, Router
 from millwheel.state import open_store
 from millwheel.state.protocol import Production
-from millwheel.topology import Topology
+from millwheel.topology import Productions, Topology
 from services import convert
 from services.generated import millwheel_pb2 as pb
 from services.generated import millwheel_pb2_grpc as pb_grpc
@@ -66,7 +67,7 @@ class WorkerProcess:
         metrics_port: int | None = 0, worker_id: str | None = None, advertise: str | None = None,
         batch_size: int = 5000,
         max_inflight: int = 8, max_slices: int = 4, max_injector_outbox: int = 50_000,
-        heartbeat_s: float = 0.1, delivery_timeout_s: float = 5.0,
+        heartbeat_s: float = 0.1, delivery_timeout_s: float = 5.0, weak_wait_s: float = 1.0,
     ) -> None:
         self.store = open_store(store_url)
         self.sensors = PrometheusSensors("worker")
@@ -76,6 +77,7 @@ class WorkerProcess:
         self.max_inflight = max_inflight
         self.max_slices = max_slices
         self.max_injector_outbox = max_injector_outbox
+        self.weak_wait_s = weak_wait_s
         self._wake = threading.Event()
         self.heartbeat_s = heartbeat_s
         self.delivery_timeout_s = delivery_timeout_s
@@ -262,6 +264,51 @@ class WorkerProcess:
             self._wake.set()
             return pb.DeliverAck(status=pb.DeliverAck.OK, watermark=owned.injector_wm)
 
+    def _commit(self, owned: OwnedRange, txn: RangeTransaction) -> None:
+        """Step 3. With weak productions the outputs are sent first and only those not
+        acked within ``weak_wait_s`` are checkpointed (into the outbox, resent by the
+        pump); the caller holds the range's lock throughout, so the range's watermark
+        report waits until the outputs are delivered or checkpointed. A crash before
+        the checkpoint makes the sender resend the input: the code runs again and its
+        outputs, under the same derived IDs, are dropped downstream as duplicates."""
+        rw = owned.worker
+        assert rw is not None
+        if txn.productions and rw.spec.options.productions is Productions.WEAK:
+            txn.productions = self._deliver_weak(owned.node, txn.productions)
+            self.crash("after_weak_send")
+        rw.commit(txn)
+
+    def _deliver_weak(self, producer: str, productions: list[Production]) -> list[Production]:
+        """Deliver ``productions`` now; returns those not acked in time (to checkpoint)."""
+        logs, groups, slow = self._route(productions)
+        for stream, items in logs.items():
+            self.store.append_log(stream, [p.record for p in items])
+        waiting = []
+        deadline = time.monotonic() + self.weak_wait_s
+        for (consumer, range_id), items in groups.items():
+            owner = self.owners.get((consumer, range_id))
+            if owner is None or not owner.worker_id:
+                slow += items
+            elif owner.worker_id == self.worker_id:
+                ack = self.process(consumer, range_id, [p.record for p in items])
+                if ack.status != pb.DeliverAck.OK:
+                    slow += items
+            else:
+                batch = self._batch(producer, consumer, range_id, items)
+                fut = self._link(owner.address).send(batch, max(0.0, deadline - time.monotonic()))
+                if fut is None:
+                    slow += items
+                else:
+                    waiting.append((fut, items))
+        for fut, items in waiting:
+            try:
+                ack = fut.result(timeout=max(0.0, deadline - time.monotonic()))
+                if ack.status != pb.DeliverAck.OK:
+                    slow += items
+            except Exception:  # a timeout or a broken link: slow to be acked
+                slow += items
+        return slow
+
     def process(self, computation: str, range_id: int, records: list[Record]) -> pb.DeliverAck:
         """Steps 1-3 for a batch addressed to one of our ranges; the ack is step 4."""
         owned = self.units.get((computation, range_id))
@@ -274,7 +321,7 @@ class WorkerProcess:
             rw = owned.worker
             try:
                 txn = rw.process_records(records, self.input_wms.get(computation, MIN_TIMESTAMP))
-                rw.commit(txn)
+                self._commit(owned, txn)
             except FencedError as exc:
                 self._fenced(owned, exc)
                 return pb.DeliverAck(status=pb.DeliverAck.NOT_OWNER, message=str(exc))
@@ -324,7 +371,7 @@ class WorkerProcess:
             if rw is not None:
                 txn = rw.fire_timers(self.input_wms.get(owned.node, MIN_TIMESTAMP))
                 if txn is not None:
-                    rw.commit(txn)
+                    self._commit(owned, txn)
                     moved += 1
                 rw.expire_record_ids()
             while len(owned.slices) < self.max_slices and time.monotonic() >= owned.retry_at:
@@ -353,23 +400,36 @@ class WorkerProcess:
             link = self.links[address] = PeerLink(address, self.max_inflight, self.sensors)
         return link
 
-    def _send(self, owned: OwnedRange, s: Slice) -> int:
-        """Deliver a planned slice: stream-log entries and consumer ranges owned here at
-        once, others to their owner's link if it has room (else they are released for a
-        later slice). Returns the entries delivered or sent."""
+    def _route(self, entries: list[Production]
+               ) -> tuple[dict[str, list[Production]], dict[Unit, list[Production]], list[Production]]:
+        """(stream-log entries by stream, entries by consumer range, entries of consumers
+        not registered here: they stay until the consumer is back)."""
         logs: dict[str, list[Production]] = defaultdict(list)
         groups: dict[Unit, list[Production]] = defaultdict(list)
-        released: list[Production] = []
-        for p in s.entries:
+        unknown: list[Production] = []
+        for p in entries:
             if p.consumer.startswith(LOG_PREFIX):
                 logs[p.consumer[len(LOG_PREFIX):]].append(p)
             else:
                 try:
                     ranges = self.topology.computation(p.consumer).options.key_ranges
                 except Exception:
-                    released.append(p)  # consumer unregistered: the entry stays until it is back
+                    unknown.append(p)
                     continue
                 groups[(p.consumer, key_range(p.record.key, ranges))].append(p)
+        return logs, groups, unknown
+
+    def _batch(self, producer: str, consumer: str, range_id: int, items: list[Production]
+               ) -> pb.DeliverBatch:
+        return pb.DeliverBatch(producer=producer, computation=consumer, range_id=range_id,
+                               topology_version=self.version,
+                               records=[convert.record_to_proto(p.record) for p in items])
+
+    def _send(self, owned: OwnedRange, s: Slice) -> int:
+        """Deliver a planned slice: stream-log entries and consumer ranges owned here at
+        once, others to their owner's link if it has room (else they are released for a
+        later slice). Returns the entries delivered or sent."""
+        logs, groups, released = self._route(s.entries)
         for stream, items in logs.items():
             self.store.append_log(stream, [p.record for p in items])  # idempotent by record id
             s.done_now += [(p.consumer, p.record.record_id) for p in items]
@@ -378,18 +438,14 @@ class WorkerProcess:
             if owner is None or not owner.worker_id:
                 s.failed = True
                 continue
-            records = [p.record for p in items]
             if owner.worker_id == self.worker_id:
-                ack = self.process(consumer, range_id, records)
+                ack = self.process(consumer, range_id, [p.record for p in items])
                 if ack.status == pb.DeliverAck.OK:
                     s.done_now += [(p.consumer, p.record.record_id) for p in items]
                 else:
                     s.failed = True
                 continue
-            batch = pb.DeliverBatch(producer=owned.node, computation=consumer, range_id=range_id,
-                                    topology_version=self.version,
-                                    records=[convert.record_to_proto(r) for r in records])
-            fut = self._link(owner.address).try_send(batch)
+            fut = self._link(owner.address).try_send(self._batch(owned.node, consumer, range_id, items))
             if fut is None:
                 released += items  # no room at that destination: a later slice takes them
                 continue

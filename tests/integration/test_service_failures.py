@@ -16,6 +16,7 @@ from typing import Callable
 
 import pytest
 
+from millwheel.topology import Topology
 from services.generated import millwheel_pb2 as pb
 from services.generated import millwheel_pb2_grpc as pb_grpc
 from services.grpc_server import channel
@@ -56,10 +57,11 @@ def redis_cluster(tmp_path: Path):
         redis.stop()
 
 
-def run_pipeline(cluster: Cluster, tmp_path: Path, fault: Callable[[], None]) -> WatermarkMonitor:
+def run_pipeline(cluster: Cluster, tmp_path: Path, fault: Callable[[], None],
+                 topology: Topology | None = None) -> WatermarkMonitor:
     """Register the pipeline, inject with ``fault`` mid-stream, wait for the end, and
     compare every sink with the failure-free run."""
-    topology = pipelines.topology(key_ranges=3)
+    topology = topology or pipelines.topology(key_ranges=3)
     records = pipelines.workload(n=1200)
     cluster.register(topology)
     cluster.wait_balanced()
