@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Iterator, Sequence
 
 from millwheel.errors import InvalidSpecError
-from millwheel.record import MAX_TIMESTAMP, MIN_TIMESTAMP, Record, TimeDomain, Timer, derive_record_id
+from millwheel.record import Record, TimeDomain, Timer, derive_record_id, well_formed
 from millwheel.runtime.routing import record_of
 from millwheel.state.protocol import Checkpoint, Production
 
@@ -112,8 +112,7 @@ class KeyContext:
                 f"output streams {sorted(worker.outputs)}"
             )
         record = record_of(key, value, timestamp, derive_record_id(worker.name, self._cause, self._produced))
-        if not (type(key) is str and type(value) is bytes and type(timestamp) is int
-                and MIN_TIMESTAMP <= timestamp <= MAX_TIMESTAMP):  # else say what is wrong
+        if not well_formed(key, value, timestamp, record.record_id):  # else say what is wrong
             record.validate(f"computation {worker.name!r} production to {stream!r}")
         self._produced += 1
         self._txn.records_out += 1

@@ -9,7 +9,7 @@ consumers drop the repeats.
 from __future__ import annotations
 
 from millwheel.clock import Clock
-from millwheel.record import MIN_TIMESTAMP
+from millwheel.record import MIN_TIMESTAMP, well_formed
 from millwheel.runtime.outbox import Outbox
 from millwheel.runtime.range_worker import CrashHook, no_crash
 from millwheel.runtime.routing import Router
@@ -45,7 +45,8 @@ class InjectorWorker:
             return 0
         batch = self.source.read(self.cursor, max_records)
         for i, record in enumerate(batch.records):
-            record.validate(f"injector {self.spec.name!r} record {i}")
+            if not well_formed(record.key, record.value, record.timestamp, record.record_id):
+                record.validate(f"injector {self.spec.name!r} record {i}")  # says what is wrong
         productions = self.router.fan_out_many(self.spec.stream, batch.records)
         cp = Checkpoint(
             computation=self.node, range_id=0, token=self.token, now_us=self.clock.now_us(),

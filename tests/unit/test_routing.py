@@ -5,9 +5,9 @@ import pytest
 
 from millwheel.clock import ManualClock
 from millwheel.computation import Computation, Context
-from millwheel.errors import UserCodeError
+from millwheel.errors import InvalidSpecError, UserCodeError
 from millwheel.keys import KeyExtractor
-from millwheel.record import Record, derive_record_id
+from millwheel.record import Record, derive_record_id, well_formed
 from millwheel.runtime.range_worker import RangeWorker
 from millwheel.runtime.routing import Router, production
 from millwheel.sensors import CountingSensors
@@ -67,3 +67,16 @@ def test_produce_checks_the_record_it_builds(
         return
     with pytest.raises(UserCodeError, match=f"production to 'x'.*{message}"):
         worker.process_records([Record("k", b"", 1, "r1")], 0)
+
+
+@pytest.mark.parametrize("fields", [
+    ("k", b"v", 1, "r"), ("", b"", -(2**62), "r"), (1, b"v", 1, "r"), ("k", "v", 1, "r"), ("k", b"v", True, "r"),
+    ("k", b"v", 1.0, "r"), ("k", b"v", 2**62 + 1, "r"), ("k", b"v", 1, ""), ("k", bytearray(b"v"), 1, "r"),
+])
+def test_well_formed_agrees_with_validate(fields: tuple[object, object, object, object]) -> None:
+    try:
+        Record(*fields).validate()  # type: ignore[arg-type]
+        valid = True
+    except InvalidSpecError:
+        valid = False
+    assert well_formed(*fields) == valid
