@@ -17,7 +17,7 @@ from pathlib import Path
 
 from bench import report, suite
 
-SECTIONS = ("limits", "throughput", "latency", "recovery", "peer")
+SECTIONS = ("limits", "throughput", "latency", "recovery", "service", "peer")
 RESULTS = Path(__file__).resolve().parent / "results"
 
 DESCRIPTION = """\
@@ -34,6 +34,9 @@ Sections (all by default, in this order; latency uses throughput's figures):
               window-result latency, watermark lag added per node
   recovery    kill -9 of a `millwheel run` process at 50% load: time to first
               record and to steady lag; output still exact
+  service     the three-stage pipeline across `millwheel up --workers 2` (SQLite,
+              Redis AOF everysec): backlog through Inject to Subscribe, and
+              window-result latency at 50% of that rate
   peer        Bytewax's keyed windowed count, its recovery off and on
 
 --quick takes under 3 minutes (20k-record cases, a reduced matrix); the full run
@@ -107,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / f"{stem}.md").write_text(md)
     print(md)
     print(f"wrote {args.out / stem}.json and .md in {meta['duration_s']:.0f} s", file=sys.stderr)
-    wrong = [e for sec in ("throughput", "latency", "recovery") for e in results[sec]
+    wrong = [e for sec in ("throughput", "latency", "recovery", "service") for e in results.get(sec, [])
              if "result" in e and not e["result"]["correct"]["ok"]]
     return 1 if wrong else 0
 

@@ -67,6 +67,8 @@ def ratios_and_targets(res: dict[str, Any]) -> tuple[dict[str, Any], list[dict[s
         _target("single stage, EO+strong, Redis AOF, 50% load: record latency p95 <= 20 ms",
                 lat["record_latency_ms"]["p95"] if lat else None, 20.0, "ms", lower=True),
         _target("three stages, EO on: >= 15,000 records/s (best store)", best_three, 15_000, "rec/s"),
+        _target("three stages, EO on, service (millwheel up --workers 2): >= 15,000 records/s (best store)",
+                _service_best(res), 15_000, "rec/s"),
         _target("local mode, SQLite, EO on: throughput >= Bytewax with recovery on",
                 ratios["single_sqlite_eo_strong / bytewax_recovery_on"], 1.0, "ratio"),
         _target("watermark lag added per stage at 50% load <= 100 ms (worst stage, p50)", worst_lag, 100.0, "ms",
@@ -75,6 +77,12 @@ def ratios_and_targets(res: dict[str, Any]) -> tuple[dict[str, Any], list[dict[s
                 lower=True),
     ]
     return ratios, targets
+
+
+def _service_best(res: dict[str, Any]) -> float | None:
+    from bench import service
+
+    return service.best_backlog(res.get("service", []))
 
 
 def _target(name: str, value: float | None, bound: float, unit: str, lower: bool = False) -> dict[str, Any]:
@@ -150,6 +158,10 @@ def markdown(doc: dict[str, Any]) -> str:
                      f"{_f(r['lag_before_kill_p50_ms'], 0)}/{_f(r['lag_before_kill_p95_ms'], 0)} | "
                      f"{_f(r['max_lag_after_restart_ms'], 0)} | {_f(r['peak_rss_mb']['killed'], 0)}/"
                      f"{_f(r['peak_rss_mb']['restarted'], 0)} | {'exact' if r['correct']['ok'] else 'WRONG'} |")
+    if res.get("service"):
+        from bench import service
+
+        lines += service.markdown(res["service"])
     lines += ["", "## Physical limits (same machine, same run, same record sizes)", "",
               "| limit | setting | records/s (or ops/s) |", "|---|---|---|"]
     for e in res["limits"]:

@@ -130,7 +130,7 @@ def _lat(r: dict[str, Any]) -> str:
 
 def run(mode: Mode, sections: set[str]) -> dict[str, Any]:
     out: dict[str, Any] = {"throughput": [], "latency": [], "recovery": [], "limits": [], "peer": [],
-                           "notes": []}
+                           "service": [], "notes": []}
     stores = Stores()
     uniform1k = WorkloadArgs(mode.n, 1_000, "uniform")
     try:
@@ -146,6 +146,11 @@ def run(mode: Mode, sections: set[str]) -> dict[str, Any]:
         if "recovery" in sections:
             log("== recovery after kill -9")
             _recovery(mode, stores, out)
+        if "service" in sections:
+            log("== service: three stages across millwheel up --workers 2")
+            from bench import service
+
+            service.section(mode.n, mode.full_matrix, out["service"], _case)
         if "peer" in sections:
             log("== peer: Bytewax")
             _peer(mode, out, uniform1k)

@@ -102,43 +102,42 @@ class ControllerClient:
 
     def inject(self, messages: Iterable[pb.InjectRequest], *, busy_retry_s: float = 600.0,
                messages_per_call: int = 64) -> pb.InjectResponse:
-        """Stream ``messages`` in calls of up to ``messages_per_call`` messages.
+        """Stream ``messages`` (each sent as soon as it is produced) in calls of up to
+        ``messages_per_call`` messages.
 
         A call refused for backpressure (RESOURCE_EXHAUSTED with a ``retry-after-ms``
         hint: the injector's outbox is full) is resent from its first message not yet
         accepted, after the hint grown exponentially with jitter, for up to
         ``busy_retry_s``; nothing is lost or sent twice. An error raised while producing
-        the messages (a bad input line) is raised as itself, after the messages before
-        it were sent."""
+        the messages (a bad input line) is raised as itself."""
         accepted = 0
         watermark = MIN_TIMESTAMP
-        it = iter(messages)
+        source = iter(messages)
         while True:
-            chunk: list[pb.InjectRequest] = []
-            failed: BaseException | None = None
+            feed = _CallFeed(source, messages_per_call)
             try:
-                for msg in it:
-                    chunk.append(msg)
-                    if len(chunk) >= messages_per_call:
-                        break
-            except Exception as exc:
-                failed = exc
-            if chunk:
-                resp = self._inject_call(chunk, busy_retry_s)
-                accepted += resp.accepted
+                resp = self._inject_call(feed.messages(), feed.sent, busy_retry_s)
+            except BaseException:
+                if feed.failed is not None:
+                    raise feed.failed from None
+                raise
+            accepted += resp.accepted
+            if feed.sent:
                 watermark = resp.watermark
-            if failed is not None:
-                raise failed
-            if len(chunk) < messages_per_call:
+            if feed.ended:
                 return pb.InjectResponse(accepted=accepted, watermark=watermark)
 
-    def _inject_call(self, chunk: list[pb.InjectRequest], busy_retry_s: float) -> pb.InjectResponse:
+    def _inject_call(self, first: Iterator[pb.InjectRequest], sent: list[pb.InjectRequest],
+                     busy_retry_s: float) -> pb.InjectResponse:
+        """One call fed by ``first`` (which appends what it yields to ``sent``); after a
+        backpressure refusal, the messages not accepted are resent."""
         deadline = time.monotonic() + busy_retry_s
         accepted = 0
         attempt = 0
+        requests, current = first, sent
         while True:
             try:
-                resp = self.stub.Inject(iter(chunk), timeout=None)
+                resp = self.stub.Inject(requests, timeout=None)
                 return pb.InjectResponse(accepted=accepted + resp.accepted, watermark=resp.watermark)
             except grpc.RpcError as exc:
                 meta = dict(exc.trailing_metadata() or ())
@@ -146,10 +145,13 @@ class ControllerClient:
                 if exc.code() != grpc.StatusCode.RESOURCE_EXHAUSTED or hint is None \
                         or time.monotonic() > deadline:
                     raise self.error(exc) from None
-                done = int(meta.get("accepted-messages", "0"))
-                accepted += sum(len(m.records) for m in chunk[:done])
-                chunk = chunk[done:]
-                attempt = 0 if done else attempt + 1
+                k = int(meta.get("accepted-messages", "0"))
+                for _ in first:  # what the refused call had not consumed yet joins the resend
+                    pass
+                accepted += sum(len(m.records) for m in current[:k])
+                current = current[k:]
+                requests = iter(current)
+                attempt = 0 if k else attempt + 1
                 self.busy_retries += 1
                 time.sleep(min(10.0, int(hint) / 1000 * 2 ** min(attempt, 4)) * random.uniform(0.5, 1.0))
 
@@ -162,6 +164,30 @@ class ControllerClient:
                 yield resp.seq, Record(r.key, bytes(r.value), r.timestamp, r.id)
         except grpc.RpcError as exc:
             raise self.error(exc) from None
+
+
+class _CallFeed:
+    """Feeds one Inject call from ``source``, up to ``limit`` messages, keeping what it
+    yielded (for a resend) and whether the source ended or failed."""
+
+    def __init__(self, source: Iterator[pb.InjectRequest], limit: int) -> None:
+        self.source = source
+        self.limit = limit
+        self.sent: list[pb.InjectRequest] = []
+        self.failed: BaseException | None = None
+        self.ended = False
+
+    def messages(self) -> Iterator[pb.InjectRequest]:
+        try:
+            for msg in self.source:
+                self.sent.append(msg)
+                yield msg
+                if len(self.sent) >= self.limit:
+                    return
+        except BaseException as exc:
+            self.failed = exc
+            raise
+        self.ended = True
 
 
 def inject_messages(

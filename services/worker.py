@@ -68,6 +68,7 @@ class WorkerProcess:
         batch_size: int = 5000,
         max_inflight: int = 8, max_slices: int = 4, max_injector_outbox: int = 50_000,
         heartbeat_s: float = 0.1, delivery_timeout_s: float = 5.0, weak_wait_s: float = 1.0,
+        min_heartbeat_s: float = 0.025,
     ) -> None:
         self.store = open_store(store_url)
         self.sensors = PrometheusSensors("worker")
@@ -78,6 +79,8 @@ class WorkerProcess:
         self.max_slices = max_slices
         self.max_injector_outbox = max_injector_outbox
         self.weak_wait_s = weak_wait_s
+        self.min_heartbeat_s = min(min_heartbeat_s, heartbeat_s)
+        self._hb_wake = threading.Event()
         self._wake = threading.Event()
         self.heartbeat_s = heartbeat_s
         self.delivery_timeout_s = delivery_timeout_s
@@ -140,8 +143,15 @@ class WorkerProcess:
 
     # -- heartbeat ---------------------------------------------------------------------
     def _heartbeat_loop(self) -> None:
+        """Heartbeat every ``heartbeat_s``, or sooner (at most every ``min_heartbeat_s``)
+        when a watermark may have moved: an input watermark came in, an outbox drained,
+        timers fired or an injector advanced. A watermark then crosses a stage in about
+        a round trip to the controller rather than a heartbeat period."""
         last_error = 0.0
-        while not self.stopped.wait(self.heartbeat_s):
+        while not self.stopped.is_set():
+            self._hb_wake.wait(self.heartbeat_s)
+            self._hb_wake.clear()
+            started = time.monotonic()
             try:
                 self._heartbeat_once()
             except grpc.RpcError as exc:
@@ -151,6 +161,7 @@ class WorkerProcess:
                                 "current ranges", exc.code().name, exc.details())
             except Exception:
                 log.exception("heartbeat failed")
+            self.stopped.wait(max(0.0, self.min_heartbeat_s - (time.monotonic() - started)))
 
     def _heartbeat_once(self) -> None:
         reports = []
@@ -180,7 +191,10 @@ class WorkerProcess:
             for a in resp.assignments
         }
         for node, wm in resp.input_watermarks.items():
-            self.input_wms[node] = max(self.input_wms.get(node, MIN_TIMESTAMP), wm)
+            if wm > self.input_wms.get(node, MIN_TIMESTAMP):
+                self.input_wms[node] = wm
+                if any(u[0] == node for u in self.units):
+                    self._hb_wake.set()  # report what the new input watermark lets through
         fenced = {(f.node, f.range_id, f.token) for f in resp.fenced}
         mine = {u: o.token for u, o in self.owners.items() if o.worker_id == self.worker_id}
         for unit, owned in list(self.units.items()):
@@ -262,6 +276,8 @@ class WorkerProcess:
                 return pb.DeliverAck(status=pb.DeliverAck.NOT_OWNER, message=str(exc))
             self.crash("after_inject")
             self._wake.set()
+            if watermark is not None:
+                self._hb_wake.set()
             return pb.DeliverAck(status=pb.DeliverAck.OK, watermark=owned.injector_wm)
 
     def _commit(self, owned: OwnedRange, txn: RangeTransaction) -> None:
@@ -270,10 +286,13 @@ class WorkerProcess:
         pump); the caller holds the range's lock throughout, so the range's watermark
         report waits until the outputs are delivered or checkpointed. A crash before
         the checkpoint makes the sender resend the input: the code runs again and its
-        outputs, under the same derived IDs, are dropped downstream as duplicates."""
+        outputs, under the same derived IDs, are dropped downstream as duplicates.
+        While older outputs wait in the outbox, newer ones are checkpointed behind them
+        (as strong productions), so consumers see them in production order."""
         rw = owned.worker
         assert rw is not None
-        if txn.productions and rw.spec.options.productions is Productions.WEAK:
+        assert owned.outbox is not None
+        if txn.productions and rw.spec.options.productions is Productions.WEAK and not len(owned.outbox):
             txn.productions = self._deliver_weak(owned.node, txn.productions)
             self.crash("after_weak_send")
         rw.commit(txn)
@@ -372,6 +391,7 @@ class WorkerProcess:
                 txn = rw.fire_timers(self.input_wms.get(owned.node, MIN_TIMESTAMP))
                 if txn is not None:
                     self._commit(owned, txn)
+                    self._hb_wake.set()
                     moved += 1
                 rw.expire_record_ids()
             while len(owned.slices) < self.max_slices and time.monotonic() >= owned.retry_at:
@@ -433,10 +453,14 @@ class WorkerProcess:
         for stream, items in logs.items():
             self.store.append_log(stream, [p.record for p in items])  # idempotent by record id
             s.done_now += [(p.consumer, p.record.record_id) for p in items]
+        busy = set().union(*(other.busy() for other in owned.slices if other is not s))
         for (consumer, range_id), items in groups.items():
             owner = self.owners.get((consumer, range_id))
             if owner is None or not owner.worker_id:
                 s.failed = True
+                continue
+            if (consumer, range_id) in busy:
+                released += items  # one batch in flight per consumer range: keeps order
                 continue
             if owner.worker_id == self.worker_id:
                 ack = self.process(consumer, range_id, [p.record for p in items])
@@ -451,6 +475,7 @@ class WorkerProcess:
                 continue
             fut.add_done_callback(lambda _f: self._wake.set())
             s.remote.append((fut, items, owner.address))
+            s.units.add((consumer, range_id))
         if released:
             keys = {(p.consumer, p.record.record_id) for p in released}
             with owned.lock:
@@ -485,6 +510,7 @@ class WorkerProcess:
         if acked:
             owned.outbox.ack(owned.token, acked)
             self.crash("after_ack")
+            self._hb_wake.set()
         if failed:
             owned.backoff()
         elif acked:

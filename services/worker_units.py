@@ -34,7 +34,10 @@ class Slice:
     the range: entries in a slice are not sent again until the slice is finished.
 
     A slice is planned under the range's lock and sent outside it (local consumers
-    are processed in place, which may take a while), then finished under the lock."""
+    are processed in place, which may take a while), then finished under the lock.
+    At most one batch per consumer range is in flight: a batch refused (the range
+    moving, say) is resent before anything newer goes there, so each consumer key
+    sees a producer's records in the order they were produced, failures or not."""
 
     started: float
     entries: list[Production]
@@ -42,6 +45,13 @@ class Slice:
     remote: list[tuple[Future[Any], list[Production], str]] = field(default_factory=list)
     failed: bool = False
     sent: bool = False
+    units: set[tuple[str, int]] = field(default_factory=set)  # consumer ranges of ``remote``
+
+    def busy(self) -> set[tuple[str, int]]:
+        """Consumer ranges this slice still has a batch in flight to."""
+        if not self.sent:
+            return set(self.units)
+        return self.units if any(not fut.done() for fut, _, _ in self.remote) else set()
 
     def ready(self) -> bool:
         return self.sent and all(fut.done() for fut, _, _ in self.remote)
