@@ -35,6 +35,7 @@ from services.generated import millwheel_pb2 as pb
 from services.grpc_server import check, start_server
 from services.metrics import PrometheusSensors
 from services.status import BusyError, UnavailableError, code_for, rpc, rpc_stream
+from services.store_lock import open_service_store
 from services.worker_link import LinkError, PeerLink
 
 log = logging.getLogger("millwheel.controller")
@@ -433,9 +434,7 @@ def serve(
     inject_wait_s: float = 10.0,
 ) -> tuple[grpc.Server, int, int, ControllerService]:
     """Start a controller; returns (server, port, metrics port or 0, service)."""
-    from millwheel.state import open_store
-
-    store = open_store(store_url)
+    store = open_service_store(store_url)
     sensors = PrometheusSensors("controller")
     service = ControllerService(store, heartbeat_timeout_s=heartbeat_timeout_s,
                                 max_value_bytes=max_value_bytes, sensors=sensors,

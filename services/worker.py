@@ -39,7 +39,6 @@ from millwheel.runtime.context import RangeTransaction
 from millwheel.runtime.crash import crash_hook_from_env
 from millwheel.runtime.range_worker import RangeWorker
 from millwheel.runtime.routing import LOG_PREFIX, Router
-from millwheel.state import open_store
 from millwheel.state.protocol import Production
 from millwheel.topology import Productions, Topology
 from services import convert
@@ -47,6 +46,7 @@ from services.generated import millwheel_pb2 as pb
 from services.generated import millwheel_pb2_grpc as pb_grpc
 from services.grpc_server import Malformed, channel, start_server
 from services.metrics import PrometheusSensors
+from services.store_lock import open_service_store
 from services.worker_link import PeerLink
 from services.worker_units import OwnedRange, Slice
 
@@ -70,7 +70,7 @@ class WorkerProcess:
         heartbeat_s: float = 0.1, delivery_timeout_s: float = 5.0, weak_wait_s: float = 1.0,
         min_heartbeat_s: float = 0.025,
     ) -> None:
-        self.store = open_store(store_url)
+        self.store = open_service_store(store_url)
         self.sensors = PrometheusSensors("worker")
         self.clock = SystemClock()
         self.crash = crash_hook_from_env()
