@@ -261,6 +261,11 @@ class ControllerService:
         where = f"inject message {index}"
         if not msg.injector:
             raise InvalidSpecError(f"{where}: 'injector' (the injector name) is required")
+        # Fast path without the controller's lock (heartbeats hold it): the registry's
+        # topology is replaced whole on every change, so this reads one version of it.
+        known = self.registry.injector(msg.injector)
+        if known is not None and (not msg.stream or msg.stream == known.stream):
+            return known
         with self.lock:
             existing = self.registry.injector(msg.injector)
             if existing is not None:
@@ -308,10 +313,10 @@ class ControllerService:
         busy_since: float | None = None
         busy_waits = 0
         while True:
-            with self.lock:
-                owner = self.assigner.units.get((node, 0))
-                worker = self.assigner.workers.get(owner.worker_id or "") if owner else None
-                address = worker.address if worker is not None and worker.alive else None
+            # Read without the lock (a stale owner answers NOT_OWNER and we retry).
+            owner = self.assigner.units.get((node, 0))
+            worker = self.assigner.workers.get(owner.worker_id or "") if owner else None
+            address = worker.address if worker is not None and worker.alive else None
             if address:
                 link = self._link(address)
                 fut = link.send(batch, wait_s=10)
