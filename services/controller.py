@@ -16,6 +16,8 @@ import random
 import secrets
 import threading
 import time
+from collections import deque
+from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, Iterator
 
@@ -42,6 +44,7 @@ log = logging.getLogger("millwheel.controller")
 Ctx = grpc.ServicerContext
 
 DEFAULT_MAX_VALUE_BYTES = 1024 * 1024
+INJECT_WINDOW = 4  # messages of one Inject call in flight to the injector's owner
 BUSY_RETRY_MS = 500  # the retry hint of an Inject refused for backpressure
 
 
@@ -286,15 +289,16 @@ class ControllerService:
             self._registry_changed()
             return spec
 
-    def _inject_one(self, spec: InjectorSpec, msg: Any, index: int) -> tuple[int, int]:
-        """Validate one message whole, then hand it to the worker owning the injector,
-        which checkpoints it into the injector's outbox (the range's only writer).
-        Records without an ID get ``INJECTOR/MESSAGE/INDEX``: fixed before the first
-        attempt, so a retried hand-over is deduplicated downstream. The records are
-        forwarded as they came (validated in place, not rebuilt)."""
+    def _inject_batch(self, spec: InjectorSpec, msg: Any, index: int, session: str) -> pb.DeliverBatch:
+        """Validate one message whole and make it the batch the worker owning the injector
+        checkpoints into the injector's outbox (the range's only writer). Records without
+        an ID get ``INJECTOR/MESSAGE/INDEX``: fixed before the first attempt, so a retried
+        hand-over is deduplicated downstream. The records are forwarded as they came
+        (validated in place, not rebuilt)."""
         missing = convert.check_records(msg.records, f"inject message {index}", self.max_value_bytes)
         batch = pb.DeliverBatch(computation=injector_node(spec.name), range_id=0,
-                                topology_version=self.registry.version)
+                                topology_version=self.registry.version,
+                                inject_session=session, inject_seq=index + 1)
         batch.records.extend(msg.records)
         if missing:
             message_id = secrets.token_hex(8)
@@ -302,21 +306,26 @@ class ControllerService:
                 batch.records[j].id = f"{spec.name}/{message_id}/{j}"
         if msg.HasField("watermark"):
             batch.watermark = msg.watermark
-        ack = self._hand_over(injector_node(spec.name), batch)
-        return len(batch.records), ack.watermark
+        return batch
+
+    def _owner_address(self, node: str) -> str | None:
+        # Read without the lock (a stale owner answers NOT_OWNER and we retry).
+        owner = self.assigner.units.get((node, 0))
+        worker = self.assigner.workers.get(owner.worker_id or "") if owner else None
+        return worker.address if worker is not None and worker.alive else None
 
     def _hand_over(self, node: str, batch: pb.DeliverBatch) -> pb.DeliverAck:
         """One batch to the owner of ``node``'s range 0 over a kept-open Deliver stream,
-        retried (to whoever owns it by then) until acked or ``inject_timeout_s``."""
+        retried (to whoever owns it by then) until acked or ``inject_timeout_s``. Sent
+        alone, after every earlier message of its call was acked: it resyncs the
+        worker's ordering of the call."""
+        batch.inject_resync = True
         deadline = time.monotonic() + self.inject_timeout_s
         problem = "no live worker owns it yet"
         busy_since: float | None = None
         busy_waits = 0
         while True:
-            # Read without the lock (a stale owner answers NOT_OWNER and we retry).
-            owner = self.assigner.units.get((node, 0))
-            worker = self.assigner.workers.get(owner.worker_id or "") if owner else None
-            address = worker.address if worker is not None and worker.alive else None
+            address = self._owner_address(node)
             if address:
                 link = self._link(address)
                 fut = link.send(batch, wait_s=10)
@@ -360,25 +369,29 @@ class ControllerService:
             return link
 
     def Inject(self, request_iterator: Iterator[Any], context: Ctx) -> pb.InjectResponse:
-        """Each message is validated whole, then checkpointed into the injector's outbox
-        before the next is read: what is acked is durable, a bad message adds nothing."""
-        accepted = 0
-        messages = 0
-        wm = MIN_TIMESTAMP
+        """Each message is validated whole before it is sent (a bad message adds nothing)
+        and checkpointed into the injector's outbox before it counts as accepted. Up to
+        ``INJECT_WINDOW`` messages are in flight at once on one ordered stream; the worker
+        takes a message only after its predecessor, so after any refusal the rest are
+        handed over one by one from the first refused message, in order."""
+        call = _InjectCall(self, secrets.token_hex(8))
         try:
             for index, msg in enumerate(request_iterator):
                 check(msg)
                 spec = self._injector_for(msg, index)
-                n, wm = self._inject_one(spec, msg, index)
-                accepted += n
-                messages += 1
+                call.send(injector_node(spec.name), self._inject_batch(spec, msg, index, call.session))
+            call.settle(0)
         except MillWheelError as exc:
-            note = f" ({accepted} records of earlier messages were accepted)" if accepted else ""
+            try:
+                call.settle(0)  # what was in flight before the bad message may still get in
+            except MillWheelError:
+                pass
+            note = f" ({call.accepted} records of earlier messages were accepted)" if call.accepted else ""
             if isinstance(exc, BusyError):
                 context.set_trailing_metadata((("retry-after-ms", str(exc.retry_after_ms)),
-                                               ("accepted-messages", str(messages))))
+                                               ("accepted-messages", str(call.messages))))
             context.abort(code_for(exc), f"{exc}{note}")
-        return pb.InjectResponse(accepted=accepted, watermark=wm)
+        return pb.InjectResponse(accepted=call.accepted, watermark=call.watermark)
 
     @rpc_stream
     def Subscribe(self, request: Any, context: Ctx) -> Iterator[pb.SubscribeResponse]:
@@ -448,3 +461,53 @@ def serve(
     mport = sensors.serve(host, metrics_port) if metrics_port is not None else 0
     log.info("controller listening on %s:%d (store %s, metrics port %d)", host, bound, store_url, mport)
     return server, bound, mport, service
+
+
+class _InjectCall:
+    """The messages of one Inject call in flight to the injector's owner, in order."""
+
+    def __init__(self, controller: ControllerService, session: str) -> None:
+        self.controller = controller
+        self.session = session
+        self.accepted = 0  # records of the messages accepted, a prefix of the call
+        self.messages = 0
+        self.watermark = MIN_TIMESTAMP
+        self.inflight: deque[tuple[str, pb.DeliverBatch, Future[Any]]] = deque()
+
+    def send(self, node: str, batch: pb.DeliverBatch) -> None:
+        address = self.controller._owner_address(node)
+        fut = self.controller._link(address).try_send(batch) if address else None
+        if fut is None:  # no owner yet, or no room: the careful path
+            self.settle(0)
+            self._count(batch, self.controller._hand_over(node, batch))
+            return
+        self.inflight.append((node, batch, fut))
+        self.settle(INJECT_WINDOW - 1)
+
+    def settle(self, limit: int) -> None:
+        """Take acks in order until at most ``limit`` messages are in flight (and any
+        already answered); after a refusal, hand the rest over one by one."""
+        while self.inflight and (len(self.inflight) > limit or self.inflight[0][2].done()):
+            node, batch, fut = self.inflight[0]
+            try:
+                ack = fut.result(timeout=10)
+            except (LinkError, FutureTimeout):
+                ack = None
+            if ack is not None and ack.status == pb.DeliverAck.OK:
+                self.inflight.popleft()
+                self._count(batch, ack)
+                continue
+            rest = list(self.inflight)
+            self.inflight.clear()
+            for _, _, later in rest:  # the worker refuses those after a refused one
+                try:
+                    later.result(timeout=10)
+                except Exception:  # noqa: BLE001 - resent below in any case
+                    pass
+            for n, b, _ in rest:
+                self._count(b, self.controller._hand_over(n, b))
+
+    def _count(self, batch: pb.DeliverBatch, ack: pb.DeliverAck) -> None:
+        self.accepted += len(batch.records)
+        self.messages += 1
+        self.watermark = ack.watermark

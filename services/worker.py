@@ -24,7 +24,7 @@ import os
 import socket
 import threading
 import time
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -94,6 +94,8 @@ class WorkerProcess:
         self.draining = threading.Event()
         self.stopped = threading.Event()
         self._units_lock = threading.Lock()
+        # (injector node, Inject session) -> last message accepted, for in-order injection
+        self._inject_seqs: OrderedDict[tuple[str, str], int] = OrderedDict()
         # (node, range, token) rejected by the store: not taken again under that token, and
         # reported to the controller, which then issues a fresh one if it still means us.
         self._fenced_tokens: set[tuple[str, int, int]] = set()
@@ -251,6 +253,28 @@ class WorkerProcess:
         self._drop(owned, str(exc))
 
     # -- receiving ---------------------------------------------------------------------
+    def inject_order(self, batch: pb.DeliverBatch) -> pb.DeliverAck | None:
+        """A refusal if this injection message's predecessor was not accepted here (the
+        controller then resends from the first refused one, one at a time)."""
+        key = (batch.computation, batch.inject_session)
+        with self._units_lock:
+            last = self._inject_seqs.get(key)
+            if last is None or batch.inject_resync:
+                last = self._inject_seqs[key] = batch.inject_seq - 1
+                self._inject_seqs.move_to_end(key)
+                while len(self._inject_seqs) > 4096:
+                    self._inject_seqs.popitem(last=False)
+        if batch.inject_seq > last + 1:
+            return pb.DeliverAck(status=pb.DeliverAck.FAILED,
+                                 message=f"injection message {batch.inject_seq} is out of order "
+                                         f"(last accepted {last})")
+        return None
+
+    def injected_in_order(self, batch: pb.DeliverBatch) -> None:
+        key = (batch.computation, batch.inject_session)
+        with self._units_lock:
+            self._inject_seqs[key] = max(self._inject_seqs.get(key, 0), batch.inject_seq)
+
     def inject(self, node: str, records: list[Record], watermark: int | None) -> pb.DeliverAck:
         """Injected records from the controller: checkpoint them into the injector's outbox."""
         owned = self.units.get((node, 0))
@@ -529,6 +553,12 @@ class DeliverServicer:
             if isinstance(batch, Malformed):
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                               f"malformed {batch.what} message: {batch.error}")
+            if batch.inject_session:
+                refusal = self.worker.inject_order(batch)
+                if refusal is not None:
+                    refusal.batch_id = batch.batch_id
+                    yield refusal
+                    continue
             if batch.topology_version > self.worker.version:
                 yield pb.DeliverAck(batch_id=batch.batch_id, status=pb.DeliverAck.FAILED,
                                     message=f"registry version {batch.topology_version} not yet "
@@ -538,6 +568,8 @@ class DeliverServicer:
             if batch.computation.startswith("injector:"):
                 wm = batch.watermark if batch.HasField("watermark") else None
                 ack = self.worker.inject(batch.computation, records, wm)
+                if batch.inject_session and ack.status == pb.DeliverAck.OK:
+                    self.worker.injected_in_order(batch)
             else:
                 ack = self.worker.process(batch.computation, batch.range_id, records)
             ack.batch_id = batch.batch_id

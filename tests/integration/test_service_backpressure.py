@@ -3,7 +3,9 @@
 The injector's outbox is bounded (``worker --max-injector-outbox``): while it is full,
 Inject holds the client's stream; past ``controller --inject-wait`` it answers
 RESOURCE_EXHAUSTED with a retry hint, which the client honours. Nothing is dropped,
-nothing is doubled, and the outbox never grows far past its bound.
+nothing is doubled, and the outbox never grows far past its bound. Every message
+carries the injector watermark and the stage drops late records, so a message taken
+out of order (after a later one's watermark) would lose records.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import pytest
 
 from millwheel.computation import Computation, Context
 from millwheel.record import Record
-from millwheel.topology import CodeRef, ComputationSpec, InjectorSpec, InputSpec, Options, Topology
+from millwheel.topology import CodeRef, ComputationSpec, InjectorSpec, InputSpec, LatePolicy, Options, Topology
 from services.client import inject_messages
 from tests.integration.service_cluster import Cluster, wait_for
 
@@ -37,7 +39,8 @@ class Slow(Computation):
 def topology() -> Topology:
     return Topology(
         computations=(ComputationSpec("slow", (InputSpec("events"),), ("out",),
-                                      CodeRef(f"{__name__}:Slow"), Options(key_ranges=1)),),
+                                      CodeRef(f"{__name__}:Slow"),
+                                      Options(key_ranges=1, late_policy=LatePolicy.DROP)),),
         injectors=(InjectorSpec("events", "events"),),
     )
 
