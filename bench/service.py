@@ -359,7 +359,8 @@ def markdown(entries: list[dict[str, Any]]) -> list[str]:
     if lat:
         lines += ["", "Latency at 50% of that rate (paced 100-record messages, event time 5x wall clock): "
                   "from sending the message whose watermark closed a window to the window's first row "
-                  "arriving by `Subscribe` (watermarks travel by 100 ms heartbeats through the controller).", "",
+                  "arriving by `Subscribe` (watermarks travel through the controller by heartbeats, "
+                  "sent at most every 25 ms while they move, else every 100 ms).", "",
                   "| store | rate | windows | result latency p50 ms | p95 ms | max ms | output |",
                   "|---|---|---|---|---|---|---|"]
         for e in lat:
