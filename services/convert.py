@@ -89,7 +89,8 @@ def topology_from_json(text: str) -> Topology:
 
 
 # -- records ---------------------------------------------------------------------------
-def record_from_proto(msg: pb.Record, where: str, max_value_bytes: int) -> Record:
+def _check_wire_record(msg: pb.Record, where: str, max_value_bytes: int) -> None:
+    """The checks a wire record needs beyond :meth:`Record.validate`: a key and a size."""
     if not msg.key:
         raise InvalidSpecError(f"{where}: key must not be empty")
     if len(msg.value) > max_value_bytes:
@@ -97,6 +98,10 @@ def record_from_proto(msg: pb.Record, where: str, max_value_bytes: int) -> Recor
             f"{where}: value of key {msg.key!r} is {len(msg.value)} bytes, over the "
             f"limit of {max_value_bytes} bytes"
         )
+
+
+def record_from_proto(msg: pb.Record, where: str, max_value_bytes: int) -> Record:
+    _check_wire_record(msg, where, max_value_bytes)
     record = Record(msg.key, bytes(msg.value), int(msg.timestamp), msg.id or "-")
     record.validate(where)
     return record
@@ -108,13 +113,7 @@ def check_records(msgs: Iterable[pb.Record], where: str, max_value_bytes: int) -
     indexes of records without an ID."""
     missing = []
     for j, m in enumerate(msgs):
-        if not m.key:
-            raise InvalidSpecError(f"{where} record {j}: key must not be empty")
-        if len(m.value) > max_value_bytes:
-            raise ResourceLimitError(
-                f"{where} record {j}: value of key {m.key!r} is {len(m.value)} bytes, over the "
-                f"limit of {max_value_bytes} bytes"
-            )
+        _check_wire_record(m, f"{where} record {j}", max_value_bytes)
         if not MIN_TIMESTAMP <= m.timestamp <= MAX_TIMESTAMP:
             raise InvalidSpecError(f"{where} record {j}: timestamp {m.timestamp} is out of range")
         if not m.id:
