@@ -34,16 +34,6 @@ FAULT_AT = 6  # after this many inject messages
 
 
 @pytest.fixture
-def cluster(tmp_path: Path):
-    c = Cluster(tmp_path)
-    c.start_controller()
-    try:
-        yield c
-    finally:
-        c.stop()
-
-
-@pytest.fixture
 def redis_cluster(tmp_path: Path):
     from tests.support.redis_server import RedisServer
 

@@ -21,16 +21,6 @@ pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 WEAK = Options(productions=Productions.WEAK, key_ranges=3)
 
 
-@pytest.fixture
-def cluster(tmp_path: Path):
-    c = Cluster(tmp_path)
-    c.start_controller()
-    try:
-        yield c
-    finally:
-        c.stop()
-
-
 @pytest.mark.parametrize("point", ["after_weak_send:6", "after_checkpoint:20"])
 def test_weak_worker_killed_at_crash_point(cluster: Cluster, tmp_path: Path, point: str) -> None:
     crashing = cluster.start_worker(env={"MILLWHEEL_CRASH_AT": point})
