@@ -21,6 +21,7 @@ watermarks moved meanwhile, which across processes is timing, not a fixed answer
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import statistics
@@ -30,6 +31,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -178,12 +180,10 @@ def _store(kind: str, tmp: Path) -> tuple[str, Any]:
     return server.url, server
 
 
-def backlog(n: int, store: str = "sqlite", workers: int = 2, batch: int = 1000,
-            productions: str = "strong", timeout_s: float = 600) -> dict[str, Any]:
-    """Backlog throughput of the three-stage pipeline across ``workers`` workers."""
-    w = workload.generate(n, late_fraction=0.0)
-    expected = workload.expected_counts(w)
-    records = pipelines.injected(w.records, "three")
+@contextlib.contextmanager
+def _running_service(store: str, workers: int, productions: str) -> Iterator[Service]:
+    """A controller and ``workers`` workers on a fresh store, the pipeline registered and
+    balanced; everything (a private Redis too) stopped on the way out."""
     with tempfile.TemporaryDirectory(prefix="mw-bench-svc-") as tmpdir:
         tmp = Path(tmpdir)
         url, redis = _store(store, tmp)
@@ -191,25 +191,35 @@ def backlog(n: int, store: str = "sqlite", workers: int = 2, batch: int = 1000,
         try:
             _register(svc.client, productions)
             svc.wait_balanced()
-            pids = svc.pids()
-            msgs = list(inject_messages(INJECTOR, INJECTOR, records, batch, DISORDER_US, done=True))
-            reader = SinkReader(ControllerClient(svc.address))
-            cpu0 = {role: _cpu_s(pid) for role, pid in pids.items()}
-            self_cpu0 = time.process_time()
-            started = time.monotonic()
-            resp = svc.client.inject(iter(msgs))
-            injected_s = time.monotonic() - started
-            complete = reader.wait_rows(len(expected), timeout_s)
-            elapsed = time.monotonic() - started
-            cpu = {role: round(_cpu_s(pid) - cpu0[role], 2) for role, pid in pids.items()}
-            cpu["client"] = round(time.process_time() - self_cpu0, 2)
-            time.sleep(0.3)  # a duplicate row would arrive after the last expected one
-            verdict = workload.check(w, reader.counts)
-            reader.client.close()
+            yield svc
         finally:
             svc.stop()
             if redis is not None:
                 redis.stop()
+
+
+def backlog(n: int, store: str = "sqlite", workers: int = 2, batch: int = 1000,
+            productions: str = "strong", timeout_s: float = 600) -> dict[str, Any]:
+    """Backlog throughput of the three-stage pipeline across ``workers`` workers."""
+    w = workload.generate(n, late_fraction=0.0)
+    expected = workload.expected_counts(w)
+    records = pipelines.injected(w.records, "three")
+    with _running_service(store, workers, productions) as svc:
+        pids = svc.pids()
+        msgs = list(inject_messages(INJECTOR, INJECTOR, records, batch, DISORDER_US, done=True))
+        reader = SinkReader(ControllerClient(svc.address))
+        cpu0 = {role: _cpu_s(pid) for role, pid in pids.items()}
+        self_cpu0 = time.process_time()
+        started = time.monotonic()
+        resp = svc.client.inject(iter(msgs))
+        injected_s = time.monotonic() - started
+        complete = reader.wait_rows(len(expected), timeout_s)
+        elapsed = time.monotonic() - started
+        cpu = {role: round(_cpu_s(pid) - cpu0[role], 2) for role, pid in pids.items()}
+        cpu["client"] = round(time.process_time() - self_cpu0, 2)
+        time.sleep(0.3)  # a duplicate row would arrive after the last expected one
+        verdict = workload.check(w, reader.counts)
+        reader.client.close()
     return {
         "records": n, "accepted": resp.accepted, "store": store, "workers": workers,
         "productions": productions, "inject_batch": batch,
@@ -229,39 +239,29 @@ def latency(n: int, rate: float, store: str = "sqlite", workers: int = 2, batch:
     expected = workload.expected_counts(w)
     records = pipelines.injected(w.records, "three")
     msgs = list(inject_messages(INJECTOR, INJECTOR, records, batch, DISORDER_US, done=True))
-    with tempfile.TemporaryDirectory(prefix="mw-bench-svc-") as tmpdir:
-        tmp = Path(tmpdir)
-        url, redis = _store(store, tmp)
-        svc = Service(url, workers, tmp)
-        try:
-            _register(svc.client, productions)
-            svc.wait_balanced()
-            reader = SinkReader(ControllerClient(svc.address))
-            closes: dict[int, float] = {}  # window start -> when its closing message was sent
-            interval = batch / rate
+    with _running_service(store, workers, productions) as svc:
+        reader = SinkReader(ControllerClient(svc.address))
+        closes: dict[int, float] = {}  # window start -> when its closing message was sent
+        interval = batch / rate
 
-            def paced() -> Any:
-                t0 = time.monotonic()
-                for i, msg in enumerate(msgs):
-                    delay = t0 + i * interval - time.monotonic()
-                    if delay > 0:
-                        time.sleep(delay)
-                    if msg.HasField("watermark"):
-                        now = time.monotonic()
-                        for start in _closed(msg.watermark, closes):
-                            closes[start] = now
-                    yield msg
+        def paced() -> Any:
+            t0 = time.monotonic()
+            for i, msg in enumerate(msgs):
+                delay = t0 + i * interval - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)
+                if msg.HasField("watermark"):
+                    now = time.monotonic()
+                    for start in _closed(msg.watermark, closes):
+                        closes[start] = now
+                yield msg
 
-            svc.client.inject(paced())
-            complete = reader.wait_rows(len(expected), 120)
-            time.sleep(0.3)
-            verdict = workload.check(w, reader.counts)
-            lat = [reader.first_seen[s] - t for s, t in closes.items() if s in reader.first_seen]
-            reader.client.close()
-        finally:
-            svc.stop()
-            if redis is not None:
-                redis.stop()
+        svc.client.inject(paced())
+        complete = reader.wait_rows(len(expected), 120)
+        time.sleep(0.3)
+        verdict = workload.check(w, reader.counts)
+        lat = [reader.first_seen[s] - t for s, t in closes.items() if s in reader.first_seen]
+        reader.client.close()
     lat_ms = sorted(x * 1000 for x in lat)
     return {
         "records": n, "rate": rate, "store": store, "workers": workers, "inject_batch": batch,
