@@ -28,6 +28,10 @@ class ResourceLimitError(MillWheelError):
     """A value or batch is over a configured size limit."""
 
 
+class PermissionDeniedError(MillWheelError):
+    """The deployment does not allow this: user code outside the ``--allow-code`` list."""
+
+
 class FencedError(MillWheelError):
     """A write carried a sequencer token that is no longer current.
 

@@ -1,14 +1,80 @@
-"""Load user code named by ``pkg.module:attribute``."""
+"""Load user code named by ``pkg.module:attribute``, only from modules a deployment allows.
+
+Validation never comes here: a spec is checked from its data alone
+(:mod:`millwheel.operators.schema`), import paths by their shape. Only a process that
+is about to run the code imports it, and a service worker does so only for modules its
+allow-list (``--allow-code 'mypkg.*,otherpkg.mod'``) names. ``allow=None`` allows
+everything: ``millwheel run`` runs the user's own code on the user's own machine.
+"""
 
 from __future__ import annotations
 
 import importlib
+import re
+from dataclasses import dataclass
 from typing import Any
 
-from millwheel.errors import InvalidSpecError
+from millwheel.errors import InvalidSpecError, PermissionDeniedError
+
+_IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
+_DOTTED = rf"{_IDENT}(?:\.{_IDENT})*"
+IMPORT_PATH = re.compile(rf"({_DOTTED}):({_DOTTED})")
+_PATTERN = re.compile(rf"\*|{_DOTTED}(?:\.\*)?")
+MAX_IMPORT_PATH_CHARS = 200
 
 
-def import_object(path: str, *, what: str = "object") -> Any:
+def check_import_path(path: str, what: str) -> str:
+    """The module of ``path`` if it is ``pkg.module:attribute`` (dotted identifiers, by
+    shape only: nothing is imported); else InvalidSpecError naming ``what``."""
+    if len(path) > MAX_IMPORT_PATH_CHARS:
+        raise InvalidSpecError(
+            f"{what}: import path of {len(path)} characters, over the limit of {MAX_IMPORT_PATH_CHARS}")
+    match = IMPORT_PATH.fullmatch(path)
+    if match is None:
+        raise InvalidSpecError(f"{what} {path!r}: expected 'pkg.module:attribute' (dotted identifiers)")
+    return match.group(1)
+
+
+@dataclass(frozen=True)
+class AllowList:
+    """Modules whose code may be imported: ``pkg.*`` (the package and everything under
+    it), ``pkg.mod`` (that module only) or ``*`` (anything). Empty: built-ins only."""
+
+    patterns: tuple[str, ...] = ()
+
+    @classmethod
+    def parse(cls, text: str | None) -> AllowList:
+        patterns = tuple(p.strip() for p in (text or "").split(",") if p.strip())
+        for p in patterns:
+            if not _PATTERN.fullmatch(p):
+                raise InvalidSpecError(
+                    f"allow-code pattern {p!r}: expected 'pkg.*', 'pkg.module' or '*'")
+        return cls(patterns)
+
+    def allows(self, module: str) -> bool:
+        for p in self.patterns:
+            if p == "*" or p == module:
+                return True
+            if p.endswith(".*") and (module == p[:-2] or module.startswith(p[:-1])):
+                return True
+        return False
+
+    def describe(self) -> str:
+        return ",".join(self.patterns) if self.patterns else "none: built-in operators only"
+
+    def check(self, path: str, what: str) -> None:
+        """PermissionDeniedError unless the module of import path ``path`` is allowed."""
+        module = check_import_path(path, what)
+        if not self.allows(module):
+            raise PermissionDeniedError(
+                f"{what} {path!r}: module {module!r} is not in this deployment's code "
+                f"allow-list (--allow-code: {self.describe()})")
+
+
+def import_object(path: str, *, what: str = "object", allow: AllowList | None = None) -> Any:
+    """Import ``pkg.module:attribute``; with ``allow``, only from an allowed module."""
+    if allow is not None:
+        allow.check(path, what)
     module_name, sep, attr = path.partition(":")
     if not sep or not module_name or not attr:
         raise InvalidSpecError(f"{what} {path!r}: expected 'pkg.module:attribute'")

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from millwheel.errors import InvalidSpecError
-from millwheel.importing import import_object
+from millwheel.importing import AllowList, check_import_path, import_object
+from millwheel.limits import MAX_KEY_EXTRACTOR_CHARS
 from millwheel.record import Record
 
 KeyFn = Callable[[Record], str]
@@ -37,23 +38,40 @@ class KeyExtractor:
     spec: str = "key"
 
     def __post_init__(self) -> None:
-        self.compile()  # fail at registration, not at the first record
+        self.check()  # fail at registration, not at the first record
 
-    def compile(self) -> KeyFn:
+    def check(self) -> None:
+        """Check the spec's shape from its text alone: an ``import:`` path is never
+        imported here (validation must not run user code)."""
+        spec = self.spec
+        if len(spec) > MAX_KEY_EXTRACTOR_CHARS:
+            raise InvalidSpecError(f"key extractor of {len(spec)} characters, over the limit of "
+                                   f"{MAX_KEY_EXTRACTOR_CHARS}")
+        if spec == "key" or (spec.startswith("json:") and len(spec) > 5):
+            return
+        if spec.startswith("import:"):
+            check_import_path(spec[7:], "key extractor")
+            return
+        raise InvalidSpecError(
+            f"key extractor {spec!r} not understood; use 'key', 'json:FIELD' or "
+            "'import:pkg.module:function'"
+        )
+
+    def import_paths(self) -> tuple[str, ...]:
+        return (self.spec[7:],) if self.spec.startswith("import:") else ()
+
+    def compile(self, allow: AllowList | None = None) -> KeyFn:
+        """The key function; an ``import:`` function is imported (from an allowed
+        module when ``allow`` is given)."""
         spec = self.spec
         if spec == "key":
             return _identity
         if spec.startswith("json:") and len(spec) > 5:
             return _json_field(spec[5:])
-        if spec.startswith("import:"):
-            fn = import_object(spec[7:], what="key extractor")
-            if not callable(fn):
-                raise InvalidSpecError(f"key extractor {spec!r} is not callable")
-            return fn  # type: ignore[no-any-return]
-        raise InvalidSpecError(
-            f"key extractor {spec!r} not understood; use 'key', 'json:FIELD' or "
-            "'import:pkg.module:function'"
-        )
+        fn = import_object(spec[7:], what="key extractor", allow=allow)
+        if not callable(fn):
+            raise InvalidSpecError(f"key extractor {spec!r} is not callable")
+        return fn  # type: ignore[no-any-return]
 
 
 def _identity(record: Record) -> str:

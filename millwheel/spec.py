@@ -21,6 +21,7 @@ from typing import Any, Mapping
 
 from millwheel.errors import InvalidSpecError
 from millwheel.keys import KeyExtractor
+from millwheel.limits import check_name
 from millwheel.topology import (
     CodeRef,
     ComputationSpec,
@@ -37,9 +38,9 @@ _OPTION_FIELDS = {f.name for f in dataclasses.fields(Options)}
 
 def computation_from_dict(data: Mapping[str, Any]) -> ComputationSpec:
     name = data.get("name")
+    check_name(name, "computation")
+    assert isinstance(name, str)
     where = f"computation {name!r}"
-    if not isinstance(name, str) or not name:
-        raise InvalidSpecError("computation: 'name' must be a non-empty string")
     unknown = set(data) - {"name", "inputs", "outputs", "code", "options"}
     if unknown:
         raise InvalidSpecError(f"{where}: unknown fields {sorted(unknown)}")

@@ -14,6 +14,13 @@ from typing import Any, Mapping
 
 from millwheel.errors import InvalidSpecError
 from millwheel.keys import KeyExtractor
+from millwheel.limits import (
+    MAX_COMPUTATIONS,
+    MAX_INJECTORS,
+    MAX_KEY_RANGES,
+    MAX_STREAMS_PER_COMPUTATION,
+    check_name,
+)
 
 
 class LatePolicy(enum.StrEnum):
@@ -38,8 +45,10 @@ class Options:
     record_id_retention_us: int = 3_600_000_000  # one hour of processing time
 
     def validate(self, where: str) -> None:
-        if self.key_ranges < 1:
-            raise InvalidSpecError(f"{where}: key_ranges must be >= 1, got {self.key_ranges}")
+        if not 1 <= self.key_ranges <= MAX_KEY_RANGES:
+            raise InvalidSpecError(
+                f"{where}.options.key_ranges: must be 1..{MAX_KEY_RANGES} (the limit of key "
+                f"ranges per computation), got {self.key_ranges}")
         if self.allowed_lateness_us < 0:
             raise InvalidSpecError(f"{where}: allowed_lateness_us must be >= 0")
         if self.record_id_retention_us <= 0:
@@ -139,11 +148,12 @@ class Topology:
         return Topology((*self.computations, spec), self.injectors, self.log_streams)
 
     def validate(self) -> None:
+        self._check_names()
         names: set[str] = set()
         for spec in self.computations:
             where = f"computation {spec.name!r}"
-            if not spec.name or spec.name.startswith("injector:") or "\x1f" in spec.name:
-                raise InvalidSpecError(f"{where}: invalid name")
+            if spec.name.startswith("injector:"):
+                raise InvalidSpecError(f"{where}: invalid name (the prefix 'injector:' names injectors)")
             if spec.name in names:
                 raise InvalidSpecError(f"{where}: defined twice")
             names.add(spec.name)
@@ -165,6 +175,32 @@ class Topology:
                         "by no computation or injector"
                     )
         self._check_acyclic()
+
+    def _check_names(self) -> None:
+        """Every name and count within :mod:`millwheel.limits` (before anything else
+        looks at them: a name ends up in logs, metric labels and store keys)."""
+        if len(self.computations) > MAX_COMPUTATIONS:
+            raise InvalidSpecError(f"topology: {len(self.computations)} computations, over the "
+                                   f"limit of {MAX_COMPUTATIONS}")
+        if len(self.injectors) > MAX_INJECTORS:
+            raise InvalidSpecError(f"topology: {len(self.injectors)} injectors, over the limit "
+                                   f"of {MAX_INJECTORS}")
+        for spec in self.computations:
+            check_name(spec.name, "computation")
+            where = f"computation {spec.name!r}"
+            for kind, streams in (("inputs", [i.stream for i in spec.inputs]), ("outputs", spec.outputs)):
+                if len(streams) > MAX_STREAMS_PER_COMPUTATION:
+                    raise InvalidSpecError(f"{where}.{kind}: {len(streams)} streams, over the limit "
+                                           f"of {MAX_STREAMS_PER_COMPUTATION}")
+                for i, stream in enumerate(streams):
+                    check_name(stream, f"{where}.{kind}[{i}] stream")
+            if spec.options.late_stream:
+                check_name(spec.options.late_stream, f"{where}.options.late_stream")
+        for inj in self.injectors:
+            check_name(inj.name, "injector")
+            check_name(inj.stream, f"injector {inj.name!r} stream")
+        for stream in self.log_streams:
+            check_name(stream, "log stream")
 
     def _check_acyclic(self) -> None:
         visiting: set[str] = set()

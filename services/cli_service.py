@@ -12,6 +12,7 @@ import argparse
 import datetime as dt
 import json
 import logging
+import os
 import signal
 import subprocess
 import sys
@@ -25,6 +26,7 @@ from millwheel.record import MAX_TIMESTAMP, MIN_TIMESTAMP, Record
 from millwheel.sources import parse_json_record
 from millwheel.spec import load_spec_file
 from services.client import DEFAULT_CONTROLLER, ControllerClient, controller_address, inject_messages
+from services.limits import InjectLimits
 
 DEFAULT_STORE = "sqlite:///millwheel-data/service.db"
 
@@ -43,12 +45,14 @@ def add_commands(sub: Any) -> None:
                         "redis://HOST:PORT/DB). Ctrl-C drains the workers and stops everything.")
     up.add_argument("--workers", type=int, default=2, help="number of workers (default 2)")
     _server_args(up, port=7070)
+    _allow_code_arg(up)
     up.set_defaults(func=cmd_up)
 
     ctl = sub.add_parser("controller", help="run the controller",
                          description="Run the controller: registry, key-range assignment, "
                          "watermark authority, state queries, Inject and Subscribe.")
     _server_args(ctl, port=7070)
+    _allow_code_arg(ctl)
     ctl.add_argument("--heartbeat-timeout", type=float, default=3.0, metavar="SECONDS",
                      help="a worker silent this long is dead and its ranges move (default 3)")
     ctl.add_argument("--max-value-bytes", type=int, default=1024 * 1024,
@@ -56,12 +60,18 @@ def add_commands(sub: Any) -> None:
     ctl.add_argument("--inject-wait", type=float, default=10.0, metavar="SECONDS",
                      help="how long Inject holds a message while the injector's outbox is full "
                           "before answering RESOURCE_EXHAUSTED with a retry hint (default 10)")
+    ctl.add_argument("--max-inject-records", type=int, default=InjectLimits.max_records, metavar="N",
+                     help=f"records per Inject message (default {InjectLimits.max_records})")
+    ctl.add_argument("--max-future-us", type=int, default=InjectLimits.max_future_us, metavar="US",
+                     help="refuse record timestamps and watermarks further ahead of the clock "
+                          "(default one day; 0 = no limit)")
     ctl.set_defaults(func=cmd_controller)
 
     wk = sub.add_parser("worker", help="run a worker",
                         description="Run a worker: it joins the controller, takes the key ranges "
                         "it is assigned and processes them. SIGTERM drains it gracefully.")
     _server_args(wk, port=0)
+    _allow_code_arg(wk)
     wk.add_argument("--controller", metavar="HOST:PORT", default=None,
                     help=f"controller address (default $MILLWHEEL_CONTROLLER or {DEFAULT_CONTROLLER})")
     wk.add_argument("--id", dest="worker_id", help="worker id (default ADDRESS/PID)")
@@ -86,8 +96,9 @@ def add_commands(sub: Any) -> None:
     reg = client_parser("register", "register computations (and injectors) from a spec file",
                         "Register the computations of a YAML/JSON spec file: either one computation "
                         "mapping (name, inputs, outputs, code, options) or a topology with "
-                        "'injectors' and 'computations'. Injectors are registered first, then "
-                        "computations in file order. Already registered ones are an error.")
+                        "'injectors' and 'computations', all or nothing (one RegisterTopology call: "
+                        "if anything is refused, nothing is registered). Ones identical to the "
+                        "registered ones are left as they are; ones that differ are an error.")
     reg.add_argument("spec", metavar="SPEC.yaml|json")
     reg.set_defaults(func=cmd_register)
 
@@ -147,6 +158,13 @@ def add_commands(sub: Any) -> None:
     subs.add_argument("--after", type=int, default=0, metavar="SEQ", help="start after this position")
     subs.add_argument("--follow", "-f", action="store_true", help="keep streaming new records")
     subs.set_defaults(func=cmd_subscribe)
+
+
+def _allow_code_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--allow-code", default=os.environ.get("MILLWHEEL_ALLOW_CODE", ""),
+                   metavar="PATTERNS", help="modules whose code specs may name by import path, "
+                   "e.g. 'mypkg.*,otherpkg.mod' (env MILLWHEEL_ALLOW_CODE; default none: "
+                   "built-in operators only)")
 
 
 def _server_args(p: argparse.ArgumentParser, port: int) -> None:
@@ -209,7 +227,9 @@ def cmd_controller(args: argparse.Namespace) -> int:
     server, port, mport, service = serve(
         args.store, args.host, args.port, None if args.metrics_port < 0 else args.metrics_port,
         heartbeat_timeout_s=args.heartbeat_timeout, max_value_bytes=args.max_value_bytes,
-        inject_wait_s=args.inject_wait)
+        inject_wait_s=args.inject_wait, allow_code=args.allow_code, limits=InjectLimits(
+            max_records=args.max_inject_records, max_value_bytes=args.max_value_bytes,
+            max_future_us=args.max_future_us))
     print(f"millwheel controller listening on {args.host}:{port} (metrics port {mport}, "
           f"store {args.store})", file=sys.stderr, flush=True)
     _wait_for_signal()
@@ -229,7 +249,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
         metrics_port=None if args.metrics_port < 0 else args.metrics_port,
         worker_id=args.worker_id, batch_size=args.batch_size, max_inflight=args.max_inflight,
         max_injector_outbox=args.max_injector_outbox, weak_wait_s=args.weak_wait,
-        heartbeat_s=args.heartbeat, delivery_timeout_s=args.delivery_timeout)
+        heartbeat_s=args.heartbeat, delivery_timeout_s=args.delivery_timeout,
+        allow_code=args.allow_code)
     print(f"millwheel worker {worker.worker_id} listening on {worker.address} (metrics port "
           f"{worker.metrics_port})", file=sys.stderr, flush=True)
     _wait_for_signal()
@@ -250,7 +271,8 @@ def cmd_up(args: argparse.Namespace) -> int:
                 f"port {args.port} on {args.host} is in use (another millwheel controller?); "
                 "choose another with --port")
     base = [sys.executable, "-m", "services.cli"]
-    common = ["--store", args.store, "--host", args.host, "--log-level", args.log_level]
+    common = ["--store", args.store, "--host", args.host, "--log-level", args.log_level,
+              "--allow-code", args.allow_code]
     procs: list[subprocess.Popen[bytes]] = []
     controller = f"{'127.0.0.1' if args.host == '0.0.0.0' else args.host}:{args.port}"
     procs.append(subprocess.Popen([*base, "controller", *common, "--port", str(args.port),
@@ -316,17 +338,15 @@ def cmd_register(args: argparse.Namespace) -> int:
     if not isinstance(comps, list) or not isinstance(injectors, list):
         raise InvalidSpecError(f"{args.spec}: 'computations' and 'injectors' must be lists")
     protos = [spec_dict_to_proto(c) for c in comps]  # validate everything before sending
-    done: list[dict[str, Any]] = []
-    with _client(args) as client:
-        for i, inj in enumerate(injectors):
-            if not isinstance(inj, dict) or not inj.get("name") or not inj.get("stream"):
-                raise InvalidSpecError(f"{args.spec}: injectors[{i}] needs 'name' and 'stream'")
-            client.register_injector(str(inj["name"]), str(inj["stream"]))
-            done.append({"injector": inj["name"], "stream": inj["stream"]})
-        logged = data.get("log_streams", []) if isinstance(data.get("log_streams"), list) else []
-        for spec in protos:
-            resp = client.register_computation(spec, [s for s in spec.outputs if s in logged])
-            done.append({"computation": spec.name, "ranges": len(resp.computation.ranges)})
+    for i, inj in enumerate(injectors):
+        if not isinstance(inj, dict) or not inj.get("name") or not inj.get("stream"):
+            raise InvalidSpecError(f"{args.spec}: injectors[{i}] needs 'name' and 'stream'")
+    logged = data.get("log_streams", []) if isinstance(data.get("log_streams"), list) else []
+    with _client(args) as client:  # all or nothing: one RegisterTopology call
+        resp = client.register_topology(protos, [(str(i["name"]), str(i["stream"])) for i in injectors],
+                                        [str(s) for s in logged])
+    done: list[dict[str, Any]] = [{"injector": i.name, "stream": i.stream} for i in resp.injectors]
+    done += [{"computation": c.spec.name, "ranges": len(c.ranges)} for c in resp.computations]
     text = "\n".join(
         f"registered injector {d['injector']!r} -> stream {d['stream']!r}" if "injector" in d
         else f"registered computation {d['computation']!r} ({d['ranges']} key ranges)" for d in done)

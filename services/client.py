@@ -66,6 +66,15 @@ class ControllerClient:
         req = pb.RegisterComputationRequest(spec=spec, log_streams=list(log_streams))
         return self.call(lambda: self.stub.RegisterComputation(req, timeout=self.timeout_s))
 
+    def register_topology(self, computations: Iterable[pb.ComputationSpec],
+                          injectors: Iterable[tuple[str, str]], log_streams: Iterable[str] = ()
+                          ) -> pb.RegisterTopologyResponse:
+        """Register all of it or nothing (``injectors`` as ``(name, stream)``)."""
+        req = pb.RegisterTopologyRequest(
+            computations=list(computations), log_streams=list(log_streams),
+            injectors=[pb.InjectorSpec(name=n, stream=s) for n, s in injectors])
+        return self.call(lambda: self.stub.RegisterTopology(req, timeout=self.timeout_s))
+
     def register_injector(self, name: str, stream: str) -> pb.RegisterInjectorResponse:
         req = pb.RegisterInjectorRequest(spec=pb.InjectorSpec(name=name, stream=stream))
         return self.call(lambda: self.stub.RegisterInjector(req, timeout=self.timeout_s))
@@ -196,16 +205,14 @@ def inject_messages(
 ) -> Iterator[pb.InjectRequest]:
     """Batches of records as Inject messages. Each message carries the watermark
     ``max timestamp so far - max_disorder_us`` (none if ``max_disorder_us`` is None);
-    ``done`` ends with the final watermark (no more records, ever)."""
-    from millwheel.record import MAX_TIMESTAMP, MIN_TIMESTAMP
-
+    ``done`` ends with ``done=true`` (no more records, ever: the injector is closed)."""
     max_seen = MIN_TIMESTAMP
     buf: list[pb.Record] = []
 
     def message(final: bool) -> pb.InjectRequest:
         msg = pb.InjectRequest(injector=injector, stream=stream, records=buf)
         if final and done:
-            msg.watermark = MAX_TIMESTAMP
+            msg.done = True
         elif max_disorder_us is not None and max_seen > MIN_TIMESTAMP:
             msg.watermark = max_seen - max_disorder_us
         return msg

@@ -25,9 +25,9 @@ import grpc
 
 from millwheel.clock import SystemClock
 from millwheel.errors import FencedError, InvalidSpecError, MillWheelError, NotFoundError
+from millwheel.importing import AllowList
 from millwheel.keys import key_range
 from millwheel.record import MAX_TIMESTAMP, MIN_TIMESTAMP
-from millwheel.runtime.routing import Router
 from millwheel.state.protocol import StateStore
 from millwheel.topology import InjectorSpec, injector_node
 from services import convert
@@ -35,6 +35,7 @@ from services.controller_assign import Assigner
 from services.controller_registry import Registry
 from services.generated import millwheel_pb2 as pb
 from services.grpc_server import check, start_server
+from services.limits import InjectLimits
 from services.metrics import PrometheusSensors
 from services.status import BusyError, UnavailableError, code_for, rpc, rpc_stream
 from services.store_lock import open_service_store
@@ -53,7 +54,9 @@ class ControllerService:
         self, store: StateStore, *, heartbeat_timeout_s: float = 3.0,
         max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES, sensors: PrometheusSensors | None = None,
         inject_timeout_s: float = 15.0, inject_wait_s: float = 10.0,
+        limits: InjectLimits | None = None, allow_code: AllowList | None = None,
     ) -> None:
+        self.limits = limits or InjectLimits(max_value_bytes=max_value_bytes)
         self.inject_timeout_s = inject_timeout_s
         self.inject_wait_s = inject_wait_s
         self.store = store
@@ -61,10 +64,9 @@ class ControllerService:
         self.sensors = sensors
         self.max_value_bytes = max_value_bytes
         self.lock = threading.RLock()
-        self.registry = Registry(store)
+        self.registry = Registry(store, allow_code)
         self.assigner = Assigner(store, heartbeat_timeout_s)
         self.assigner.sync_units(self.registry.nodes())
-        self.router = Router(self.registry.topology)
         self._served: dict[str, int] = {}
         self._links: dict[str, PeerLink] = {}
         self._stop = threading.Event()
@@ -87,7 +89,6 @@ class ControllerService:
                 log.exception("reaper pass failed")
 
     def _registry_changed(self) -> None:
-        self.router = Router(self.registry.topology)
         self.assigner.sync_units(self.registry.nodes())
         self.assigner.rebalance()
 
@@ -117,6 +118,7 @@ class ControllerService:
             return
         out, _ = self.watermarks()
         now = self.clock.now_us()
+        self.sensors.keep_nodes(set(out))  # no series for what is no longer registered
         for node, wm in out.items():
             self.sensors.watermark(node, wm, now - wm if wm > MIN_TIMESTAMP else 0)
 
@@ -160,6 +162,21 @@ class ControllerService:
             self._registry_changed()
             log.info("registered computation %r", spec.name)
             return pb.RegisterComputationResponse(computation=self._info(spec.name))
+
+    @rpc
+    def RegisterTopology(self, request: Any, context: Ctx) -> pb.RegisterTopologyResponse:
+        """All of it or nothing: validated whole, stored in one write."""
+        check(request)
+        comps = [convert.spec_from_proto(s) for s in request.computations]
+        injectors = [InjectorSpec(i.name, i.stream) for i in request.injectors]
+        with self.lock:
+            new_comps, new_injs = self.registry.register_topology(comps, injectors, request.log_streams)
+            self._registry_changed()
+            log.info("registered %s", [s.name for s in [*new_comps, *new_injs]] or "nothing new")
+            return pb.RegisterTopologyResponse(
+                computations=[self._info(c.name) for c in comps],
+                injectors=[convert.injector_to_proto(i) for i in injectors],
+                registered=[s.name for s in [*new_comps, *new_injs]])
 
     @rpc
     def RegisterInjector(self, request: Any, context: Ctx) -> pb.RegisterInjectorResponse:
@@ -295,7 +312,7 @@ class ControllerService:
         an ID get ``INJECTOR/MESSAGE/INDEX``: fixed before the first attempt, so a retried
         hand-over is deduplicated downstream. The records are forwarded as they came
         (validated in place, not rebuilt)."""
-        missing = convert.check_records(msg.records, f"inject message {index}", self.max_value_bytes)
+        missing = self.limits.check_message(msg, index, self.clock.now_us())
         batch = pb.DeliverBatch(computation=injector_node(spec.name), range_id=0,
                                 topology_version=self.registry.version,
                                 inject_session=session, inject_seq=index + 1)
@@ -304,8 +321,8 @@ class ControllerService:
             message_id = secrets.token_hex(8)
             for j in missing:
                 batch.records[j].id = f"{spec.name}/{message_id}/{j}"
-        if msg.HasField("watermark"):
-            batch.watermark = msg.watermark
+        if msg.HasField("watermark") or msg.done:
+            batch.watermark = MAX_TIMESTAMP if msg.done else msg.watermark
         return batch
 
     def _owner_address(self, node: str) -> str | None:
@@ -378,6 +395,7 @@ class ControllerService:
         try:
             for index, msg in enumerate(request_iterator):
                 check(msg)
+                self.limits.check_names(msg, index)
                 spec = self._injector_for(msg, index)
                 call.send(injector_node(spec.name), self._inject_batch(spec, msg, index, call.session))
             call.settle(0)
@@ -449,14 +467,15 @@ class ControllerService:
 def serve(
     store_url: str, host: str = "127.0.0.1", port: int = 7070, metrics_port: int | None = 0,
     heartbeat_timeout_s: float = 3.0, max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
-    inject_wait_s: float = 10.0,
+    inject_wait_s: float = 10.0, limits: InjectLimits | None = None, allow_code: str | None = None,
 ) -> tuple[grpc.Server, int, int, ControllerService]:
     """Start a controller; returns (server, port, metrics port or 0, service)."""
     store = open_service_store(store_url)
     sensors = PrometheusSensors("controller")
     service = ControllerService(store, heartbeat_timeout_s=heartbeat_timeout_s,
                                 max_value_bytes=max_value_bytes, sensors=sensors,
-                                inject_wait_s=inject_wait_s)
+                                inject_wait_s=inject_wait_s, limits=limits,
+                                allow_code=AllowList.parse(allow_code))
     server, bound, _health = start_server(f"{host}:{port}", {"Controller": service}, max_workers=32)
     mport = sensors.serve(host, metrics_port) if metrics_port is not None else 0
     log.info("controller listening on %s:%d (store %s, metrics port %d)", host, bound, store_url, mport)

@@ -1,23 +1,30 @@
 """The controller's registry of computations and injectors, persisted in the store.
 
 The registry is a :class:`~millwheel.topology.Topology` kept in the store's metadata
-(one entry per computation or injector, plus a version), so a restarted controller
-serves exactly what was registered. Every change is validated on a copy first: a bad
-request changes nothing.
+as ONE entry (the whole registry with its version), so a change is one store write:
+a crash or a refused request never leaves half a change behind. (A store written by
+an older controller, one entry per computation or injector, is read as well; the
+first change rewrites it in the new form.) Every change is validated on a copy first,
+from the spec's data only (:mod:`millwheel.operators.schema`: nothing named in a spec
+is imported or called here), and import paths against the code allow-list.
 """
 
 from __future__ import annotations
 
 import json
+from typing import Sequence
 
-from millwheel.errors import AlreadyExistsError, InvalidSpecError, NotFoundError
-from millwheel.operators import build_computation
+from millwheel.errors import AlreadyExistsError, InvalidSpecError, NotFoundError, ResourceLimitError
+from millwheel.importing import AllowList
+from millwheel.limits import MAX_TOTAL_KEY_RANGES
+from millwheel.operators.schema import check_allowed, validate_spec
 from millwheel.spec import computation_from_dict, computation_to_dict
 from millwheel.state.protocol import StateStore
 from millwheel.topology import ComputationSpec, InjectorSpec, Topology, injector_node
 from services.status import PreconditionError
 
-COMP_PREFIX = "registry/computation/"
+REGISTRY_KEY = "registry/v2"  # {"version", "computations", "injectors", "log_streams"}
+COMP_PREFIX = "registry/computation/"  # the older layout, read only
 INJ_PREFIX = "registry/injector/"
 VERSION_KEY = "registry/version"
 ORDER_KEY = "registry/order"
@@ -25,21 +32,19 @@ LOG_KEY = "registry/log_streams"
 
 
 class Registry:
-    def __init__(self, store: StateStore) -> None:
+    def __init__(self, store: StateStore, allow: AllowList | None = None) -> None:
         self.store = store
-        order = json.loads(store.get_meta(ORDER_KEY) or b"[]")
-        comps = {
-            name[len(COMP_PREFIX):]: computation_from_dict(json.loads(value))
-            for name, value in store.list_meta(COMP_PREFIX).items()
-        }
-        ordered = [comps[n] for n in order if n in comps]
-        ordered += [c for n, c in sorted(comps.items()) if n not in order]
-        injectors = [
-            InjectorSpec(**json.loads(value)) for value in store.list_meta(INJ_PREFIX).values()
-        ]
-        logged = tuple(json.loads(store.get_meta(LOG_KEY) or b"[]"))
-        self.topology = Topology(tuple(ordered), tuple(injectors), logged)
-        self.version = int(store.get_meta(VERSION_KEY) or b"0")
+        self.allow = allow or AllowList()
+        whole = store.get_meta(REGISTRY_KEY)
+        if whole is not None:
+            data = json.loads(whole)
+            self.topology = Topology(
+                tuple(computation_from_dict(c) for c in data["computations"]),
+                tuple(InjectorSpec(i["name"], i["stream"]) for i in data["injectors"]),
+                tuple(data["log_streams"]))
+            self.version = int(data["version"])
+        else:
+            self.topology, self.version = _read_old_layout(store)
 
     # -- queries ---------------------------------------------------------------------
     def computation(self, name: str) -> ComputationSpec:
@@ -47,16 +52,14 @@ class Registry:
             if spec.name == name:
                 return spec
         known = ", ".join(c.name for c in self.topology.computations) or "none registered"
-        raise NotFoundError(f"no computation named {name!r} (known: {known})")
+        raise NotFoundError(f"no computation named {name[:200]!r} (known: {known})")
 
     def injector(self, name: str) -> InjectorSpec | None:
         return next((i for i in self.topology.injectors if i.name == name), None)
 
     def nodes(self) -> dict[str, int]:
         """Every node that owns key ranges -> its range count (injectors have one)."""
-        out = {injector_node(i.name): 1 for i in self.topology.injectors}
-        out.update({c.name: c.options.key_ranges for c in self.topology.computations})
-        return out
+        return candidate_nodes(self.topology)
 
     def has_node(self, node: str) -> bool:
         return node in self.nodes()
@@ -68,33 +71,56 @@ class Registry:
         for stream in log_streams:
             if stream not in spec.all_outputs():
                 raise InvalidSpecError(
-                    f"computation {spec.name!r}: log stream {stream!r} is not one of its outputs")
+                    f"computation {spec.name!r}: log stream {stream[:200]!r} is not one of its outputs")
+        self.register_topology((spec,), (), log_streams)
+
+    def register_topology(self, computations: Sequence[ComputationSpec],
+                          injectors: Sequence[InjectorSpec], log_streams: Sequence[str]
+                          ) -> tuple[list[ComputationSpec], list[InjectorSpec]]:
+        """Register all of it or nothing: returns what was new. A computation or
+        injector identical to a registered one is left as it is (so a spec file can be
+        registered again); one that differs is ALREADY_EXISTS."""
         topo = self.topology
+        new_comps: list[ComputationSpec] = []
+        for spec in computations:
+            validate_spec(spec)
+            check_allowed(spec, self.allow)
+            existing = next((c for c in topo.computations if c.name == spec.name), None)
+            if existing is not None:
+                if existing != spec:
+                    raise AlreadyExistsError(f"computation {spec.name!r} is already registered "
+                                             "(with a different spec)")
+                continue
+            new_comps.append(spec)
+        new_injectors: list[InjectorSpec] = []
+        for inj in injectors:
+            if not inj.name or not inj.stream:
+                raise InvalidSpecError("injector: needs a non-empty 'name' and 'stream'")
+            known = self.injector(inj.name) or next((i for i in new_injectors if i.name == inj.name), None)
+            if known is not None:
+                if known.stream != inj.stream:
+                    raise AlreadyExistsError(f"injector {inj.name!r} is already registered for "
+                                             f"stream {known.stream!r}")
+                continue
+            new_injectors.append(inj)
+        outputs = {s for c in (*topo.computations, *new_comps) for s in c.all_outputs()}
+        for stream in log_streams:
+            if stream not in outputs:
+                raise InvalidSpecError(f"log stream {stream[:200]!r} is not an output of any computation")
         logged = tuple(dict.fromkeys((*topo.log_streams, *log_streams)))
-        candidate = Topology((*topo.computations, spec), topo.injectors, logged)
+        candidate = Topology((*topo.computations, *new_comps), (*topo.injectors, *new_injectors), logged)
         candidate.validate()
-        build_computation(spec)  # the code must import and accept its parameters
-        self.store.put_meta(COMP_PREFIX + spec.name, json.dumps(computation_to_dict(spec)).encode())
-        self._commit(candidate)
+        total = sum(candidate_nodes(candidate).values())
+        if total > MAX_TOTAL_KEY_RANGES and total > sum(self.nodes().values()):
+            raise ResourceLimitError(f"registry: {total} key ranges in all, over the limit of "
+                                     f"{MAX_TOTAL_KEY_RANGES}")
+        if new_comps or new_injectors or logged != topo.log_streams:
+            self._commit(candidate)
+        return new_comps, new_injectors
 
     def register_injector(self, spec: InjectorSpec) -> bool:
         """Register ``spec``; False if the same injector was already there (idempotent)."""
-        if not spec.name or not spec.stream:
-            raise InvalidSpecError("injector: needs a non-empty 'name' and 'stream'")
-        existing = self.injector(spec.name)
-        if existing is not None:
-            if existing.stream != spec.stream:
-                raise AlreadyExistsError(
-                    f"injector {spec.name!r} is already registered for stream {existing.stream!r}"
-                )
-            return False
-        candidate = Topology(self.topology.computations, (*self.topology.injectors, spec),
-                             self.topology.log_streams)
-        candidate.validate()
-        self.store.put_meta(INJ_PREFIX + spec.name, json.dumps(
-            {"name": spec.name, "stream": spec.stream}).encode())
-        self._commit(candidate)
-        return True
+        return bool(self.register_topology((), (spec,), ())[1])
 
     def unregister_computation(self, name: str) -> None:
         spec = self.computation(name)
@@ -106,12 +132,38 @@ class Registry:
             candidate.validate()
         except InvalidSpecError as exc:
             raise PreconditionError(f"cannot unregister {name!r}: {exc}") from None
-        self.store.put_meta(COMP_PREFIX + name, None)
         self._commit(candidate)
 
     def _commit(self, topology: Topology) -> None:
+        """One store write holds the whole change; memory follows only once it is stored."""
+        version = self.version + 1
+        self.store.put_meta(REGISTRY_KEY, json.dumps({
+            "version": version,
+            "computations": [computation_to_dict(c) for c in topology.computations],
+            "injectors": [{"name": i.name, "stream": i.stream} for i in topology.injectors],
+            "log_streams": list(topology.log_streams),
+        }).encode())
         self.topology = topology
-        self.version += 1
-        self.store.put_meta(ORDER_KEY, json.dumps([c.name for c in topology.computations]).encode())
-        self.store.put_meta(LOG_KEY, json.dumps(list(topology.log_streams)).encode())
-        self.store.put_meta(VERSION_KEY, str(self.version).encode())
+        self.version = version
+
+
+def candidate_nodes(topology: Topology) -> dict[str, int]:
+    out = {injector_node(i.name): 1 for i in topology.injectors}
+    out.update({c.name: c.options.key_ranges for c in topology.computations})
+    return out
+
+
+def _read_old_layout(store: StateStore) -> tuple[Topology, int]:
+    """The registry as controllers before the one-entry layout stored it."""
+    order = json.loads(store.get_meta(ORDER_KEY) or b"[]")
+    comps = {
+        name[len(COMP_PREFIX):]: computation_from_dict(json.loads(value))
+        for name, value in store.list_meta(COMP_PREFIX).items()
+    }
+    ordered = [comps[n] for n in order if n in comps]
+    ordered += [c for n, c in sorted(comps.items()) if n not in order]
+    injectors = [
+        InjectorSpec(**json.loads(value)) for value in store.list_meta(INJ_PREFIX).values()
+    ]
+    logged = tuple(json.loads(store.get_meta(LOG_KEY) or b"[]"))
+    return Topology(tuple(ordered), tuple(injectors), logged), int(store.get_meta(VERSION_KEY) or b"0")

@@ -106,6 +106,21 @@ class PrometheusSensors:
     def owned_ranges(self, count: int) -> None:
         self._ranges.set(count)
 
+    def keep_nodes(self, nodes: set[str]) -> None:
+        """Drop every series labelled with a computation or node not in ``nodes`` (the
+        registered ones): a label exists only while its name is registered, so neither
+        an unregistered name nor a refused request leaves series behind."""
+        for metric in (self._in, self._out, self._dups, self._late, self._cp, self._fenced,
+                       self._wm, self._lag, self._spark_jobs, self._spark_seconds,
+                       self._spark_windows):
+            for labels in list(getattr(metric, "_metrics", {})):
+                if labels[0] not in nodes:
+                    metric.remove(*labels)
+        for metric in (self._backpressure, self._inflight, self._retries):  # a node, or an address
+            for labels in list(getattr(metric, "_metrics", {})):
+                if labels[0].startswith("injector:") and labels[0] not in nodes:
+                    metric.remove(*labels)
+
     def serve(self, host: str, port: int) -> int:
         """Expose ``/metrics`` over HTTP; ``port`` 0 picks a free port. Returns the port."""
         server, _thread = start_http_server(port, addr=host, registry=self.registry)

@@ -18,6 +18,7 @@ from millwheel.errors import (
     InvalidSpecError,
     MillWheelError,
     NotFoundError,
+    PermissionDeniedError,
     ResourceLimitError,
     StoreError,
 )
@@ -49,6 +50,7 @@ CODES: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (AlreadyExistsError, grpc.StatusCode.ALREADY_EXISTS),
     (ResourceLimitError, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (FencedError, grpc.StatusCode.ABORTED),
+    (PermissionDeniedError, grpc.StatusCode.PERMISSION_DENIED),
     (PreconditionError, grpc.StatusCode.FAILED_PRECONDITION),
     (StoreError, grpc.StatusCode.UNAVAILABLE),
     (UnavailableError, grpc.StatusCode.UNAVAILABLE),

@@ -32,6 +32,7 @@ import grpc
 
 from millwheel.clock import SystemClock
 from millwheel.errors import FencedError
+from millwheel.importing import AllowList
 from millwheel.keys import key_range
 from millwheel.operators import build_computation
 from millwheel.record import MIN_TIMESTAMP, Record
@@ -68,8 +69,9 @@ class WorkerProcess:
         batch_size: int = 5000,
         max_inflight: int = 8, max_slices: int = 4, max_injector_outbox: int = 50_000,
         heartbeat_s: float = 0.1, delivery_timeout_s: float = 5.0, weak_wait_s: float = 1.0,
-        min_heartbeat_s: float = 0.025,
+        min_heartbeat_s: float = 0.025, allow_code: str | None = None,
     ) -> None:
+        self.allow_code = AllowList.parse(allow_code)
         self.store = open_service_store(store_url)
         self.sensors = PrometheusSensors("worker")
         self.clock = SystemClock()
@@ -211,7 +213,9 @@ class WorkerProcess:
     def _set_topology(self, topology: Topology, version: int) -> None:
         self.topology = topology
         self.version = version
-        self.router = Router(topology)
+        self.router = Router(topology, self.allow_code)
+        self.sensors.keep_nodes({c.name for c in topology.computations}
+                                | {f"injector:{i.name}" for i in topology.injectors})
         for owned in list(self.units.values()):
             if owned.worker is not None:
                 owned.worker.router = self.router
@@ -220,7 +224,7 @@ class WorkerProcess:
 
     def _new_range_worker(self, node: str, range_id: int, token: int) -> RangeWorker:
         spec = self.topology.computation(node)
-        return RangeWorker(spec, range_id, self.store, build_computation(spec), self.router,
+        return RangeWorker(spec, range_id, self.store, build_computation(spec, self.allow_code), self.router,
                            self.clock, self.sensors, self.crash, token=token)
 
     def _take(self, unit: Unit, token: int) -> None:

@@ -6,8 +6,9 @@ from typing import Any, Callable
 
 from millwheel.computation import Computation
 from millwheel.errors import InvalidSpecError
-from millwheel.importing import import_object
+from millwheel.importing import AllowList, import_object
 from millwheel.operators.aggregate import WindowedAggregate
+from millwheel.operators.schema import check_allowed, validate_spec
 from millwheel.operators.transform import Filter, Map
 from millwheel.spark import spark_aggregate
 from millwheel.topology import ComputationSpec
@@ -20,22 +21,24 @@ BUILTINS: dict[str, Callable[..., Computation]] = {
 }
 
 
-def build_computation(spec: ComputationSpec) -> Computation:
-    """Instantiate the code of ``spec``; raise InvalidSpecError naming what is wrong."""
+def build_computation(spec: ComputationSpec, allow: AllowList | None = None) -> Computation:
+    """Instantiate the code of ``spec``; raise InvalidSpecError naming what is wrong.
+
+    The spec is first checked from its data (:func:`schema.validate_spec`, the checks
+    the controller makes), then, with ``allow``, every import path in it against the
+    deployment's allow-list, and only then is anything imported."""
     where = f"computation {spec.name!r}"
+    validate_spec(spec)
+    if allow is not None:
+        check_allowed(spec, allow)
     name = spec.code.name
     params: dict[str, Any] = dict(spec.code.params)
     if spec.code.is_builtin:
-        factory = BUILTINS.get(name)
-        if factory is None:
-            raise InvalidSpecError(
-                f"{where}: unknown built-in operator {name!r}; built-ins are {sorted(BUILTINS)} "
-                "(or give 'pkg.module:Class')"
-            )
+        factory = BUILTINS[name]
         if name in ("window_aggregate", "spark_aggregate"):
             params.setdefault("allowed_lateness_us", spec.options.allowed_lateness_us)
     else:
-        factory = import_object(name, what=f"{where} code")
+        factory = import_object(name, what=f"{where} code", allow=allow)
         if not callable(factory):
             raise InvalidSpecError(f"{where}: code {name!r} is not a class or factory")
     try:

@@ -1,15 +1,21 @@
 """Built-in stateless filter and map, by expression or by import path.
 
 Expressions are evaluated with simpleeval (no attribute access to internals, no
-imports, bounded power), over the names ``key`` (str), ``value`` (the value as
-text), ``json`` (the value parsed as JSON, or None) and ``ts`` (µs).
+imports), over the names ``key`` (str), ``value`` (the value as text), ``json`` (the
+value parsed as JSON, or None) and ``ts`` (µs). What one evaluation may cost is
+bounded: an expression is at most ``MAX_EXPRESSION_CHARS`` long and
+``MAX_EXPRESSION_DEPTH`` deep (checked when the spec is validated, by parsing only),
+``**`` may not make an integer over ``MAX_POWER_BITS`` bits and ``*`` may not make a
+string or sequence over ``MAX_REPEAT`` items (a failed evaluation names the record).
 """
 
 from __future__ import annotations
 
+import ast
 import json
 from typing import Any, Callable
 
+import simpleeval
 from simpleeval import EvalWithCompoundTypes, InvalidExpression
 
 from millwheel.computation import Computation, Context
@@ -17,16 +23,58 @@ from millwheel.errors import InvalidSpecError
 from millwheel.importing import import_object
 from millwheel.record import Record
 
+MAX_EXPRESSION_CHARS = 4096
+MAX_EXPRESSION_DEPTH = 64  # nesting of the syntax tree (simpleeval evaluates recursively)
+MAX_POWER_BITS = 4096
+MAX_REPEAT = 10_000
+
+
+def check_expression(source: object, what: str) -> ast.expr:
+    """Parse (never evaluate) an expression within the length and depth limits; an
+    InvalidSpecError names ``what`` and the limit or the syntax error."""
+    if not isinstance(source, str):
+        raise InvalidSpecError(f"{what}: expected an expression string, got {type(source).__name__}")
+    if len(source) > MAX_EXPRESSION_CHARS:
+        raise InvalidSpecError(f"{what}: expression of {len(source)} characters, over the limit "
+                               f"of {MAX_EXPRESSION_CHARS}")
+    try:
+        tree = ast.parse(source.strip(), mode="eval")
+    except SyntaxError as exc:
+        raise InvalidSpecError(f"{what} {source!r}: syntax error: {exc.msg}") from None
+    except (RecursionError, MemoryError, ValueError) as exc:
+        raise InvalidSpecError(f"{what}: expression cannot be parsed: {exc.__class__.__name__}") from None
+    stack: list[tuple[ast.AST, int]] = [(tree.body, 1)]
+    while stack:  # iteratively: a deep tree must not overflow this check either
+        node, depth = stack.pop()
+        if depth > MAX_EXPRESSION_DEPTH:
+            raise InvalidSpecError(f"{what}: expression nested deeper than the limit of "
+                                   f"{MAX_EXPRESSION_DEPTH}")
+        stack.extend((child, depth + 1) for child in ast.iter_child_nodes(node))
+    return tree.body
+
+
+def _power(a: Any, b: Any) -> Any:
+    if isinstance(a, int) and isinstance(b, int) and b > 0 and abs(a) > 1 \
+            and a.bit_length() * b > MAX_POWER_BITS:
+        raise simpleeval.NumberTooHigh(f"{a} ** {b} would exceed {MAX_POWER_BITS} bits")
+    return simpleeval.safe_power(a, b)
+
+
+def _mult(a: Any, b: Any) -> Any:
+    for seq, n in ((a, b), (b, a)):
+        if hasattr(seq, "__len__") and isinstance(n, int) and len(seq) * n > MAX_REPEAT:
+            raise simpleeval.IterableTooLong(f"repetition to {len(seq) * n} items, over {MAX_REPEAT}")
+    return simpleeval.safe_mult(a, b)
+
 
 class _Expression:
     def __init__(self, source: str, what: str) -> None:
         self.source = source
         self.what = what
-        self._evaluator = EvalWithCompoundTypes()
-        try:
-            self._parsed = self._evaluator.parse(source)
-        except SyntaxError as exc:
-            raise InvalidSpecError(f"{what} {source!r}: syntax error: {exc.msg}") from None
+        self._parsed = check_expression(source, what)
+        operators = dict(simpleeval.DEFAULT_OPERATORS)
+        operators.update({ast.Pow: _power, ast.Mult: _mult})
+        self._evaluator = EvalWithCompoundTypes(operators=operators)
 
     def __call__(self, record: Record) -> Any:
         try:

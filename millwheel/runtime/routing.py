@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable
 
+from millwheel.importing import AllowList
 from millwheel.keys import KeyExtractor, KeyFn
 from millwheel.record import Record
 from millwheel.state.protocol import Production
@@ -59,12 +60,12 @@ class Route:
 
 
 class Router:
-    def __init__(self, topology: Topology) -> None:
+    def __init__(self, topology: Topology, allow: AllowList | None = None) -> None:
         self._routes: dict[str, list[Route]] = {}
         for spec in topology.computations:
             for inp in spec.inputs:
                 self._routes.setdefault(inp.stream, []).append(
-                    Route(spec.name, inp.key_extractor.compile())
+                    Route(spec.name, inp.key_extractor.compile(allow))
                 )
         for stream in topology.logged_streams():
             self._routes.setdefault(stream, []).append(Route(LOG_PREFIX + stream, None))

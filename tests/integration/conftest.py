@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.service_cluster import Cluster
+from tests.integration.service_cluster import PIPELINE_CODE, Cluster
 
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[Cluster]:
     """A running controller on a fresh SQLite store; tests start their own workers."""
-    c = Cluster(tmp_path)
+    c = Cluster(tmp_path, allow_code=PIPELINE_CODE)
     c.start_controller()
     try:
         yield c

@@ -26,15 +26,23 @@ from services.convert import spec_to_proto
 from tests.support.redis_server import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
+#: The module of the user code the test pipelines name by import path
+#: (``tests.support.pipelines:RunningTotal``): what their clusters must allow.
+PIPELINE_CODE = "tests.support.pipelines"
 
 
 class Cluster:
     def __init__(self, tmp: Path, store_url: str | None = None, heartbeat_timeout_s: float = 1.5,
-                 controller_args: Iterable[str] = ()) -> None:
+                 controller_args: Iterable[str] = (), worker_args: Iterable[str] = (),
+                 allow_code: str = "") -> None:
+        """``allow_code``: the ``--allow-code`` of controller and workers (default none:
+        built-in operators only); tests registering :data:`PIPELINE_CODE` pass it."""
         self.tmp = tmp
         self.store_url = store_url or f"sqlite:///{tmp}/service.db"
         self.heartbeat_timeout_s = heartbeat_timeout_s
-        self.controller_args = list(controller_args)
+        allow = ["--allow-code", allow_code] if allow_code else []
+        self.controller_args = [*allow, *controller_args]
+        self.worker_args = [*allow, *worker_args]
         self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
         self.controller: subprocess.Popen[bytes] | None = None
@@ -61,7 +69,7 @@ class Cluster:
         n = len(self.workers)
         proc = self._spawn(f"worker{n}", [
             "worker", "--store", self.store_url, "--controller", self.address,
-            "--delivery-timeout", "2", "--batch-size", "100", *extra], env)
+            "--delivery-timeout", "2", "--batch-size", "100", *self.worker_args, *extra], env)
         self.workers.append(proc)
         wait_for(lambda: self.worker_id(proc) is not None, 20, f"worker {n} to join")
         return proc

@@ -12,7 +12,7 @@ import pytest
 from millwheel.errors import AlreadyExistsError, InvalidSpecError, NotFoundError
 from services.generated import millwheel_pb2 as pb
 from services.grpc_server import channel
-from tests.integration.service_cluster import Cluster
+from tests.integration.service_cluster import PIPELINE_CODE, Cluster
 from tests.support import pipelines
 
 pytestmark = pytest.mark.timeout(120)
@@ -21,7 +21,8 @@ LIMIT = 1000
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory):
-    c = Cluster(tmp_path_factory.mktemp("errors"), controller_args=["--max-value-bytes", str(LIMIT)])
+    c = Cluster(tmp_path_factory.mktemp("errors"), controller_args=["--max-value-bytes", str(LIMIT)],
+                allow_code=PIPELINE_CODE)
     c.start_controller()
     c.start_worker()
     c.register(pipelines.topology(key_ranges=2))

@@ -21,6 +21,7 @@ from services.generated import millwheel_pb2 as pb
 from services.generated import millwheel_pb2_grpc as pb_grpc
 from services.grpc_server import channel
 from tests.integration.service_cluster import (
+    PIPELINE_CODE,
     Cluster,
     WatermarkMonitor,
     expected_outputs,
@@ -38,7 +39,7 @@ def redis_cluster(tmp_path: Path):
     from tests.support.redis_server import RedisServer
 
     redis = RedisServer(appendonly=True)
-    c = Cluster(tmp_path, store_url=redis.url)
+    c = Cluster(tmp_path, store_url=redis.url, allow_code=PIPELINE_CODE)
     try:
         c.start_controller()
         yield c

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from millwheel.record import MAX_TIMESTAMP
-from tests.integration.service_cluster import Cluster, expected_outputs, wait_for
+from tests.integration.service_cluster import PIPELINE_CODE, Cluster, expected_outputs, wait_for
 from tests.support import pipelines
 
 pytestmark = pytest.mark.timeout(240)
@@ -29,7 +29,7 @@ def cluster(request: pytest.FixtureRequest, tmp_path: Path):
 
         redis = RedisServer(appendonly=True)
         url = redis.url
-    c = Cluster(tmp_path, store_url=url)
+    c = Cluster(tmp_path, store_url=url, allow_code=PIPELINE_CODE)
     try:
         c.start_controller()
         yield c

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from millwheel.record import MAX_TIMESTAMP
-from tests.integration.service_cluster import Cluster
+from tests.integration.service_cluster import PIPELINE_CODE, Cluster
 from tests.support import pipelines
 
 pytestmark = pytest.mark.timeout(120)
@@ -55,7 +55,7 @@ print(json.dumps(out))
 
 
 def test_stock_client_discovers_and_calls_by_reflection(tmp_path: Path) -> None:
-    cluster = Cluster(tmp_path)
+    cluster = Cluster(tmp_path, allow_code=PIPELINE_CODE)
     try:
         cluster.start_controller()
         worker = cluster.start_worker()

@@ -1,0 +1,44 @@
+"""Bounds on everything a spec can size, so no request can make a process do unbounded
+work or keep unbounded data (names end up in logs, metrics labels and store keys;
+key ranges are work under the controller's lock).
+
+Each is a constant here, checked by :meth:`millwheel.topology.Topology.validate` and
+:mod:`millwheel.operators.schema`, so ``millwheel run`` and the service refuse the
+same specs with the same messages. The service's per-request limits (records per
+Inject message, key and record ID sizes, timestamps ahead of the clock) are flags of
+the controller: :mod:`services.limits`.
+"""
+
+from __future__ import annotations
+
+import re
+
+from millwheel.errors import InvalidSpecError
+
+#: Computation, injector and stream names: 1..200 of letters, digits and ``_ . - :``.
+#: (``injector:NAME`` is how an injector's node is named; ``.`` is for derived streams
+#: such as ``<computation>.dead_letters``.)
+MAX_NAME_CHARS = 200
+NAME_CHARSET = "letters, digits and _ . - :"
+_NAME = re.compile(r"[A-Za-z0-9_.:-]+")
+
+MAX_KEY_RANGES = 4096  #: key ranges of one computation
+MAX_TOTAL_KEY_RANGES = 65_536  #: key ranges of all registered computations together
+MAX_PARAMS_BYTES = 64 * 1024  #: a computation's code parameters, as JSON
+MAX_STREAMS_PER_COMPUTATION = 256  #: inputs, and outputs, of one computation
+MAX_COMPUTATIONS = 1000  #: computations in one topology
+MAX_INJECTORS = 1000  #: injectors in one topology
+MAX_KEY_EXTRACTOR_CHARS = 256
+MAX_WINDOWS_PER_RECORD = 1000  #: size_us / period_us of a sliding window
+
+
+def check_name(name: object, what: str) -> None:
+    """InvalidSpecError naming ``what`` unless ``name`` is a valid name."""
+    if not isinstance(name, str) or not name:
+        raise InvalidSpecError(f"{what}: name must be a non-empty string")
+    if len(name) > MAX_NAME_CHARS:
+        raise InvalidSpecError(
+            f"{what} {name[:40]!r}...: name of {len(name)} characters, over the limit of "
+            f"{MAX_NAME_CHARS}")
+    if not _NAME.fullmatch(name):
+        raise InvalidSpecError(f"{what} {name!r}: names may hold only {NAME_CHARSET}")

@@ -1,0 +1,191 @@
+"""The parameters of every built-in operator, checked from the data alone.
+
+The controller validates a registration with :func:`validate_spec` and never imports
+or calls anything named in it; :func:`~millwheel.operators.build_computation` runs the
+same checks first, so ``millwheel run`` and the service give the same messages. A
+message names the computation and the field: ``computation 'x'.code.params.size_us:
+required``, ``... expected an integer, got string 'abc'``.
+
+Code given by import path (``pkg.module:Class``), ``import:`` key extractors and the
+``function`` parameter of filter, map and spark_aggregate are checked by shape only
+(dotted identifiers), and against the deployment's code allow-list by
+:func:`check_allowed` (PERMISSION_DENIED outside it).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from millwheel.errors import InvalidSpecError
+from millwheel.importing import AllowList, check_import_path
+from millwheel.limits import MAX_PARAMS_BYTES, MAX_WINDOWS_PER_RECORD
+from millwheel.operators.aggregate import AGGREGATIONS
+from millwheel.operators.transform import check_expression
+from millwheel.spark.aggregations import BUILTIN as SPARK_AGGREGATIONS
+from millwheel.topology import ComputationSpec
+
+_TYPE_NAMES = {"int": "an integer", "number": "a number", "str": "a string",
+               "bool": "a boolean", "mapping": "a mapping", "expr": "an expression string",
+               "import": "an import path 'pkg.module:function'"}
+
+
+@dataclass(frozen=True)
+class Param:
+    kind: str  # int, number, str, bool, mapping, expr (simpleeval), import (pkg.module:fn)
+    required: bool = False
+    minimum: float | None = None
+    maximum: float | None = None
+    choices: tuple[str, ...] = ()
+
+
+_WINDOW = {
+    "size_us": Param("int", required=True, minimum=1),
+    "period_us": Param("int", minimum=1),
+    "field": Param("str"),
+    "output": Param("str"),
+    "allowed_lateness_us": Param("int", minimum=0),
+}
+
+SCHEMAS: dict[str, dict[str, Param]] = {
+    "window_aggregate": {**_WINDOW, "aggregation": Param("str", choices=AGGREGATIONS)},
+    "filter": {"expr": Param("expr"), "function": Param("import"), "output": Param("str")},
+    "map": {"key": Param("expr"), "value": Param("expr"), "ts": Param("expr"),
+            "function": Param("import"), "output": Param("str")},
+    "spark_aggregate": {
+        **_WINDOW,
+        "aggregation": Param("str", choices=SPARK_AGGREGATIONS),
+        "percentile": Param("number", minimum=0.0, maximum=1.0),
+        "function": Param("import"),
+        "master": Param("str"),
+        "spark_conf": Param("mapping"),
+        "max_attempts": Param("int", minimum=1, maximum=100),
+        "retry_backoff_s": Param("number", minimum=0.0, maximum=3600.0),
+    },
+}
+
+
+def validate_spec(spec: ComputationSpec) -> None:
+    """Every check of a computation's code that needs no import: InvalidSpecError
+    naming the computation and field at fault."""
+    where = f"computation {spec.name!r}.code"
+    name = spec.code.name
+    params = dict(spec.code.params)
+    try:
+        size = len(json.dumps(params))
+    except (TypeError, ValueError) as exc:
+        raise InvalidSpecError(f"{where}.params: not JSON data: {exc}") from None
+    if size > MAX_PARAMS_BYTES:
+        raise InvalidSpecError(f"{where}.params: {size} bytes of JSON, over the limit of "
+                               f"{MAX_PARAMS_BYTES} bytes")
+    if not spec.code.is_builtin:
+        check_import_path(name, f"{where}.name")
+        return
+    schema = SCHEMAS.get(name)
+    if schema is None:
+        raise InvalidSpecError(
+            f"{where}.name: unknown built-in operator {name!r}; built-ins are {sorted(SCHEMAS)} "
+            "(or give 'pkg.module:Class')")
+    if name in ("window_aggregate", "spark_aggregate"):
+        params.setdefault("allowed_lateness_us", spec.options.allowed_lateness_us)
+    validate_params(name, params, f"{where}.params")
+
+
+def validate_params(operator: str, params: Mapping[str, Any], where: str) -> None:
+    schema = SCHEMAS[operator]
+    unknown = sorted(set(params) - set(schema))
+    if unknown:
+        raise InvalidSpecError(f"{where}: unknown parameters {unknown} for {operator!r} "
+                               f"(known: {sorted(schema)})")
+    for field, param in schema.items():
+        value = params.get(field)
+        if value is None:
+            if param.required:
+                raise InvalidSpecError(f"{where}.{field}: required")
+            continue
+        _check_value(value, param, f"{where}.{field}")
+    _cross_checks(operator, params, where)
+
+
+def _check_value(value: Any, param: Param, where: str) -> None:
+    kind = param.kind
+    ok = {
+        "int": lambda v: (isinstance(v, int) and not isinstance(v, bool))
+        or (isinstance(v, float) and v.is_integer()),
+        "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
+        and math.isfinite(v),
+        "bool": lambda v: isinstance(v, bool),
+        "mapping": lambda v: isinstance(v, Mapping),
+    }.get(kind, lambda v: isinstance(v, str))(value)
+    if not ok:
+        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:40] + "..."
+        raise InvalidSpecError(
+            f"{where}: expected {_TYPE_NAMES[kind]}, got {_json_type(value)} {shown}")
+    if kind in ("int", "number"):
+        if param.minimum is not None and value < param.minimum:
+            raise InvalidSpecError(f"{where}: must be >= {param.minimum:g}, got {value}")
+        if param.maximum is not None and value > param.maximum:
+            raise InvalidSpecError(f"{where}: must be <= {param.maximum:g}, got {value}")
+    if param.choices and value not in param.choices:
+        raise InvalidSpecError(f"{where}: {value!r} is not one of {list(param.choices)}")
+    if kind == "expr":
+        check_expression(value, where)
+    elif kind == "import":
+        check_import_path(value, where)
+
+
+def _cross_checks(operator: str, params: Mapping[str, Any], where: str) -> None:
+    if operator in ("window_aggregate", "spark_aggregate"):
+        size, period = params["size_us"], params.get("period_us")
+        if period is not None:
+            if period > size:
+                raise InvalidSpecError(f"{where}.period_us: must be <= size_us ({size}), got {period}")
+            if size / period > MAX_WINDOWS_PER_RECORD:
+                raise InvalidSpecError(
+                    f"{where}.period_us: size_us / period_us = {size // period} windows per "
+                    f"record, over the limit of {MAX_WINDOWS_PER_RECORD}")
+    elif operator == "filter":
+        if (params.get("expr") is None) == (params.get("function") is None):
+            raise InvalidSpecError(f"{where}: give exactly one of 'expr' or 'function'")
+    elif operator == "map":
+        exprs = [f for f in ("key", "value", "ts") if params.get(f) is not None]
+        if params.get("function") is not None and exprs:
+            raise InvalidSpecError(f"{where}: give 'function' or expressions {exprs}, not both")
+        if params.get("function") is None and not exprs:
+            raise InvalidSpecError(f"{where}: give 'function' or at least one of key/value/ts")
+
+
+def import_paths(spec: ComputationSpec) -> list[tuple[str, str]]:
+    """Every ``(what, pkg.module:attr)`` the spec would import when it runs."""
+    where = f"computation {spec.name!r}"
+    paths = []
+    if not spec.code.is_builtin:
+        paths.append((f"{where}.code.name", spec.code.name))
+    elif isinstance(spec.code.params.get("function"), str):
+        paths.append((f"{where}.code.params.function", spec.code.params["function"]))
+    for i, inp in enumerate(spec.inputs):
+        paths += [(f"{where}.inputs[{i}].key", p) for p in inp.key_extractor.import_paths()]
+    return paths
+
+
+def check_allowed(spec: ComputationSpec, allow: AllowList) -> None:
+    """PermissionDeniedError naming the path and the allow-list for any code of
+    ``spec`` outside ``allow`` (nothing is imported)."""
+    for what, path in import_paths(spec):
+        allow.check(path, what)
+
+
+def _json_type(value: Any) -> str:
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, Mapping):
+        return "mapping"
+    if isinstance(value, list):
+        return "list"
+    return type(value).__name__
