@@ -11,7 +11,8 @@ import json
 from typing import Any, Iterable, Mapping
 
 from millwheel.errors import InvalidSpecError, ResourceLimitError
-from millwheel.record import MAX_TIMESTAMP, MIN_TIMESTAMP, Record, Timer
+from millwheel.limits import MAX_PARAMS_BYTES, check_name
+from millwheel.record import Record, Timer
 from millwheel.spec import computation_from_dict, computation_to_dict, topology_from_dict
 from millwheel.topology import ComputationSpec, InjectorSpec, Topology
 from services.generated import millwheel_pb2 as pb
@@ -23,7 +24,11 @@ def spec_from_proto(msg: pb.ComputationSpec) -> ComputationSpec:
 
 
 def spec_dict_from_proto(msg: pb.ComputationSpec) -> dict[str, Any]:
+    check_name(msg.name, "computation")  # before the name goes into any message
     where = f"computation {msg.name!r}"
+    if len(msg.code.params_json) > MAX_PARAMS_BYTES:
+        raise InvalidSpecError(f"{where}.code.params_json: {len(msg.code.params_json)} characters, "
+                               f"over the limit of {MAX_PARAMS_BYTES} bytes")
     try:
         params = json.loads(msg.code.params_json) if msg.code.params_json else {}
     except ValueError as exc:
@@ -105,20 +110,6 @@ def record_from_proto(msg: pb.Record, where: str, max_value_bytes: int) -> Recor
     record = Record(msg.key, bytes(msg.value), int(msg.timestamp), msg.id or "-")
     record.validate(where)
     return record
-
-
-def check_records(msgs: Iterable[pb.Record], where: str, max_value_bytes: int) -> list[int]:
-    """Validate wire records in place, as :func:`record_from_proto` does one by one but
-    without building core records (the controller only forwards them). Returns the
-    indexes of records without an ID."""
-    missing = []
-    for j, m in enumerate(msgs):
-        _check_wire_record(m, f"{where} record {j}", max_value_bytes)
-        if not MIN_TIMESTAMP <= m.timestamp <= MAX_TIMESTAMP:
-            raise InvalidSpecError(f"{where} record {j}: timestamp {m.timestamp} is out of range")
-        if not m.id:
-            missing.append(j)
-    return missing
 
 
 def records_from_proto(msgs: Iterable[pb.Record]) -> list[Record]:

@@ -75,7 +75,7 @@ class InjectLimits:
                 raise InvalidSpecError(f"{at}: timestamp {m.timestamp} is out of range")
             if m.timestamp > horizon:
                 raise InvalidSpecError(
-                    f"{at} (id {m.id[:100]!r}): timestamp {m.timestamp} ({_iso(m.timestamp)}) is "
+                    f"{at} (key {m.key[:100]!r}, id {m.id[:100]!r}): timestamp {m.timestamp} ({_iso(m.timestamp)}) is "
                     f"more than --max-future-us={self.max_future_us} ahead of the controller's "
                     f"clock ({_iso(now_us)})")
         if msg.HasField("watermark"):

@@ -47,7 +47,7 @@ def topology() -> Topology:
 
 @pytest.fixture
 def cluster(tmp_path: Path):
-    c = Cluster(tmp_path, controller_args=["--inject-wait", "0.1"])
+    c = Cluster(tmp_path, controller_args=["--inject-wait", "0.1"], allow_code=__name__)
     c.start_controller()
     c.start_worker("--max-injector-outbox", str(LIMIT), "--batch-size", "100")
     c.register(topology())

@@ -22,13 +22,13 @@ def test_spec_round_trips() -> None:
 
 
 @pytest.mark.parametrize("change,message", [
-    ({"name": ""}, "'name' must be a non-empty string"),
+    ({"name": ""}, "computation: name must be a non-empty string"),
     ({"inputs": "queries"}, "inputs: must be a list"),
     ({"inputs": [{"key": "key"}]}, r"inputs\[0\]: needs a 'stream'"),
     ({"inputs": [{"stream": "q", "key": "xml:a"}]}, "key extractor 'xml:a' not understood"),
     ({"code": {"params": {}}}, "code: needs a 'name'"),
     ({"options": {"late_policy": "ignore"}}, "'ignore' is not a valid LatePolicy"),
-    ({"options": {"key_ranges": 0}}, "key_ranges must be >= 1"),
+    ({"options": {"key_ranges": 0}}, r"options\.key_ranges: must be 1\.\.4096 \(the limit"),
     ({"options": {"key_ranges": "4"}}, "key_ranges: must be an integer"),
     ({"options": {"late_policy": "route"}}, "needs a late_stream"),
     ({"options": {"exactly_twice": True}}, r"unknown options \['exactly_twice'\]"),
