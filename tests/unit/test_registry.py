@@ -1,0 +1,89 @@
+"""The controller's registry over a real SQLite store: a change is one store entry,
+a refused change leaves store and memory exactly as they were, and a store written
+in the older one-entry-per-computation layout is still read."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from millwheel.errors import AlreadyExistsError, InvalidSpecError, PermissionDeniedError, ResourceLimitError
+from millwheel.importing import AllowList
+from millwheel.spec import computation_from_dict, computation_to_dict
+from millwheel.state.sqlite_store import SQLiteStore
+from millwheel.topology import ComputationSpec, InjectorSpec
+from services.controller_registry import REGISTRY_KEY, Registry
+
+
+def comp(name: str, source: str = "events", code: dict[str, object] | None = None) -> ComputationSpec:
+    return computation_from_dict({"name": name, "inputs": [source], "outputs": [f"{name}_out"],
+                                  "code": code or {"name": "filter", "params": {"expr": "True"}}})
+
+
+def stored(store: SQLiteStore) -> dict[str, bytes]:
+    return store.list_meta("registry/")
+
+
+def test_refused_topology_changes_nothing(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "s.db")
+    reg = Registry(store)
+    reg.register_topology([comp("a")], [InjectorSpec("events", "events")], [])
+    topo, version, before = reg.topology, reg.version, stored(store)
+    bad_cases = [
+        ([comp("b"), comp("c", code={"name": "window_aggregate", "params": {"size_us": "x"}})],
+         InvalidSpecError, "computation 'c'.code.params.size_us"),
+        ([comp("b"), comp("a", code={"name": "filter", "params": {"expr": "False"}})],
+         AlreadyExistsError, "'a' is already registered"),
+        ([comp("b"), comp("c", source="ghost")], InvalidSpecError, "'ghost' is produced by no"),
+        ([comp("b"), comp("c", code={"name": "mypkg.mod:Code"})], PermissionDeniedError, "allow-list"),
+    ]
+    for comps, error, message in bad_cases:
+        with pytest.raises(error, match=message):
+            reg.register_topology(comps, [InjectorSpec("other", "other")], [])
+        assert (reg.topology, reg.version, stored(store)) == (topo, version, before)
+        assert Registry(store).topology == topo
+
+
+def test_a_change_is_one_store_entry_and_repeats_are_no_change(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "s.db")
+    reg = Registry(store, AllowList.parse("mypkg.*"))
+    reg.register_topology([comp("a"), comp("b", code={"name": "mypkg.mod:Code"})],
+                          [InjectorSpec("events", "events")], ["a_out"])
+    assert list(stored(store)) == [REGISTRY_KEY]
+    again = Registry(store)
+    assert again.topology == reg.topology and again.version == reg.version == 1
+    assert reg.register_topology([comp("a")], [InjectorSpec("events", "events")], []) == ([], [])
+    assert reg.version == 1  # the same spec again: nothing new, nothing written
+    reg.unregister_computation("b")
+    assert Registry(store).topology.computations == (reg.computation("a"),) and reg.version == 2
+
+
+def test_total_key_ranges_are_bounded(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "s.db")
+    reg = Registry(store)
+    big = [computation_from_dict({"name": f"c{i}", "inputs": ["events"], "outputs": [f"o{i}"],
+                                  "code": {"name": "filter", "params": {"expr": "True"}},
+                                  "options": {"key_ranges": 4096}}) for i in range(17)]
+    with pytest.raises(ResourceLimitError, match="69633 key ranges in all, over the limit of 65536"):
+        reg.register_topology(big, [InjectorSpec("events", "events")], [])
+    assert reg.version == 0 and not reg.topology.computations
+
+
+def test_the_older_layout_is_read(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "s.db")
+    a, b = comp("a"), comp("b", source="a_out")
+    for spec in (b, a):
+        store.put_meta(f"registry/computation/{spec.name}", json.dumps(computation_to_dict(spec)).encode())
+    store.put_meta("registry/injector/events", json.dumps({"name": "events", "stream": "events"}).encode())
+    store.put_meta("registry/order", json.dumps(["a", "b"]).encode())
+    store.put_meta("registry/log_streams", json.dumps(["a_out"]).encode())
+    store.put_meta("registry/version", b"7")
+    reg = Registry(store)
+    assert [c.name for c in reg.topology.computations] == ["a", "b"]
+    assert reg.topology.injectors == (InjectorSpec("events", "events"),)
+    assert reg.topology.log_streams == ("a_out",) and reg.version == 7
+    reg.unregister_computation("b")  # the first change writes the new layout
+    again = Registry(store)
+    assert [c.name for c in again.topology.computations] == ["a"] and again.version == 8
