@@ -87,7 +87,8 @@ class Service:
         env = dict(os.environ, PYTHONPATH=str(ROOT), **(extra_env or {}))
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "services.cli", "up", "--workers", str(workers), "--store", store_url,
-             "--port", str(self.port), "--log-level", "WARNING"],
+             "--port", str(self.port), "--log-level", "WARNING",
+             "--allow-code", "bench.pipelines"],  # the three-stage pipeline's map functions
             cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
         self.client = ControllerClient(self.address, timeout_s=30)
         deadline = time.monotonic() + 60
