@@ -328,3 +328,28 @@ def test_metric_series_exist_only_for_registered_names(service: Service) -> None
     wait_for(lambda: 'node="temporary"' not in service.metrics(), 20, "its series to go")
     assert 'node="echo"' in service.metrics()
     service.roundtrip()
+
+
+def test_workers_import_only_allowed_code(tmp_path: Path) -> None:
+    """The controller allows a module (so the registration is taken) but a worker does
+    not: that worker never imports it. A worker that allows it does (the proof file
+    shows the test can tell)."""
+    from tests.integration.service_cluster import Cluster
+
+    proof = tmp_path / "proof"
+    cluster = Cluster(tmp_path, allow_code="tests.support.proof_code", worker_args=["--allow-code", ""])
+    env = {"MILLWHEEL_PROOF_FILE": str(proof)}
+    try:
+        cluster.start_controller()
+        cluster.start_worker(env=env)  # its later --allow-code '' wins: built-ins only
+        cluster.client.register_topology(
+            [spec(name="user", code="tests.support.proof_code:Passthrough", params={})], [("events", "events")])
+        wait_for(lambda: "not in this deployment's code allow-list" in cluster.log("worker0"), 20,
+                 "the worker to refuse the code")
+        assert not proof.exists()
+        assert "(--allow-code: none: built-in operators only)" in cluster.log("worker0")
+        cluster.start_worker("--allow-code", "tests.support.proof_code", env=env)
+        cluster.workers[0].kill()  # its ranges move to the worker that allows the code
+        wait_for(proof.exists, 30, "the allowing worker to import the code")
+    finally:
+        cluster.stop()
