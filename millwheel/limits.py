@@ -28,6 +28,7 @@ MAX_PARAMS_BYTES = 64 * 1024  #: a computation's code parameters, as JSON
 MAX_STREAMS_PER_COMPUTATION = 256  #: inputs, and outputs, of one computation
 MAX_COMPUTATIONS = 1000  #: computations in one topology
 MAX_INJECTORS = 1000  #: injectors in one topology
+MAX_LOG_STREAMS = 1024  #: streams logged although consumed (``log_streams``)
 MAX_KEY_EXTRACTOR_CHARS = 256
 MAX_WINDOWS_PER_RECORD = 1000  #: size_us / period_us of a sliding window
 

@@ -18,6 +18,7 @@ from millwheel.limits import (
     MAX_COMPUTATIONS,
     MAX_INJECTORS,
     MAX_KEY_RANGES,
+    MAX_LOG_STREAMS,
     MAX_STREAMS_PER_COMPUTATION,
     check_name,
 )
@@ -199,6 +200,9 @@ class Topology:
         for inj in self.injectors:
             check_name(inj.name, "injector")
             check_name(inj.stream, f"injector {inj.name!r} stream")
+        if len(self.log_streams) > MAX_LOG_STREAMS:
+            raise InvalidSpecError(f"topology: {len(self.log_streams)} log streams, over the limit "
+                                   f"of {MAX_LOG_STREAMS}")
         for stream in self.log_streams:
             check_name(stream, "log stream")
 

@@ -16,7 +16,7 @@ from typing import Sequence
 
 from millwheel.errors import AlreadyExistsError, InvalidSpecError, NotFoundError, ResourceLimitError
 from millwheel.importing import AllowList
-from millwheel.limits import MAX_TOTAL_KEY_RANGES
+from millwheel.limits import MAX_LOG_STREAMS, MAX_TOTAL_KEY_RANGES
 from millwheel.operators.schema import check_allowed, validate_spec
 from millwheel.spec import computation_from_dict, computation_to_dict
 from millwheel.state.protocol import StateStore
@@ -81,6 +81,8 @@ class Registry:
         injector identical to a registered one is left as it is (so a spec file can be
         registered again); one that differs is ALREADY_EXISTS."""
         topo = self.topology
+        if len(log_streams) > MAX_LOG_STREAMS:
+            raise InvalidSpecError(f"log_streams: {len(log_streams)} streams, over the limit of {MAX_LOG_STREAMS}")
         new_comps: list[ComputationSpec] = []
         for spec in computations:
             validate_spec(spec)

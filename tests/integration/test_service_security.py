@@ -249,9 +249,12 @@ def test_key_ranges_are_bounded_and_refused_at_once(service: Service) -> None:
     assert time.monotonic() - t0 < 30  # the round trip included; the refusal itself is immediate
 
 
-def test_params_size_is_bounded(service: Service) -> None:
+def test_params_and_log_streams_are_bounded(service: Service) -> None:
     service.refused(register(spec(params={"expr": "True", "output": "x" * 70_000})),
                     Code.INVALID_ARGUMENT, "params_json", "over the limit of 65536 bytes")
+    many = pb.RegisterTopologyRequest(computations=[spec()], log_streams=["attack_out"] * 100_000)
+    service.refused(unary("RegisterTopology", many), Code.INVALID_ARGUMENT,
+                    "log_streams: 100000 streams, over the limit of 1024")
 
 
 def test_keys_ids_and_message_sizes_are_bounded(service: Service) -> None:
