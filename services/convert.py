@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any, Iterable, Mapping
 
-from millwheel.errors import InvalidSpecError, ResourceLimitError
+from millwheel.errors import InvalidSpecError
 from millwheel.limits import MAX_PARAMS_BYTES, check_name
 from millwheel.record import Record, Timer
 from millwheel.spec import computation_from_dict, computation_to_dict, topology_from_dict
@@ -94,26 +94,9 @@ def topology_from_json(text: str) -> Topology:
 
 
 # -- records ---------------------------------------------------------------------------
-def _check_wire_record(msg: pb.Record, where: str, max_value_bytes: int) -> None:
-    """The checks a wire record needs beyond :meth:`Record.validate`: a key and a size."""
-    if not msg.key:
-        raise InvalidSpecError(f"{where}: key must not be empty")
-    if len(msg.value) > max_value_bytes:
-        raise ResourceLimitError(
-            f"{where}: value of key {msg.key!r} is {len(msg.value)} bytes, over the "
-            f"limit of {max_value_bytes} bytes"
-        )
-
-
-def record_from_proto(msg: pb.Record, where: str, max_value_bytes: int) -> Record:
-    _check_wire_record(msg, where, max_value_bytes)
-    record = Record(msg.key, bytes(msg.value), int(msg.timestamp), msg.id or "-")
-    record.validate(where)
-    return record
-
-
 def records_from_proto(msgs: Iterable[pb.Record]) -> list[Record]:
-    """Records between workers: already validated at the edge, taken as they are."""
+    """Records between workers: already validated at the edge (the controller's Inject,
+    :mod:`services.limits`), taken as they are."""
     return [Record(m.key, bytes(m.value), int(m.timestamp), m.id) for m in msgs]
 
 
