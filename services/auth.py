@@ -31,14 +31,15 @@ log = logging.getLogger("millwheel.auth")
 
 OPEN_SERVICES = frozenset({"grpc.health.v1.Health"})
 INTERNAL_SERVICES = frozenset({"millwheel.v1.Cluster", "millwheel.v1.Worker"})
-BEARER = "bearer "
 
 
 def bearer_token(metadata: Sequence[Any] | None) -> str | None:
     """The token of the first ``authorization: Bearer ...`` entry, or None."""
     for key, value in metadata or ():
-        if key == "authorization" and isinstance(value, str) and value[:7].lower() == BEARER:
-            return value[7:].strip()
+        if key == "authorization" and isinstance(value, str):
+            scheme, _, token = value.strip().partition(" ")
+            if scheme.lower() == "bearer":
+                return token.strip()
     return None
 
 
