@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import stat
@@ -363,3 +364,41 @@ def test_up_generates_credentials_and_its_clients_find_them(tmp_path: Path) -> N
         except subprocess.TimeoutExpired:
             os.killpg(up.pid, signal.SIGKILL)
             up.wait()
+
+
+GRPCURL = os.environ.get("GRPCURL") or shutil.which("grpcurl")
+
+
+@pytest.mark.skipif(GRPCURL is None, reason="needs grpcurl (on PATH or $GRPCURL)")
+def test_stock_grpcurl_with_token_over_mtls(tmp_path: Path) -> None:
+    """A stock client: grpcurl, by reflection, with the token header and certificates."""
+    assert GRPCURL is not None
+    ca = CertificateAuthority(tmp_path / "pki")
+    node, user = ca.issue("node"), ca.issue("user")
+    env = {"MILLWHEEL_AUTH_TOKEN": TOKEN, "MILLWHEEL_CLUSTER_SECRET": SECRET, "MILLWHEEL_TLS_CERT": str(node.cert),
+           "MILLWHEEL_TLS_KEY": str(node.key), "MILLWHEEL_TLS_CA": str(ca.pem)}
+    c = Cluster(tmp_path, env=env, security=Security(client_token=TOKEN, tls_cert=str(user.cert),
+                                                     tls_key=str(user.key), tls_ca=str(ca.pem)))
+    try:
+        c.start_controller()
+        c.start_worker()
+        c.register(topology())
+        tls = ["-cacert", str(ca.pem), "-cert", str(user.cert), "-key", str(user.key)]
+        auth = ["-H", f"authorization: Bearer {TOKEN}"]
+
+        def grpcurl(*args: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run([GRPCURL, *args], capture_output=True, text=True, timeout=30)
+
+        listed = grpcurl(*tls, *auth, c.address, "list")
+        assert listed.returncode == 0, listed.stderr
+        assert {"millwheel.v1.Controller", "millwheel.v1.Cluster"} <= set(listed.stdout.split())
+        comps = grpcurl(*tls, *auth, c.address, "millwheel.v1.Controller/ListComputations")
+        assert comps.returncode == 0, comps.stderr
+        assert sorted(x["spec"]["name"] for x in json.loads(comps.stdout)["computations"]) == ["counts", "parse"]
+        no_token = grpcurl(*tls, "-reflect-header", f"authorization: Bearer {TOKEN}", c.address,
+                           "millwheel.v1.Controller/ListComputations")
+        assert no_token.returncode != 0 and "Unauthenticated" in no_token.stderr
+        plaintext = grpcurl("-plaintext", *auth, c.address, "list")
+        assert plaintext.returncode != 0
+    finally:
+        c.stop()
