@@ -236,18 +236,23 @@ def is_loopback(host: str) -> bool:
                                for i in infos)
 
 
+def check_listen(sec: Security, host: str, insecure: bool) -> None:
+    """Refuse a non-loopback address without authentication, unless ``insecure``."""
+    if not sec.authenticated and not insecure and not is_loopback(host):
+        raise SecurityConfigError(
+            f"refusing to listen on {host} without authentication: anyone who reaches "
+            "it could run the cluster. Set a client token and cluster secret "
+            "($MILLWHEEL_AUTH_TOKEN + $MILLWHEEL_CLUSTER_SECRET, or --auth-token-file + "
+            "--cluster-secret-file) and/or mTLS (--tls-cert/--tls-key/--tls-ca), or pass "
+            "--insecure if the network is trusted")
+
+
 def setup_server(args: argparse.Namespace, role: str) -> Security:
     """Read and check a server's settings, refuse a public address without
     authentication (unless ``--insecure``), say how it is protected, and install them."""
     sec = from_args(args, server=True)
+    check_listen(sec, args.host, args.insecure)
     if not sec.authenticated:
-        if not is_loopback(args.host) and not args.insecure:
-            raise SecurityConfigError(
-                f"refusing to listen on {args.host} without authentication: anyone who reaches "
-                "it could run the cluster. Set a client token and cluster secret "
-                "($MILLWHEEL_AUTH_TOKEN + $MILLWHEEL_CLUSTER_SECRET, or --auth-token-file + "
-                "--cluster-secret-file) and/or mTLS (--tls-cert/--tls-key/--tls-ca), or pass "
-                "--insecure if the network is trusted")
         print(f"millwheel {role}: no authentication configured"
               + (" (--insecure): anyone who reaches" if args.insecure else ": listening on loopback "
                  "only; anyone on this machine can call") + f" {args.host}", file=sys.stderr, flush=True)
@@ -275,8 +280,13 @@ def up_credentials(args: argparse.Namespace) -> tuple[Security, list[str], list[
             child += [f"--{name.replace('_', '-')}", getattr(args, name)]
     if args.insecure:
         child.append("--insecure")
-    sec = from_args(args, server=True) if (args.no_auth or _given(args)) else None
-    if sec is None:
+    if args.no_auth or _given(args):
+        sec = from_args(args, server=True)
+        check_listen(sec, args.host, args.insecure)
+        for flag in ("auth_token_file", "cluster_secret_file"):
+            if getattr(args, flag):
+                child += [f"--{flag.replace('_', '-')}", getattr(args, flag)]
+    else:
         token_path = _generated(data_dir / CLIENT_TOKEN_FILE)
         secret_path = _generated(data_dir / CLUSTER_SECRET_FILE)
         child += ["--auth-token-file", str(token_path), "--cluster-secret-file", str(secret_path)]
@@ -285,10 +295,6 @@ def up_credentials(args: argparse.Namespace) -> tuple[Security, list[str], list[
         lines += [f"  client token: {token_path.resolve()} (cluster secret beside it; both 0600)",
                   f"  clients started here find it; elsewhere: export {ENV_TOKEN_FILE}="
                   f"{token_path.resolve()}"]
-    else:
-        for flag in ("auth_token_file", "cluster_secret_file"):
-            if getattr(args, flag):
-                child += [f"--{flag.replace('_', '-')}", getattr(args, flag)]
     client = replace(sec, cluster_secret=None)
     return client, child, lines
 

@@ -290,6 +290,12 @@ def non_loopback_host() -> str:
     return "0.0.0.0"
 
 
+def serving(target: str) -> bool:
+    with grpc.insecure_channel(target) as ch:
+        return bool(health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=2).status
+                    == health_pb2.HealthCheckResponse.SERVING)
+
+
 def test_non_loopback_address_without_auth_is_refused_unless_insecure(tmp_path: Path) -> None:
     host = non_loopback_host()
     store = f"sqlite:///{tmp_path}/s.db"
@@ -313,11 +319,7 @@ def test_non_loopback_address_without_auth_is_refused_unless_insecure(tmp_path: 
         try:
             dial = "127.0.0.1" if host == "0.0.0.0" else host
 
-            def serving() -> bool:
-                with grpc.insecure_channel(f"{dial}:{port}") as ch:
-                    return health_pb2_grpc.HealthStub(ch).Check(
-                        health_pb2.HealthCheckRequest(), timeout=2).status == 1
-            wait_for(serving, 20, f"controller on {host} ({log.read_text()})")
+            wait_for(lambda target=f"{dial}:{port}": serving(target), 20, f"controller on {host}")
             if extra:
                 assert "no authentication configured (--insecure)" in log.read_text()
         finally:
