@@ -187,14 +187,21 @@ def add_args(p: argparse.ArgumentParser, server: bool, up: bool = False) -> None
 def _token(flag: str | None, env: str, env_file: str, what: str, fallback: Path | None = None
            ) -> str | None:
     if flag:
-        return read_token(flag, what)
+        return _usable(read_token(flag, what), f"{what} {flag}")
     if os.environ.get(env, "").strip():
-        return os.environ[env].strip()
+        return _usable(os.environ[env].strip(), f"${env}")
     if os.environ.get(env_file):
-        return read_token(os.environ[env_file], f"{what} (${env_file})")
+        return _usable(read_token(os.environ[env_file], f"{what} (${env_file})"), os.environ[env_file])
     if fallback is not None and fallback.is_file():
-        return read_token(str(fallback), what)
+        return _usable(read_token(str(fallback), what), str(fallback))
     return None
+
+
+def _usable(token: str, where: str) -> str:
+    """A token must fit in a gRPC metadata value: printable ASCII, no spaces."""
+    if not token.isascii() or not token.isprintable() or any(c.isspace() for c in token):
+        raise SecurityConfigError(f"{where}: a token must be printable ASCII without spaces")
+    return token
 
 
 def from_args(args: argparse.Namespace | None, server: bool) -> Security:
