@@ -2,9 +2,10 @@
 
 Every server gets standard health checking and server reflection, so any stock gRPC
 client can discover and call it. Servers and channels take their TLS and tokens from
-:mod:`services.security` (the process's settings unless given). Requests are parsed leniently: a malformed protobuf
-reaches the servicer as :class:`Malformed` and is answered INVALID_ARGUMENT (grpcio
-would otherwise answer INTERNAL), with a message naming the method.
+:mod:`services.security` (the process's settings unless given). Requests are parsed
+leniently: a malformed protobuf reaches the servicer as :class:`Malformed` and is
+answered INVALID_ARGUMENT (grpcio would otherwise answer INTERNAL), with a message
+naming the method.
 """
 
 from __future__ import annotations
@@ -126,8 +127,8 @@ def start_server(
 
 
 def _health_only(main: grpc.Server, host: str, port: int, servicer: health.HealthServicer) -> None:
-    """A plaintext server answering only gRPC health for ``main`` (same servicer, so a
-    draining worker reads NOT_SERVING on both); stopped with ``main``."""
+    """A plaintext server answering only gRPC health for ``main`` (the same servicer, so
+    both always answer alike), for probes that cannot do TLS; stopped with ``main``."""
     probe = grpc.server(futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="health"),
                         options=[("grpc.so_reuseport", 0)])
     health_pb2_grpc.add_HealthServicer_to_server(servicer, probe)
