@@ -109,13 +109,14 @@ def start_server(
     names.append(health_pb2.DESCRIPTOR.services_by_name["Health"].full_name)
     names.append(reflection.SERVICE_NAME)
     reflection.enable_server_reflection(names, server)
+    creds = sec.server_credentials()
     try:
-        creds = sec.server_credentials()
         port = server.add_secure_port(address, creds) if creds else server.add_insecure_port(address)
     except RuntimeError:
         port = 0
     if port == 0:
-        raise ListenError(f"cannot listen on {address}: address in use or not local")
+        raise ListenError(f"cannot listen on {address}: address in use or not local"
+                          + (", or --tls-cert/--tls-key are not a matching pair" if creds else ""))
     server.start()
     if sec.health_port is not None:
         _health_only(server, address.rpartition(":")[0], sec.health_port, health_servicer)

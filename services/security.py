@@ -83,9 +83,11 @@ class Security:
                 "a client token (--auth-token-file / $MILLWHEEL_AUTH_TOKEN) needs a cluster secret "
                 "too (--cluster-secret-file / $MILLWHEEL_CLUSTER_SECRET), or the internal "
                 "services would be open; `millwheel up` generates both")
-        for path in (self.tls_cert, self.tls_key, self.tls_ca):
-            if path:
-                _read(path, "TLS file")
+        for flag, path, marker in (("--tls-cert", self.tls_cert, b"-----BEGIN CERTIFICATE-----"),
+                                   ("--tls-key", self.tls_key, b"PRIVATE KEY-----"),
+                                   ("--tls-ca", self.tls_ca, b"-----BEGIN CERTIFICATE-----")):
+            if path and marker not in _read(path, flag):
+                raise SecurityConfigError(f"{flag} {path} is not a PEM file (no {marker.decode()!r})")
 
     # -- credentials ----------------------------------------------------------------------
     def server_credentials(self) -> grpc.ServerCredentials | None:

@@ -70,6 +70,9 @@ def test_settings_that_cannot_work_are_refused(monkeypatch: pytest.MonkeyPatch, 
         from_args(args("status", "--tls-cert", str(tmp_path / "empty")), server=False)
     with pytest.raises(SecurityConfigError, match="needs --tls-cert"):
         from_args(args("controller", "--tls-ca", str(tmp_path / "empty")), server=True)
+    (tmp_path / "garbage").write_text("not a certificate\n")
+    with pytest.raises(SecurityConfigError, match="--tls-ca .* is not a PEM file"):
+        from_args(args("status", "--tls-ca", str(tmp_path / "garbage")), server=False)
     with pytest.raises(ValueError, match="needs a cluster secret"):
         AuthInterceptor("t", None)
 
