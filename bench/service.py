@@ -17,6 +17,11 @@ Each case starts ``millwheel up`` (a controller and 2 workers as child processes
 fresh store: an SQLite file, or a private ``redis-server`` with AOF ``everysec``.
 The workload has no late records: when a record counts as late depends on how far
 watermarks moved meanwhile, which across processes is timing, not a fixed answer.
+
+``--security`` (or ``secure=True``) runs the same with everything docs/service.md
+"Security" offers switched on: client token + cluster secret on every call, TLS with
+mutual authentication (mTLS) on every connection, certificates from a throwaway CA;
+``--compare-security`` interleaves rounds with and without it.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from bench.workload import DISORDER_US, WINDOW_US
 from millwheel.record import MAX_TIMESTAMP
 from services.client import ControllerClient, inject_messages
 from services.convert import spec_to_proto
+from services.security import Security
 
 ROOT = Path(__file__).resolve().parents[1]
 SINK = "rows"
@@ -78,19 +84,22 @@ def _children(pid: int) -> list[int]:
 class Service:
     """``millwheel up --workers N`` on ``store_url``, stopped by SIGINT like Ctrl-C."""
 
-    def __init__(self, store_url: str, workers: int, tmp: Path, extra_env: dict[str, str] | None = None
-                 ) -> None:
+    def __init__(self, store_url: str, workers: int, tmp: Path, extra_env: dict[str, str] | None = None,
+                 secure: bool = False) -> None:
         self.port = _free_port()
         self.address = f"127.0.0.1:{self.port}"
         self.log_path = tmp / "up.log"
         self._log = open(self.log_path, "wb")  # noqa: SIM115
         env = dict(os.environ, PYTHONPATH=str(ROOT), **(extra_env or {}))
+        self.security, secure_env = _security(tmp) if secure else (Security(), {})
+        env.update(secure_env)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "services.cli", "up", "--workers", str(workers), "--store", store_url,
              "--port", str(self.port), "--log-level", "WARNING",
-             "--allow-code", "bench.pipelines"],  # the three-stage pipeline's map functions
+             "--allow-code", "bench.pipelines",  # the three-stage pipeline's map functions
+             *([] if secure else ["--no-auth"])],
             cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
-        self.client = ControllerClient(self.address, timeout_s=30)
+        self.client = self.new_client()
         deadline = time.monotonic() + 60
         while True:
             try:
@@ -101,6 +110,9 @@ class Service:
             if time.monotonic() > deadline or self.proc.poll() is not None:
                 raise RuntimeError(f"millwheel up did not start: {self.log_path.read_text()[-2000:]}")
             time.sleep(0.1)
+
+    def new_client(self) -> ControllerClient:
+        return ControllerClient(self.address, timeout_s=30, security=self.security)
 
     def pids(self) -> dict[str, int]:
         workers = sorted(int(w.worker_id.rsplit("/", 1)[1]) for w in self.client.status().workers)
@@ -181,14 +193,29 @@ def _store(kind: str, tmp: Path) -> tuple[str, Any]:
     return server.url, server
 
 
+def _security(tmp: Path) -> tuple[Security, dict[str, str]]:
+    """(client settings, server environment): tokens + TLS + mTLS from a throwaway CA."""
+    import secrets
+
+    from tests.support.certs import CertificateAuthority
+
+    ca = CertificateAuthority(tmp / "pki")
+    node, user = ca.issue("node"), ca.issue("user")
+    token, secret = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
+    client = Security(client_token=token, tls_cert=str(user.cert), tls_key=str(user.key), tls_ca=str(ca.pem))
+    return client, {"MILLWHEEL_AUTH_TOKEN": token, "MILLWHEEL_CLUSTER_SECRET": secret,
+                    "MILLWHEEL_TLS_CERT": str(node.cert), "MILLWHEEL_TLS_KEY": str(node.key),
+                    "MILLWHEEL_TLS_CA": str(ca.pem)}
+
+
 @contextlib.contextmanager
-def _running_service(store: str, workers: int, productions: str) -> Iterator[Service]:
+def _running_service(store: str, workers: int, productions: str, secure: bool = False) -> Iterator[Service]:
     """A controller and ``workers`` workers on a fresh store, the pipeline registered and
     balanced; everything (a private Redis too) stopped on the way out."""
     with tempfile.TemporaryDirectory(prefix="mw-bench-svc-") as tmpdir:
         tmp = Path(tmpdir)
         url, redis = _store(store, tmp)
-        svc = Service(url, workers, tmp)
+        svc = Service(url, workers, tmp, secure=secure)
         try:
             _register(svc.client, productions)
             svc.wait_balanced()
@@ -200,15 +227,15 @@ def _running_service(store: str, workers: int, productions: str) -> Iterator[Ser
 
 
 def backlog(n: int, store: str = "sqlite", workers: int = 2, batch: int = 1000,
-            productions: str = "strong", timeout_s: float = 600) -> dict[str, Any]:
+            productions: str = "strong", timeout_s: float = 600, secure: bool = False) -> dict[str, Any]:
     """Backlog throughput of the three-stage pipeline across ``workers`` workers."""
     w = workload.generate(n, late_fraction=0.0)
     expected = workload.expected_counts(w)
     records = pipelines.injected(w.records, "three")
-    with _running_service(store, workers, productions) as svc:
+    with _running_service(store, workers, productions, secure) as svc:
         pids = svc.pids()
         msgs = list(inject_messages(INJECTOR, INJECTOR, records, batch, DISORDER_US, done=True))
-        reader = SinkReader(ControllerClient(svc.address))
+        reader = SinkReader(svc.new_client())
         cpu0 = {role: _cpu_s(pid) for role, pid in pids.items()}
         self_cpu0 = time.process_time()
         started = time.monotonic()
@@ -223,7 +250,7 @@ def backlog(n: int, store: str = "sqlite", workers: int = 2, batch: int = 1000,
         reader.client.close()
     return {
         "records": n, "accepted": resp.accepted, "store": store, "workers": workers,
-        "productions": productions, "inject_batch": batch,
+        "productions": productions, "inject_batch": batch, "secure": secure,
         "records_per_s": n / elapsed if complete else None,
         "inject_records_per_s": n / injected_s, "elapsed_s": elapsed, "complete": complete,
         "cpu_s": cpu, "records_per_cpu_s": n / max(1e-9, sum(cpu.values())),
@@ -241,7 +268,7 @@ def latency(n: int, rate: float, store: str = "sqlite", workers: int = 2, batch:
     records = pipelines.injected(w.records, "three")
     msgs = list(inject_messages(INJECTOR, INJECTOR, records, batch, DISORDER_US, done=True))
     with _running_service(store, workers, productions) as svc:
-        reader = SinkReader(ControllerClient(svc.address))
+        reader = SinkReader(svc.new_client())
         closes: dict[int, float] = {}  # window start -> when its closing message was sent
         interval = batch / rate
 
@@ -387,15 +414,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=1000, help="records per Inject message")
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--latency", action="store_true", help="also the latency at 50%% of the rate")
+    ap.add_argument("--security", action="store_true",
+                    help="client token + cluster secret + TLS + mTLS on every call and connection")
+    ap.add_argument("--compare-security", action="store_true",
+                    help="interleave --repeat rounds without and with --security")
     args = ap.parse_args(argv)
-    rates = []
+    modes = [False, True] if args.compare_security else [args.security]
+    rates: dict[bool, list[float]] = {m: [] for m in modes}
     for _ in range(args.repeat):
-        r = backlog(args.records, args.store, batch=args.batch)
-        rates.append(r["records_per_s"] or 0.0)
-        print(json.dumps(r), flush=True)
-    print(f"median {statistics.median(rates):,.0f} records/s over {len(rates)}", file=sys.stderr)
+        for secure in modes:
+            r = backlog(args.records, args.store, batch=args.batch, secure=secure)
+            rates[secure].append(r["records_per_s"] or 0.0)
+            print(json.dumps(r), flush=True)
+    for secure, got in rates.items():
+        print(f"{'auth+TLS+mTLS' if secure else 'no security'}: median {statistics.median(got):,.0f} "
+              f"records/s over {len(got)} ({', '.join(f'{x:,.0f}' for x in got)})", file=sys.stderr)
+    rates_all = [x for got in rates.values() for x in got]
     if args.latency:
-        print(json.dumps(latency(args.records // 2, statistics.median(rates) / 2, args.store)))
+        print(json.dumps(latency(args.records // 2, statistics.median(rates_all) / 2, args.store)))
     return 0
 
 

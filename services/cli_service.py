@@ -25,6 +25,7 @@ from millwheel.errors import InvalidSpecError
 from millwheel.record import MAX_TIMESTAMP, MIN_TIMESTAMP, Record
 from millwheel.sources import parse_json_record
 from millwheel.spec import load_spec_file
+from services import security
 from services.client import DEFAULT_CONTROLLER, ControllerClient, controller_address, inject_messages
 from services.limits import InjectLimits
 
@@ -37,6 +38,7 @@ def add_commands(sub: Any) -> None:
         p.add_argument("--controller", metavar="HOST:PORT",
                        help=f"controller address (default $MILLWHEEL_CONTROLLER or {DEFAULT_CONTROLLER})")
         p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+        security.add_args(p, server=False)
         return p
 
     up = sub.add_parser("up", help="start a controller and N workers on this machine",
@@ -44,7 +46,7 @@ def add_commands(sub: Any) -> None:
                         "machine, sharing one store (embedded SQLite by default, or --store "
                         "redis://HOST:PORT/DB). Ctrl-C drains the workers and stops everything.")
     up.add_argument("--workers", type=int, default=2, help="number of workers (default 2)")
-    _server_args(up, port=7070)
+    _server_args(up, port=7070, up=True)
     _allow_code_arg(up)
     up.set_defaults(func=cmd_up)
 
@@ -167,7 +169,8 @@ def _allow_code_arg(p: argparse.ArgumentParser) -> None:
                    "built-in operators only)")
 
 
-def _server_args(p: argparse.ArgumentParser, port: int) -> None:
+def _server_args(p: argparse.ArgumentParser, port: int, up: bool = False) -> None:
+    security.add_args(p, server=True, up=up)
     p.add_argument("--store", default=DEFAULT_STORE, help=f"store URL (default {DEFAULT_STORE})")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=port, help=f"gRPC port (default {port}; 0 = any free)")
@@ -224,6 +227,7 @@ def cmd_controller(args: argparse.Namespace) -> int:
     from services.controller import serve
 
     _logging(args.log_level)
+    security.setup_server(args, "controller")
     server, port, mport, service = serve(
         args.store, args.host, args.port, None if args.metrics_port < 0 else args.metrics_port,
         heartbeat_timeout_s=args.heartbeat_timeout, max_value_bytes=args.max_value_bytes,
@@ -243,6 +247,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from services.worker import WorkerProcess
 
     _logging(args.log_level)
+    security.setup_server(args, "worker")
     worker = WorkerProcess(
         controller_address(args.controller), args.store,
         host=args.host, port=args.port, advertise=args.advertise,
@@ -271,14 +276,15 @@ def cmd_up(args: argparse.Namespace) -> int:
                 f"port {args.port} on {args.host} is in use (another millwheel controller?); "
                 "choose another with --port")
     base = [sys.executable, "-m", "services.cli"]
+    client_sec, secure_args, how = security.up_credentials(args)
     common = ["--store", args.store, "--host", args.host, "--log-level", args.log_level,
-              "--allow-code", args.allow_code]
+              "--allow-code", args.allow_code, *secure_args]
     procs: list[subprocess.Popen[bytes]] = []
     controller = f"{'127.0.0.1' if args.host == '0.0.0.0' else args.host}:{args.port}"
     procs.append(subprocess.Popen([*base, "controller", *common, "--port", str(args.port),
                                    "--metrics-port", str(args.metrics_port)],
                                   start_new_session=True))
-    with ControllerClient(controller) as client:
+    with ControllerClient(controller, security=client_sec) as client:
         deadline = time.monotonic() + 20
         while True:
             try:
@@ -299,6 +305,7 @@ def cmd_up(args: argparse.Namespace) -> int:
                 break
             time.sleep(0.1)
     print(f"millwheel is up: controller {controller}, {args.workers} workers, store {args.store}\n"
+          + "".join(f"{line}\n" for line in how) +
           f"  try: millwheel status --controller {controller}\n  Ctrl-C stops everything.",
           file=sys.stderr, flush=True)
     try:
@@ -324,7 +331,7 @@ def _reap(p: subprocess.Popen[bytes], timeout: float) -> None:
 
 # -- client commands ----------------------------------------------------------------------------
 def _client(args: argparse.Namespace) -> ControllerClient:
-    return ControllerClient(args.controller)
+    return ControllerClient(args.controller, security=security.from_args(args, server=False))
 
 
 def cmd_register(args: argparse.Namespace) -> int:

@@ -19,6 +19,7 @@ from millwheel.record import MIN_TIMESTAMP, Record
 from services.generated import millwheel_pb2 as pb
 from services.generated import millwheel_pb2_grpc as pb_grpc
 from services.grpc_server import channel
+from services.security import Security, client_security
 from services.status import UnavailableError, error_class
 
 DEFAULT_CONTROLLER = "127.0.0.1:7070"
@@ -32,10 +33,14 @@ def controller_address(given: str | None = None) -> str:
 
 
 class ControllerClient:
-    def __init__(self, address: str | None = None, timeout_s: float = 30.0) -> None:
+    def __init__(self, address: str | None = None, timeout_s: float = 30.0,
+                 security: Security | None = None) -> None:
+        """``security``: token and TLS settings (default: from the environment, see
+        :func:`services.security.client_security`)."""
         self.address = controller_address(address)
         self.timeout_s = timeout_s
-        self._channel = channel(self.address)
+        self.security = security or client_security()
+        self._channel = channel(self.address, self.security, self.security.client_token)
         self.stub = pb_grpc.ControllerStub(self._channel)
         self.busy_retries = 0  # Inject calls resent after a backpressure refusal
 

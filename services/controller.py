@@ -476,7 +476,8 @@ def serve(
                                 max_value_bytes=max_value_bytes, sensors=sensors,
                                 inject_wait_s=inject_wait_s, limits=limits,
                                 allow_code=AllowList.parse(allow_code))
-    server, bound, _health = start_server(f"{host}:{port}", {"Controller": service}, max_workers=32)
+    server, bound, _health = start_server(
+        f"{host}:{port}", {"Controller": service, "Cluster": service}, max_workers=32)
     mport = sensors.serve(host, metrics_port) if metrics_port is not None else 0
     log.info("controller listening on %s:%d (store %s, metrics port %d)", host, bound, store_url, mport)
     return server, bound, mport, service

@@ -1,9 +1,11 @@
 """One way to start a gRPC server for every millwheel process.
 
 Every server gets standard health checking and server reflection, so any stock gRPC
-client can discover and call it. Requests are parsed leniently: a malformed protobuf
-reaches the servicer as :class:`Malformed` and is answered INVALID_ARGUMENT (grpcio
-would otherwise answer INTERNAL), with a message naming the method.
+client can discover and call it. Servers and channels take their TLS and tokens from
+:mod:`services.security` (the process's settings unless given). Requests are parsed
+leniently: a malformed protobuf reaches the servicer as :class:`Malformed` and is
+answered INVALID_ARGUMENT (grpcio would otherwise answer INTERNAL), with a message
+naming the method.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from grpc_reflection.v1alpha import reflection
 
 from millwheel.errors import InvalidSpecError, MillWheelError
 from services.generated import millwheel_pb2 as pb
+from services.security import Security, process
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 
@@ -85,12 +88,15 @@ def add_service(server: grpc.Server, service_name: str, servicer: Any) -> str:
 
 
 def start_server(
-    address: str, services: dict[str, Any], max_workers: int = 16
+    address: str, services: dict[str, Any], max_workers: int = 16, security: Security | None = None,
 ) -> tuple[grpc.Server, int, health.HealthServicer]:
     """Start a server on ``address`` (``host:0`` picks a free port) with the given
-    millwheel services plus health and reflection. Returns (server, port, health)."""
+    millwheel services plus health and reflection, authenticated and over TLS as
+    ``security`` (default: the process's) says. Returns (server, port, health)."""
+    sec = security or process()
     server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grpc"),
+        interceptors=sec.server_interceptors(),
+        thread_pool=futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grpc"),
         options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -103,13 +109,17 @@ def start_server(
     names.append(health_pb2.DESCRIPTOR.services_by_name["Health"].full_name)
     names.append(reflection.SERVICE_NAME)
     reflection.enable_server_reflection(names, server)
+    creds = sec.server_credentials()
     try:
-        port = server.add_insecure_port(address)
+        port = server.add_secure_port(address, creds) if creds else server.add_insecure_port(address)
     except RuntimeError:
         port = 0
     if port == 0:
-        raise ListenError(f"cannot listen on {address}: address in use or not local")
+        raise ListenError(f"cannot listen on {address}: address in use or not local"
+                          + (", or --tls-cert/--tls-key are not a matching pair" if creds else ""))
     server.start()
+    if sec.health_port is not None:
+        _health_only(server, address.rpartition(":")[0], sec.health_port, health_servicer)
     serving = health_pb2.HealthCheckResponse.SERVING
     health_servicer.set("", serving)
     for name in names:
@@ -117,8 +127,28 @@ def start_server(
     return server, port, health_servicer
 
 
-def channel(address: str) -> grpc.Channel:
-    return grpc.insecure_channel(address, options=[
+def _health_only(main: grpc.Server, host: str, port: int, servicer: health.HealthServicer) -> None:
+    """A plaintext server answering only gRPC health for ``main`` (the same servicer, so
+    both always answer alike), for probes that cannot do TLS; stopped with ``main``."""
+    probe = grpc.server(futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="health"),
+                        options=[("grpc.so_reuseport", 0)])
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, probe)
+    try:
+        bound = probe.add_insecure_port(f"{host}:{port}")
+    except RuntimeError:
+        bound = 0
+    if bound == 0:
+        raise ListenError(f"cannot listen on {host}:{port} (--health-port): address in use or not local")
+    probe.start()
+    stop = main.stop
+    main.stop = lambda grace: (probe.stop(grace), stop(grace))[1]  # type: ignore[method-assign]
+
+
+def channel(address: str, security: Security | None = None, token: str | None = None) -> grpc.Channel:
+    """A channel to ``address``. By default an internal one: the process's TLS settings,
+    presenting the cluster secret; a client passes its own ``security`` and ``token``."""
+    sec = security or process()
+    return sec.open_channel(address, token if security is not None else sec.cluster_secret, [
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ])

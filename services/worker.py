@@ -111,7 +111,7 @@ class WorkerProcess:
         self.metrics_port = self.sensors.serve(host, metrics_port) if metrics_port is not None else 0
         self.metrics_address = f"{advertise}:{self.metrics_port}" if self.metrics_port else ""
         self._controller_channel = channel(controller)
-        self.controller = pb_grpc.ControllerStub(self._controller_channel)
+        self.controller = pb_grpc.ClusterStub(self._controller_channel)
         self._threads = [
             threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True),
             threading.Thread(target=self._pump_loop, name="pump", daemon=True),

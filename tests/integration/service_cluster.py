@@ -23,6 +23,7 @@ from millwheel.state import open_store
 from millwheel.topology import Topology
 from services.client import ControllerClient, UnavailableError, inject_messages
 from services.convert import spec_to_proto
+from services.security import Security
 from tests.support.redis_server import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,10 +35,14 @@ PIPELINE_CODE = "tests.support.pipelines"
 class Cluster:
     def __init__(self, tmp: Path, store_url: str | None = None, heartbeat_timeout_s: float = 1.5,
                  controller_args: Iterable[str] = (), worker_args: Iterable[str] = (),
-                 allow_code: str = "") -> None:
+                 allow_code: str = "", env: dict[str, str] | None = None,
+                 security: Security | None = None) -> None:
         """``allow_code``: the ``--allow-code`` of controller and workers (default none:
-        built-in operators only); tests registering :data:`PIPELINE_CODE` pass it."""
+        built-in operators only); tests registering :data:`PIPELINE_CODE` pass it.
+        ``env``: extra environment of every process (e.g. tokens, TLS settings);
+        ``security``: the test's client settings (default: none)."""
         self.tmp = tmp
+        self.env = dict(env or {})
         self.store_url = store_url or f"sqlite:///{tmp}/service.db"
         self.heartbeat_timeout_s = heartbeat_timeout_s
         allow = ["--allow-code", allow_code] if allow_code else []
@@ -48,14 +53,14 @@ class Cluster:
         self.controller: subprocess.Popen[bytes] | None = None
         self.workers: list[subprocess.Popen[bytes]] = []
         self._logs: list[Any] = []
-        self.client = ControllerClient(self.address, timeout_s=10)
+        self.client = ControllerClient(self.address, timeout_s=10, security=security or Security())
 
     # -- processes -----------------------------------------------------------------------
     def _spawn(self, name: str, args: list[str], env_extra: dict[str, str] | None = None
                ) -> subprocess.Popen[bytes]:
         log = open(self.tmp / f"{name}.log", "ab")  # noqa: SIM115
         self._logs.append(log)
-        env = dict(os.environ, PYTHONPATH=str(ROOT), **(env_extra or {}))
+        env = {**os.environ, "PYTHONPATH": str(ROOT), **self.env, **(env_extra or {})}
         return subprocess.Popen([sys.executable, "-m", "services.cli", *args], cwd=ROOT, env=env,
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 

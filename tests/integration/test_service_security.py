@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -28,6 +29,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from services.client import ControllerClient
 from services.generated import millwheel_pb2 as pb
 from services.grpc_server import channel
+from services.security import Security
 from tests.integration.service_cluster import ROOT, wait_for
 from tests.support.redis_server import free_port
 
@@ -40,20 +42,25 @@ Code = grpc.StatusCode
 
 class Service:
     """``millwheel up`` (a controller and two workers, built-in operators only) with a
-    pipeline ``events -> echo (filter True) -> echoed`` to prove it still works."""
+    pipeline ``events -> echo (filter True) -> echoed`` to prove it still works. The
+    attacker holds the deployment's client token: these are hostile requests from an
+    authenticated client (tests/integration/test_service_auth.py covers the others)."""
 
     def __init__(self, tmp: Path) -> None:
         self.tmp = tmp
         self.port, self.metrics_port = free_port(), free_port()
         self.address = f"127.0.0.1:{self.port}"
         self.log = open(tmp / "up.log", "ab")  # noqa: SIM115
+        self.token = secrets.token_hex(16)
+        self.env = dict(os.environ, PYTHONPATH=str(ROOT), MILLWHEEL_AUTH_TOKEN=self.token,
+                        MILLWHEEL_CLUSTER_SECRET=secrets.token_hex(16))
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "services.cli", "up", "--workers", "2", "--port", str(self.port),
              "--metrics-port", str(self.metrics_port), "--store", f"sqlite:///{tmp}/security.db"],
-            cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=self.log,
-            stderr=subprocess.STDOUT)
-        self.client = ControllerClient(self.address, timeout_s=10)
-        self.channel = channel(self.address)
+            cwd=ROOT, env=self.env, stdout=self.log, stderr=subprocess.STDOUT)
+        client = Security(client_token=self.token)
+        self.client = ControllerClient(self.address, timeout_s=10, security=client)
+        self.channel = channel(self.address, client, self.token)
         self.rounds = 0
         self.echoed_seq = 0
 
@@ -291,7 +298,7 @@ def test_far_future_record_through_the_cli_is_refused(service: Service, tmp_path
     path = tmp_path / "records.jsonl"
     path.write_text("".join(json.dumps(x) + "\n" for x in lines))
     done = subprocess.run([sys.executable, "-m", "services.cli", "inject", str(path), "--injector", "events",
-                           "--controller", service.address], cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                           "--controller", service.address], cwd=ROOT, env=service.env,
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2, done.stderr
     assert "record 1 (key 'b'" in done.stderr and "--max-future-us" in done.stderr, done.stderr
@@ -318,7 +325,7 @@ def test_a_topology_registers_all_or_nothing(service: Service, tmp_path: Path) -
         {"name": "half2", "inputs": ["events"], "outputs": ["h2"],
          "code": {"name": "window_aggregate", "params": {"size_us": "abc"}}}]}))
     done = subprocess.run([sys.executable, "-m", "services.cli", "register", str(path), "--controller",
-                           service.address], cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                           service.address], cwd=ROOT, env=service.env,
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "computation 'half2'.code.params.size_us" in done.stderr, done.stderr
     assert service.registry() == before

@@ -176,8 +176,12 @@ def test_k8s_ports_agree_flags_containers_probes_services_annotations() -> None:
         pod = wl["spec"]["template"]
         assert named_port(c, "grpc") == args.port, where
         assert named_port(c, "metrics") == args.metrics_port, where
+        # The gRPC port speaks TLS, which the kubelet's grpc probes cannot: they use the
+        # plaintext health-only port.
+        assert args.tls_cert and args.health_port and args.health_port != args.port, where
+        assert named_port(c, "health") == args.health_port, where
         for probe in ("readinessProbe", "livenessProbe"):
-            assert c[probe]["grpc"]["port"] == args.port, f"{where} {probe}"
+            assert c[probe]["grpc"]["port"] == args.health_port, f"{where} {probe}"
         notes = pod["metadata"]["annotations"]
         assert notes["prometheus.io/scrape"] == "true", where
         assert int(notes["prometheus.io/port"]) == args.metrics_port, where
@@ -216,6 +220,83 @@ def test_k8s_pods_get_time_to_drain_and_resources() -> None:
     generated = {g["name"]: g["files"] for g in kustomization()["configMapGenerator"]}
     volume = next(v for v in redis["spec"]["template"]["spec"]["volumes"] if v["name"] == "config")
     assert generated[volume["configMap"]["name"]] == ["redis.conf=redis/redis.conf"]
+
+
+def secret_file(pod: dict[str, Any], container: dict[str, Any], path: str) -> tuple[str, str]:
+    """(Secret name, key) a file path in the container comes from, via a volume mount."""
+    for mount in container.get("volumeMounts", []):
+        prefix = mount["mountPath"].rstrip("/") + "/"
+        if path.startswith(prefix):
+            volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+            assert "secret" in volume, f"{path} must come from a Secret"
+            return volume["secret"]["secretName"], path[len(prefix):]
+    raise AssertionError(f"{path} is not mounted")
+
+
+def test_k8s_credentials_and_certificates_come_from_secrets() -> None:
+    generated = {g["name"]: {f.split("=")[0] for f in g["files"]}
+                 for g in kustomization()["secretGenerator"] if "files" in g}
+    commands = {args.command: (wl, c, args) for wl, c, args in millwheel_containers()}
+    for role, (wl, c, args) in commands.items():
+        pod = wl["spec"]["template"]["spec"]
+        files = {"cluster secret": args.cluster_secret_file, "cert": args.tls_cert, "key": args.tls_key,
+                 "ca (mTLS)": args.tls_ca}
+        if role == "controller":
+            files["client token"] = args.auth_token_file
+        for what, path in files.items():
+            assert path, f"{role} has no {what}"
+            secret, key = secret_file(pod, c, path)
+            assert key in generated.get(secret, set()), f"{role} {what}: {secret}/{key} is not generated"
+        assert args.tls_server_name, f"{role}: workers are dialled by pod IP; certificates carry one name"
+        assert pod["securityContext"]["fsGroup"] == pod["securityContext"]["runAsUser"], \
+            f"{role}: the non-root user must be able to read the mounted secrets"
+        assert not args.insecure
+    _, _, ctl = commands["controller"]
+    _, _, wk = commands["worker"]
+    assert ctl.cluster_secret_file == wk.cluster_secret_file and ctl.tls_ca == wk.tls_ca
+    assert wk.auth_token_file is None, "workers serve no public service: no client token"
+
+
+def test_k8s_network_policy_admits_only_cluster_and_prometheus_traffic() -> None:
+    policies = [d for d in k8s_docs() if d["kind"] == "NetworkPolicy"]
+    assert any(p["spec"]["podSelector"] == {} and p["spec"]["policyTypes"] == ["Ingress"]
+               and not p["spec"].get("ingress") for p in policies), "a default deny for the namespace"
+    prometheus = "namespace millwheel.io/prometheus=true"
+
+    def peers(labels: dict[str, str], port: str) -> set[str]:
+        """Who may reach ``port`` of pods with ``labels``: components, or other selectors."""
+        out: set[str] = set()
+        for p in policies:
+            if not p["spec"]["podSelector"].get("matchLabels", {}).items() <= labels.items():
+                continue
+            for rule in p["spec"].get("ingress", []):
+                if port not in {x["port"] for x in rule.get("ports", [])}:
+                    continue
+                if "from" not in rule:
+                    out.add("anyone")
+                for peer in rule.get("from", []):
+                    if "namespaceSelector" in peer:
+                        (k, v), = peer["namespaceSelector"]["matchLabels"].items()
+                        out.add(f"namespace {k}={v}")
+                    else:
+                        sel = peer["podSelector"]["matchLabels"]
+                        out.add(sel.get("app.kubernetes.io/component") or ",".join(f"{k}={v}" for k, v in sel.items()))
+        return out
+
+    labels = {wl["metadata"]["name"]: wl["spec"]["template"]["metadata"]["labels"] for wl in workloads()}
+    ctl, wk, redis = labels["millwheel-controller"], labels["millwheel-worker"], labels["millwheel-redis"]
+    assert peers(ctl, "grpc") == {"worker", "millwheel.io/client=true"}
+    assert peers(wk, "grpc") == {"controller", "worker"}
+    assert peers(redis, "redis") == {"controller", "worker"}
+    for pod in (ctl, wk):
+        assert peers(pod, "metrics") == {prometheus}
+        assert peers(pod, "health") == {"anyone"}
+    # Every named port of every pod is covered by some rule (else it would be unreachable).
+    for wl in workloads():
+        for c in wl["spec"]["template"]["spec"]["containers"]:
+            for port in c["ports"]:
+                assert peers(wl["spec"]["template"]["metadata"]["labels"], port["name"]), \
+                    f"{wl['metadata']['name']} port {port['name']} is unreachable"
 
 
 # -- Dockerfile ---------------------------------------------------------------------------------
@@ -277,6 +358,12 @@ def test_supervisor_commands_are_accepted_by_the_cli_and_agree() -> None:
         assert (url.scheme, url.hostname, url.port) == ("redis", "127.0.0.1", redis_port)
     for w in workers:
         assert hostport(w.controller) == (ctl.host, ctl.port)
+        assert w.cluster_secret_file == ctl.cluster_secret_file and w.cluster_secret_file
+    # Every call authenticated; the client token where `millwheel` run from the
+    # repository root finds it (./millwheel-data/client-token).
+    root = DEPLOY.parent
+    assert Path(ctl.auth_token_file).resolve() == root / "millwheel-data" / "client-token"
+    assert Path(ctl.cluster_secret_file).resolve().parent == root / "millwheel-data"
     ports = [a.port for a in [ctl, *workers]] + [a.metrics_port for a in [ctl, *workers]]
     assert len(set(ports)) == len(ports) and all(p > 0 for p in ports), "fixed, distinct ports"
     assert len({w.worker_id for w in workers}) == len(workers)
