@@ -70,15 +70,22 @@ def error_json(
 def record_failure(
     store: StateStore, computation: str, range_id: int, token: int, item_id: str, *,
     key: str, exc_type: str, message: str, frames: Sequence[str] = (), time_us: int | None = None,
+    at_least: int = 1,
 ) -> int:
     """Count one failed attempt of ``item_id`` (a record ID, or a timer's identity from
     :func:`millwheel.record.timer_cause`) without its code having raised, e.g. the
     batch was killed for overrunning its deadline. Fenced by the range's ``token``;
     returns the count. At ``max_attempts`` the range gives the item up without running
-    it, with this ``exc_type`` and ``message`` as its error."""
+    it, with this ``exc_type`` and ``message`` as its error. ``at_least`` (say the
+    computation's ``max_attempts``, for an item that overran alone) counts on until
+    the count is at least that."""
     now = time.time_ns() // 1000 if time_us is None else time_us
-    return store.bump_attempts(computation, range_id, token, item_id, error_json(
-        item_id=item_id, key=key, exc_type=exc_type, message=message, frames=frames, time_us=now))
+    error = error_json(item_id=item_id, key=key, exc_type=exc_type, message=message, frames=frames,
+                       time_us=now)
+    n = store.bump_attempts(computation, range_id, token, item_id, error)
+    while n < min(at_least, 1000):
+        n = store.bump_attempts(computation, range_id, token, item_id, error)
+    return n
 
 
 # -- logging -------------------------------------------------------------------------

@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import pytest
 
@@ -103,7 +103,24 @@ def check_sums_run(cluster: Cluster, tmp_path: Path, good: list[Record]) -> None
     assert "sums" in cli(cluster, "status")
 
 
-def test_a_bad_record_is_dead_lettered_and_the_rest_flows(cluster: Cluster, tmp_path: Path) -> None:
+@pytest.fixture
+def redis_cluster(tmp_path: Path) -> Iterator[Cluster]:
+    from tests.support.redis_server import RedisServer
+
+    redis = RedisServer(appendonly=True)
+    c = Cluster(tmp_path, store_url=redis.url)
+    try:
+        c.start_controller()
+        yield c
+    finally:
+        c.stop()
+        redis.stop()
+
+
+@pytest.mark.parametrize("store", ["sqlite", "redis"])
+def test_a_bad_record_is_dead_lettered_and_the_rest_flows(store: str, request: pytest.FixtureRequest,
+                                                         tmp_path: Path) -> None:
+    cluster: Cluster = request.getfixturevalue("cluster" if store == "sqlite" else "redis_cluster")
     cluster.start_worker()
     cluster.start_worker()
     cluster.register(sums_topology())

@@ -197,22 +197,42 @@ def test_a_custom_dead_letter_stream_and_max_attempts_one(tmp_path: Path) -> Non
 
 
 def test_a_record_the_watchdog_counted_out_is_dead_lettered_without_running(tmp_path: Path) -> None:
-    """The seam for a batch killed mid-run: its attempts are counted from outside and the
-    range gives the record up with that cause, its code never running again."""
+    """The seam for a batch killed mid-run: its attempts are counted from outside; below
+    max_attempts the record runs again, at max_attempts the range gives it up with that
+    cause, its code never running again."""
     store = SQLiteStore(tmp_path / "s.db")
     Flaky.runs.clear()
-    code = Flaky(["r2"], failures=0)  # would succeed: only counts its runs
-    rw = range_worker(store, code)
-    for _ in range(3):
-        poison.record_failure(store, "calc", 0, rw.token, "r2", key="k2", exc_type="DeadlineExceeded",
-                              message="ran over max_batch_seconds")
+    rw = range_worker(store, Flaky(["r2", "r3"], failures=0))  # would succeed: counts runs
+    r0, r1, r2, r3 = amounts(4)
+    poison.record_failure(store, "calc", 0, rw.token, "r2", key="k2", exc_type="DeadlineExceeded",
+                          message="ran over max_batch_seconds")
     rw.rollback()  # (a new owner reads the counts when it takes the range)
-    poison.process_batch(rw, amounts(4), 0, rw.commit)
-    assert Flaky.runs["r2"] == 0
-    assert store.read_outbox("calc", 0)[-1].stream == "calc.dead_letters"
-    letter = json.loads(store.read_outbox("calc", 0)[-1].record.value)
-    assert (letter["exception_type"], letter["message"], letter["attempts"]) == (
-        "DeadlineExceeded", "ran over max_batch_seconds", 3)
+    assert rw.failing == {"r2": 1}
+    poison.process_batch(rw, [r0, r2], 0, rw.commit)
+    assert Flaky.runs["r2"] == 1 and rw.failing == {}  # ran, succeeded: count cleared
+    assert store.read_errors("calc", 0).attempts == {}
+    assert poison.record_failure(store, "calc", 0, rw.token, "r3", key="k3", exc_type="DeadlineExceeded",
+                                 message="ran over max_batch_seconds alone", at_least=3) == 3
+    rw.rollback()
+    poison.process_batch(rw, [r1, r3], 0, rw.commit)
+    assert Flaky.runs["r3"] == 0
+    last = store.read_outbox("calc", 0)[-1]
+    assert last.stream == "calc.dead_letters"
+    letter = json.loads(last.record.value)
+    assert (letter["record_id"], letter["exception_type"], letter["message"], letter["attempts"]) == (
+        "r3", "DeadlineExceeded", "ran over max_batch_seconds alone", 3)
+    assert [p.record.record_id for p in store.read_outbox("calc", 0)].count(last.record.record_id) == 1
+
+
+def test_late_records_dropped_by_the_late_policy_are_counted(tmp_path: Path) -> None:
+    from millwheel.topology import LatePolicy
+
+    records = amounts(40)
+    late = [Record("k1", b'{"amount": 1}', 0, f"late-{i}") for i in range(3)]  # far behind the watermark
+    source = ListSource([*records, *late], 0)
+    store = SQLiteStore(tmp_path / "a.db")
+    LocalRunner(topology(late_policy=LatePolicy.DROP), store, {"src": source}, batch_size=40).run()
+    assert errors(store)[1] == {"late_dropped": 3}
 
 
 # -- key extraction ------------------------------------------------------------------------
