@@ -51,7 +51,7 @@ def _error_dict(e: pb.ErrorInfo) -> dict[str, Any]:
 
 
 def _rows(errors: Any) -> list[tuple[Any, ...]]:
-    return [(e.range_id, e.key, e.record_id[:40], fmt_ts(e.time) if e.time else "-", e.attempts,
+    return [(e.range_id, e.key, e.record_id.replace("\x1f", "/")[:60], fmt_ts(e.time) if e.time else "-", e.attempts,
              e.outcome, f"{e.exception_type}: {e.message}") for e in errors]
 
 
