@@ -26,7 +26,7 @@ from millwheel.keys import KeyExtractor
 from millwheel.record import MAX_TIMESTAMP, Record
 from millwheel.runtime.poison import dead_letter_id
 from millwheel.sources import ListSource
-from millwheel.topology import CodeRef, ComputationSpec, InjectorSpec, InputSpec, Options, Topology
+from millwheel.topology import CodeRef, ComputationSpec, ErrorPolicy, InjectorSpec, InputSpec, Options, Topology
 from tests.integration.service_cluster import ROOT, Cluster, expected_outputs, wait_for
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
@@ -179,12 +179,44 @@ def test_kill9_while_isolating_a_poison_record(cluster: Cluster, tmp_path: Path,
     check_sums_run(cluster, tmp_path, good)
 
 
+def test_on_error_fail_retries_visibly_with_rate_limited_logs(cluster: Cluster, tmp_path: Path) -> None:
+    topo = Topology(
+        computations=(ComputationSpec(
+            "calc", (InputSpec("events", KeyExtractor("json:user")),), ("doubled",),
+            CodeRef("tests.support.faulty:Doubler"), Options(key_ranges=2, on_error=ErrorPolicy.FAIL,
+                                                             max_attempts=2)),),
+        injectors=(InjectorSpec("events", "events"),),
+    )
+    cluster.start_worker()
+    cluster.register(topo)
+    cluster.wait_balanced()
+    cluster.inject("events", "events", sorted([*events(40), BAD_AMOUNT], key=lambda r: r.timestamp),
+                   batch=50, max_disorder_us=DISORDER, done=True)
+
+    def failing() -> Any:
+        info = cluster.client.describe("calc")
+        return [e for e in info.retrying if e.attempts >= 6] and info
+
+    info = wait_for(failing, 60, "the bad record to be retried 6 times")
+    assert (info.spec.options.on_error, info.spec.options.max_attempts) == ("fail", 2)
+    [e] = info.retrying
+    assert (e.record_id, e.key, e.outcome, e.exception_type) == ("bad-amount", "u1", "failing", "ValueError")
+    assert info.dead_lettered == 0 and "calc.dead_letters" not in topo.logged_streams()
+    assert "failing" in cli(cluster, "errors", "calc")
+    # the range holding the record is stopped; its watermark does not pass the record
+    assert cluster.client.watermarks("calc")[0].low_watermark <= BAD_AMOUNT.timestamp
+    reports = cluster.log("worker0").count("record bad-amount: ValueError")
+    assert 1 <= reports < e.attempts  # one full report per minute, not one per attempt
+
+
 def test_replay_after_a_fix_adds_the_missing_output_once(cluster: Cluster, tmp_path: Path) -> None:
     fixed = tmp_path / "fixed"
     code = CodeRef("tests.support.faulty:Doubler", {"fixed_flag": str(fixed)})
     topo = Topology(
         computations=(ComputationSpec("calc", (InputSpec("events", KeyExtractor("json:user")),),
-                                      ("doubled",), code, Options(key_ranges=2)),),
+                                      ("doubled",), code, Options(key_ranges=2)),
+                      ComputationSpec("copy", (InputSpec("events"),), ("copied",),  # another consumer
+                                      CodeRef("map", {"key": "key"}), Options(key_ranges=2))),
         injectors=(InjectorSpec("events", "events"),),
     )
     cluster.start_worker()
@@ -198,6 +230,8 @@ def test_replay_after_a_fix_adds_the_missing_output_once(cluster: Cluster, tmp_p
     want = expected_outputs(tmp_path, topo, {"events": ListSource(good, DISORDER)}, ("doubled",))["doubled"]
     assert cluster.outputs("doubled") == want
     assert list(letters(cluster, "calc.dead_letters")) == [dead_letter_id("calc", "bad-amount")]
+    copied = cluster.outputs("copied")
+    assert len(copied) == len(records)
 
     fixed.write_text("the user fixed their code")
     assert "replayed 1 dead letters" in cli(cluster, "dead-letters", "replay", "calc")
@@ -212,3 +246,4 @@ def test_replay_after_a_fix_adds_the_missing_output_once(cluster: Cluster, tmp_p
     assert "replayed 0 dead letters" in cli(cluster, "dead-letters", "replay", "calc")
     time.sleep(1.0)
     assert cluster.outputs("doubled") == after
+    assert cluster.outputs("copied") == copied  # the other consumer of events saw no replay
