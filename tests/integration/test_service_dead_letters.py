@@ -183,7 +183,7 @@ def test_on_error_fail_retries_visibly_with_rate_limited_logs(cluster: Cluster, 
     topo = Topology(
         computations=(ComputationSpec(
             "calc", (InputSpec("events", KeyExtractor("json:user")),), ("doubled",),
-            CodeRef("tests.support.faulty:Doubler"), Options(key_ranges=2, on_error=ErrorPolicy.FAIL,
+            CodeRef("tests.support.pipelines:Doubler"), Options(key_ranges=2, on_error=ErrorPolicy.FAIL,
                                                              max_attempts=2)),),
         injectors=(InjectorSpec("events", "events"),),
     )
@@ -211,7 +211,7 @@ def test_on_error_fail_retries_visibly_with_rate_limited_logs(cluster: Cluster, 
 
 def test_replay_after_a_fix_adds_the_missing_output_once(cluster: Cluster, tmp_path: Path) -> None:
     fixed = tmp_path / "fixed"
-    code = CodeRef("tests.support.faulty:Doubler", {"fixed_flag": str(fixed)})
+    code = CodeRef("tests.support.pipelines:Doubler", {"fixed_flag": str(fixed)})
     topo = Topology(
         computations=(ComputationSpec("calc", (InputSpec("events", KeyExtractor("json:user")),),
                                       ("doubled",), code, Options(key_ranges=2)),
