@@ -100,7 +100,8 @@ def check_sums_run(cluster: Cluster, tmp_path: Path, good: list[Record]) -> None
     as_json = json.loads(cli(cluster, "errors", "sums", "--json"))
     assert as_json["dead_lettered"] == 2
     assert "bad-amount" in [e["record_id"] for e in as_json["recent_errors"]]
-    assert "sums" in cli(cluster, "status")
+    status = cli(cluster, "status")
+    assert "DEAD-LETTERED" in status and "millwheel errors COMPUTATION" in status
 
 
 @pytest.fixture
@@ -155,12 +156,17 @@ def test_inject_of_an_unkeyable_record_answers_ok_at_once(cluster: Cluster) -> N
     assert cluster.log("worker0").count("cannot key record not-json") == 1  # not every 55 ms
 
 
-@pytest.mark.parametrize("point", ["after_attempt:1", "after_attempt:2", "after_isolated_commit:1",
-                                   "after_give_up:1", "after_checkpoint:1"])
-def test_kill9_while_isolating_a_poison_record(cluster: Cluster, tmp_path: Path, point: str) -> None:
+@pytest.mark.parametrize("store,point", [
+    ("sqlite", "after_attempt:1"), ("sqlite", "after_attempt:2"), ("sqlite", "after_isolated_commit:1"),
+    ("sqlite", "after_give_up:1"), ("sqlite", "after_checkpoint:1"),
+    ("redis", "after_attempt:2"), ("redis", "after_give_up:1"),
+])
+def test_kill9_while_isolating_a_poison_record(store: str, point: str, request: pytest.FixtureRequest,
+                                               tmp_path: Path) -> None:
     """The only worker dies at ``point`` (its first visit is inside the isolation of the
     first failing batch, except after_checkpoint:1, the first checkpoint of all); a
     replacement recovers; everything, the dead letters included, is exactly once."""
+    cluster: Cluster = request.getfixturevalue("cluster" if store == "sqlite" else "redis_cluster")
     crashing = cluster.start_worker(env={"MILLWHEEL_CRASH_AT": point})
     cluster.register(sums_topology())
     cluster.wait_balanced()
