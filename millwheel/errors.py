@@ -59,4 +59,24 @@ class CorruptDataError(StoreError):
 
 
 class UserCodeError(MillWheelError):
-    """User computation code raised; the message names computation, key and record."""
+    """User computation code raised; the message names computation, key and record.
+
+    The error policy (:mod:`millwheel.runtime.poison`) reads the attributes: ``item_id``
+    (the record ID or timer identity that failed, None when unknown), ``key``, the
+    original exception's ``exc_type`` and ``exc_message``, ``frames`` (the last frames
+    of its traceback) and ``final`` (retrying cannot help: the key could not be
+    extracted, or the item already used up its attempts without running).
+    """
+
+    def __init__(
+        self, message: str, *, key: str | None = None, item_id: str | None = None,
+        exc_type: str = "", exc_message: str = "", frames: tuple[str, ...] = (),
+        final: bool = False,
+    ) -> None:
+        super().__init__(message)
+        self.key = key
+        self.item_id = item_id
+        self.exc_type = exc_type
+        self.exc_message = exc_message
+        self.frames = frames
+        self.final = final

@@ -25,6 +25,7 @@ from millwheel.limits import check_name
 from millwheel.topology import (
     CodeRef,
     ComputationSpec,
+    ErrorPolicy,
     InjectorSpec,
     InputSpec,
     LatePolicy,
@@ -80,9 +81,11 @@ def _options(data: Any, where: str) -> Options:
             values["productions"] = Productions(values["productions"])
         if "late_policy" in values:
             values["late_policy"] = LatePolicy(values["late_policy"])
+        if "on_error" in values:
+            values["on_error"] = ErrorPolicy(values["on_error"])
     except ValueError as exc:
         raise InvalidSpecError(f"{where}.options: {exc}") from None
-    for field in ("key_ranges", "allowed_lateness_us", "record_id_retention_us"):
+    for field in ("key_ranges", "allowed_lateness_us", "record_id_retention_us", "max_attempts"):
         if field in values and (isinstance(values[field], bool) or not isinstance(values[field], int)):
             raise InvalidSpecError(f"{where}.options.{field}: must be an integer")
     options = Options(**values)
@@ -100,6 +103,7 @@ def computation_to_dict(spec: ComputationSpec) -> dict[str, Any]:
     opts = dataclasses.asdict(spec.options)
     opts["productions"] = spec.options.productions.value
     opts["late_policy"] = spec.options.late_policy.value
+    opts["on_error"] = spec.options.on_error.value
     return {
         "name": spec.name,
         "inputs": [{"stream": i.stream, "key": i.key_extractor.spec} for i in spec.inputs],

@@ -30,6 +30,15 @@ class LatePolicy(enum.StrEnum):
     ROUTE = "route"  # send them unchanged to the computation's late stream
 
 
+class ErrorPolicy(enum.StrEnum):
+    """What happens to a record (or timer) whose user code keeps raising
+    (:mod:`millwheel.runtime.poison`)."""
+
+    FAIL = "fail"  # stop the key range and retry the batch until the code is fixed
+    SKIP = "skip"  # after max_attempts, drop the record and count it
+    DEAD_LETTER = "dead_letter"  # after max_attempts, write it to the dead-letter stream
+
+
 class Productions(enum.StrEnum):
     STRONG = "strong"  # checkpoint productions before sending (default)
     WEAK = "weak"  # send first; checkpoint only what downstream is slow to ack
@@ -44,6 +53,9 @@ class Options:
     allowed_lateness_us: int = 0
     key_ranges: int = 4
     record_id_retention_us: int = 3_600_000_000  # one hour of processing time
+    on_error: ErrorPolicy = ErrorPolicy.DEAD_LETTER
+    max_attempts: int = 3
+    dead_letter_stream: str | None = None  # None: "<computation>.dead_letters"
 
     def validate(self, where: str) -> None:
         if not 1 <= self.key_ranges <= MAX_KEY_RANGES:
@@ -56,6 +68,14 @@ class Options:
             raise InvalidSpecError(f"{where}: record_id_retention_us must be > 0")
         if self.late_policy is LatePolicy.ROUTE and not self.late_stream:
             raise InvalidSpecError(f"{where}: late_policy 'route' needs a late_stream")
+        if not isinstance(self.on_error, ErrorPolicy):
+            raise InvalidSpecError(f"{where}: on_error must be one of {[p.value for p in ErrorPolicy]}")
+        if isinstance(self.max_attempts, bool) or not isinstance(self.max_attempts, int) \
+                or not 1 <= self.max_attempts <= 1000:
+            raise InvalidSpecError(f"{where}: max_attempts must be an integer 1..1000, got {self.max_attempts!r}")
+        if self.dead_letter_stream is not None and (
+                not isinstance(self.dead_letter_stream, str) or not self.dead_letter_stream):
+            raise InvalidSpecError(f"{where}: dead_letter_stream must be a non-empty stream name")
 
 
 @dataclass(frozen=True)
@@ -85,10 +105,23 @@ class ComputationSpec:
     options: Options = field(default_factory=Options)
 
     def all_outputs(self) -> tuple[str, ...]:
+        """The streams user code may produce to: ``outputs`` and the late stream."""
         late = self.options.late_stream
         if late and late not in self.outputs:
             return (*self.outputs, late)
         return self.outputs
+
+    @property
+    def dead_letter_stream(self) -> str:
+        return self.options.dead_letter_stream or f"{self.name}.dead_letters"
+
+    def written_streams(self) -> tuple[str, ...]:
+        """Every stream the computation writes: :meth:`all_outputs` plus, under the
+        ``dead_letter`` error policy, its dead-letter stream (written by the runtime)."""
+        outputs = self.all_outputs()
+        if self.options.on_error is ErrorPolicy.DEAD_LETTER and self.dead_letter_stream not in outputs:
+            return (*outputs, self.dead_letter_stream)
+        return outputs
 
 
 @dataclass(frozen=True)
@@ -120,7 +153,7 @@ class Topology:
 
     def producers(self, stream: str) -> list[str]:
         """Names of computations and injectors (``injector:NAME``) writing ``stream``."""
-        names = [spec.name for spec in self.computations if stream in spec.all_outputs()]
+        names = [spec.name for spec in self.computations if stream in spec.written_streams()]
         names += [injector_node(inj.name) for inj in self.injectors if inj.stream == stream]
         return names
 
@@ -140,7 +173,7 @@ class Topology:
 
     def sink_streams(self) -> list[str]:
         """Streams produced but consumed by no computation: written to the stream log."""
-        produced = [s for spec in self.computations for s in spec.all_outputs()]
+        produced = [s for spec in self.computations for s in spec.written_streams()]
         produced += [inj.stream for inj in self.injectors]
         consumed = {inp.stream for spec in self.computations for inp in spec.inputs}
         return sorted({s for s in produced if s not in consumed})
@@ -166,7 +199,7 @@ class Topology:
             if inj.name in injector_names:
                 raise InvalidSpecError(f"injector {inj.name!r}: defined twice")
             injector_names.add(inj.name)
-        produced = {s for spec in self.computations for s in spec.all_outputs()}
+        produced = {s for spec in self.computations for s in spec.written_streams()}
         produced |= {inj.stream for inj in self.injectors}
         for spec in self.computations:
             for inp in spec.inputs:

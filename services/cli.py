@@ -10,7 +10,7 @@ import sys
 
 from millwheel.errors import MillWheelError
 
-COMMAND_MODULES = ("services.cli_local", "services.cli_service", "services.cli_spark")
+COMMAND_MODULES = ("services.cli_local", "services.cli_service", "services.cli_errors", "services.cli_spark")
 
 
 def build_parser() -> argparse.ArgumentParser:

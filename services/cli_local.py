@@ -85,9 +85,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         extra = {"batch_size": args.batch_size} if args.batch_size else {}
         runner = LocalRunner(topology, store, sources, crash=crash_hook_from_env(), **extra)
         runner.run(on_progress=None if args.quiet else print_progress)
+        dead_letters = {c.dead_letter_stream for c in topology.computations}
         for stream in topology.sink_streams():
             count = len(store.read_log(stream, 0, 10**9))
-            print(f"{stream}: {count} records", file=sys.stderr)
+            if count or stream not in dead_letters:  # a dead-letter stream only when it has any
+                print(f"{stream}: {count} records", file=sys.stderr)
         for stream in args.print_streams:
             for _seq, rec in store.read_log(stream, 0, 10**9):
                 print(json.dumps(record_json(rec)))

@@ -435,8 +435,11 @@ def cmd_keys(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    from services.cli_errors import status_lines
+
     with _client(args) as client:
         s = client.status()
+        errors = status_lines(client)
     data = {
         "store": s.store_url,
         "workers": [{"id": w.worker_id, "address": w.address, "metrics": w.metrics_address,
@@ -456,7 +459,8 @@ def cmd_status(args: argparse.Namespace) -> int:
                   [(r.node, r.range_id, r.worker_id or "(unassigned)", r.token, fmt_ts(r.watermark))
                    for r in s.ranges]),
         "", table(["NODE", "LOW WATERMARK", "LAG"],
-                  [(w.node, fmt_ts(w.low_watermark), f"{w.lag_us / 1e6:.1f}s") for w in s.watermarks])]
+                  [(w.node, fmt_ts(w.low_watermark), f"{w.lag_us / 1e6:.1f}s") for w in s.watermarks]),
+        *errors]
     return _emit(args, data, "\n".join(parts))
 
 

@@ -92,6 +92,14 @@ class ControllerClient:
         return self.call(lambda: self.stub.ListComputations(pb.ListComputationsRequest(),
                                                             timeout=self.timeout_s))
 
+    def describe(self, computation: str) -> pb.ComputationInfo:
+        req = pb.DescribeComputationRequest(name=computation)
+        return self.call(lambda: self.stub.DescribeComputation(req, timeout=self.timeout_s))
+
+    def replay_dead_letters(self, computation: str) -> pb.ReplayDeadLettersResponse:
+        req = pb.ReplayDeadLettersRequest(computation=computation)
+        return self.call(lambda: self.stub.ReplayDeadLetters(req, timeout=max(self.timeout_s, 120)))
+
     def watermarks(self, node: str = "") -> list[pb.NodeWatermark]:
         req = pb.GetWatermarkRequest(computation=node)
         return list(self.call(lambda: self.stub.GetWatermark(req, timeout=self.timeout_s)).watermarks)

@@ -32,6 +32,7 @@ from millwheel.state.protocol import StateStore
 from millwheel.topology import InjectorSpec, injector_node
 from services import convert
 from services.controller_assign import Assigner
+from services.controller_errors import Replayer, error_info
 from services.controller_registry import Registry
 from services.generated import millwheel_pb2 as pb
 from services.grpc_server import check, start_server
@@ -148,7 +149,8 @@ class ControllerService:
         spec = self.registry.computation(name)
         out, inputs = self.watermarks()
         return pb.ComputationInfo(spec=convert.spec_to_proto(spec), low_watermark=out[name],
-                                  input_low_watermark=inputs[name], ranges=self._ranges(name))
+                                  input_low_watermark=inputs[name], ranges=self._ranges(name),
+                                  **error_info(self.store, spec))
 
     # -- registry --------------------------------------------------------------------
     @rpc
@@ -430,6 +432,11 @@ class ControllerService:
                 if not request.follow:
                     return
                 time.sleep(0.05)
+
+    @rpc
+    def ReplayDeadLetters(self, request: Any, context: Ctx) -> pb.ReplayDeadLettersResponse:
+        check(request)
+        return Replayer(self).replay(request.computation)
 
     # -- workers ---------------------------------------------------------------------
     @rpc

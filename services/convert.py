@@ -37,10 +37,10 @@ def spec_dict_from_proto(msg: pb.ComputationSpec) -> dict[str, Any]:
     o = msg.options
     if o.HasField("exactly_once"):
         options["exactly_once"] = o.exactly_once
-    for name in ("productions", "late_policy", "late_stream"):
+    for name in ("productions", "late_policy", "late_stream", "on_error", "dead_letter_stream"):
         if getattr(o, name):
             options[name] = getattr(o, name)
-    for name in ("allowed_lateness_us", "key_ranges", "record_id_retention_us"):
+    for name in ("allowed_lateness_us", "key_ranges", "record_id_retention_us", "max_attempts"):
         if o.HasField(name):
             options[name] = getattr(o, name)
     return {
@@ -67,6 +67,8 @@ def spec_to_proto(spec: ComputationSpec) -> pb.ComputationSpec:
             late_policy=opts["late_policy"], late_stream=opts["late_stream"] or "",
             allowed_lateness_us=opts["allowed_lateness_us"], key_ranges=opts["key_ranges"],
             record_id_retention_us=opts["record_id_retention_us"],
+            on_error=opts["on_error"], max_attempts=opts["max_attempts"],
+            dead_letter_stream=opts["dead_letter_stream"] or "",
         ),
     )
 

@@ -31,11 +31,12 @@ from typing import Any, Iterator
 import grpc
 
 from millwheel.clock import SystemClock
-from millwheel.errors import FencedError
+from millwheel.errors import FencedError, UserCodeError
 from millwheel.importing import AllowList
 from millwheel.keys import key_range
 from millwheel.operators import build_computation
 from millwheel.record import MIN_TIMESTAMP, Record
+from millwheel.runtime import poison
 from millwheel.runtime.context import RangeTransaction
 from millwheel.runtime.crash import crash_hook_from_env
 from millwheel.runtime.range_worker import RangeWorker
@@ -366,12 +367,14 @@ class WorkerProcess:
             if owned.dropped or owned.worker is None:
                 return pb.DeliverAck(status=pb.DeliverAck.NOT_OWNER, message="range moved")
             rw = owned.worker
-            try:
-                txn = rw.process_records(records, self.input_wms.get(computation, MIN_TIMESTAMP))
-                self._commit(owned, txn)
+            try:  # the error policy isolates failing records (on_error fail: raises)
+                poison.process_batch(rw, records, self.input_wms.get(computation, MIN_TIMESTAMP),
+                                     lambda txn: self._commit(owned, txn))
             except FencedError as exc:
                 self._fenced(owned, exc)
                 return pb.DeliverAck(status=pb.DeliverAck.NOT_OWNER, message=str(exc))
+            except UserCodeError as exc:  # logged (rate-limited) and rolled back by the policy
+                return pb.DeliverAck(status=pb.DeliverAck.FAILED, message=str(exc))
             except Exception as exc:
                 log.error("processing a batch for %s/%d failed: %s", computation, range_id, exc)
                 # The in-memory cache may hold half a batch: rebuild the range from the store.
@@ -396,6 +399,8 @@ class WorkerProcess:
                     moved += self._pump(owned)
                 except FencedError as exc:
                     self._fenced(owned, exc)
+                except UserCodeError:
+                    pass  # on_error fail: logged by the policy, retried after its backoff
                 except Exception:
                     log.exception("pump of %s/%d failed", owned.node, owned.range_id)
                     owned.reset_slices()
@@ -416,9 +421,8 @@ class WorkerProcess:
             self._check_overdue(owned)
             rw = owned.worker
             if rw is not None:
-                txn = rw.fire_timers(self.input_wms.get(owned.node, MIN_TIMESTAMP))
-                if txn is not None:
-                    self._commit(owned, txn)
+                if poison.fire_timers(rw, self.input_wms.get(owned.node, MIN_TIMESTAMP),
+                                      lambda txn: self._commit(owned, txn)):
                     self._hb_wake.set()
                     moved += 1
                 rw.expire_record_ids()

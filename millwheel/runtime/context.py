@@ -27,6 +27,12 @@ class RangeTransaction:
         self.consumed_ids: list[str] = []
         self.records_in = 0
         self.records_out = 0
+        # The error policy's part (millwheel.runtime.poison): see Checkpoint.
+        self.resolved: list[str] = []
+        self.counters: dict[str, int] = {}
+        self.errors: list[bytes] = []
+        self.given_up_timers: list[Timer] = []
+        self.timers_run: list[Timer] = []
 
     def to_checkpoint(self, token: int, now_us: int, include_productions: bool) -> Checkpoint:
         w = self.worker
@@ -40,6 +46,9 @@ class RangeTransaction:
             timer_clears=[k for k, t in self.timer_ops.items() if t is None],
             productions=self.productions if include_productions else [],
             consumed_ids=self.consumed_ids,
+            resolved=self.resolved,
+            counters=self.counters,
+            errors=self.errors,
         )
 
 

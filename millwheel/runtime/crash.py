@@ -2,7 +2,9 @@
 
 The runtime calls ``crash(point)`` at the seams of the exactly-once sequence:
 ``after_inject``, ``after_dedup``, ``after_user_code``, ``after_checkpoint``,
-``after_ack``, ``after_watermark``. In a real run the hook does nothing. Tests use
+``after_ack``, ``after_watermark``, and while a failing record is isolated
+(:mod:`millwheel.runtime.poison`) ``after_attempt``, ``after_isolated_commit``,
+``after_give_up``. In a real run the hook does nothing. Tests use
 :class:`CrashSchedule` (raise at the Nth visit, in process) or set
 ``MILLWHEEL_CRASH_AT=POINT:N`` so the process SIGKILLs itself at the Nth visit of
 POINT: a genuine kill -9 at an exact place.
@@ -20,6 +22,8 @@ POINTS = (
     "after_inject", "after_dedup", "after_user_code", "after_checkpoint", "after_ack",
     "after_watermark",
 )
+#: Visited only while a failing record is isolated (millwheel.runtime.poison).
+ISOLATION_POINTS = ("after_attempt", "after_isolated_commit", "after_give_up")
 
 
 class SimulatedCrash(BaseException):
@@ -30,8 +34,8 @@ class CrashSchedule:
     """Crash (raise :class:`SimulatedCrash`) at the ``n``-th visit of ``point``."""
 
     def __init__(self, point: str, n: int) -> None:
-        if point not in POINTS:
-            raise ValueError(f"unknown crash point {point!r}; known: {POINTS}")
+        if point not in POINTS + ISOLATION_POINTS:
+            raise ValueError(f"unknown crash point {point!r}; known: {POINTS + ISOLATION_POINTS}")
         self.point = point
         self.n = n
         self.visits: Counter[str] = Counter()

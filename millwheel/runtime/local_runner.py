@@ -31,6 +31,7 @@ from millwheel.errors import FencedError, InvalidSpecError, UserCodeError
 from millwheel.keys import key_range
 from millwheel.operators import build_computation
 from millwheel.record import MAX_TIMESTAMP, MIN_TIMESTAMP, Record
+from millwheel.runtime import poison
 from millwheel.runtime.context import RangeTransaction
 from millwheel.runtime.injector import InjectorWorker
 from millwheel.runtime.outbox import Outbox
@@ -168,8 +169,8 @@ class LocalRunner:
                 input_wm = self.watermarks.input_watermark(consumer)
                 for range_id, records in by_range.items():
                     worker = workers[range_id]
-                    txn = worker.process_records(records, input_wm)
-                    self._commit(worker, txn)
+                    poison.process_batch(worker, records, input_wm,
+                                         lambda txn, w=worker: self._commit(w, txn))  # type: ignore[misc]
                     self.processed += len(records)
 
     def _commit(self, worker: RangeWorker, txn: RangeTransaction) -> None:
@@ -216,10 +217,8 @@ class LocalRunner:
         fired = 0
         input_wm = self.watermarks.input_watermark(name)
         for worker in self.workers[name]:
-            txn = worker.fire_timers(input_wm)
-            if txn is not None:
+            if poison.fire_timers(worker, input_wm, lambda txn, w=worker: self._commit(w, txn)):  # type: ignore[misc]
                 fired += 1
-                self._commit(worker, txn)
         return fired
 
     def _report_watermarks(self, force: bool = False) -> None:

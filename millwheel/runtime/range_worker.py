@@ -20,7 +20,9 @@ Processing a batch, as numbered in ARCHITECTURE.md:
 
 from __future__ import annotations
 
+import sys
 import time
+import traceback
 from typing import Callable, Iterable, Sequence
 
 from millwheel.clock import Clock
@@ -30,14 +32,15 @@ from millwheel.errors import UserCodeError
 from millwheel.record import Record, Timer, derive_record_id, timer_cause
 from millwheel.runtime.context import KeyContext, KeyRecords, RangeTransaction
 from millwheel.runtime.outbox import Outbox
-from millwheel.runtime.routing import Router
+from millwheel.runtime.routing import KEY_ERROR_PREFIX, Router
 from millwheel.sensors import Sensors
 from millwheel.state.protocol import StateStore
 from millwheel.timers import TimerQueue
-from millwheel.topology import ComputationSpec, LatePolicy
+from millwheel.topology import ComputationSpec, ErrorPolicy, LatePolicy
 
 CrashHook = Callable[[str], None]
 MAX_TIMERS_PER_BATCH = 10_000
+TRACEBACK_FRAMES = 5  # the last frames of a user-code traceback kept with its error
 
 
 def no_crash(point: str) -> None:
@@ -59,6 +62,14 @@ def records_hook(code: Computation) -> Callable[[KeyContext, KeyRecords], None] 
         if "process_record" in vars(klass):
             return None
     return hook  # type: ignore[no-any-return]
+
+
+def last_frames(exc: BaseException, n: int = TRACEBACK_FRAMES) -> tuple[str, ...]:
+    """The last ``n`` frames of ``exc``'s traceback as ``file:line in function: code``."""
+    return tuple(
+        f"{f.filename}:{f.lineno} in {f.name}: {(f.line or '').strip()}"
+        for f in traceback.extract_tb(exc.__traceback__)[-n:]
+    )
 
 
 class RangeWorker:
@@ -98,6 +109,23 @@ class RangeWorker:
         self._records_hook = records_hook(code)
         self._cache: dict[str, bytes | None] = {}
         self._last_expiry = clock.now_us()
+        # Items (record IDs, timer identities) with failed attempts not yet resolved,
+        # and their counts: an item at max_attempts is given up without running.
+        self.failing = {i: n for i, (n, _e) in store.read_errors(self.name, range_id).attempts.items()}
+        opts = spec.options
+        # Under on_error "fail" nothing is given up: a fixed code must get to run it.
+        self.give_up_at = sys.maxsize if opts.on_error is ErrorPolicy.FAIL else opts.max_attempts
+        self.fail_until = 0.0  # on_error "fail": no timer firing before this (monotonic)
+
+    def rollback(self) -> None:
+        """Forget everything not checkpointed: after user code raised, the state cache and
+        timer queue may hold half a batch. The store has the truth (and the attempt
+        counts, which another process, e.g. a watchdog, may have bumped)."""
+        self._cache.clear()
+        self.timers = TimerQueue(self.store.read_timers(self.name, self.range_id))
+        self.failing = {
+            i: n for i, (n, _e) in self.store.read_errors(self.name, self.range_id).attempts.items()
+        }
 
     # -- state cache ---------------------------------------------------------
     def get_state(self, key: str) -> bytes | None:
@@ -131,7 +159,13 @@ class RangeWorker:
             txn.consumed_ids = fresh_ids
         txn.records_in = len(fresh)
         by_key: dict[str, list[Record]] = {}
+        failing = self.failing
+        max_attempts = self.give_up_at
         for record in fresh:  # 2
+            if record.key.startswith(KEY_ERROR_PREFIX) or (
+                failing and failing.get(record.record_id, 0) >= max_attempts
+            ):
+                raise self._failed_without_running(record)
             is_late = record.timestamp < input_watermark
             if is_late and record.timestamp + options.allowed_lateness_us < input_watermark:
                 if options.late_policy is LatePolicy.DROP:
@@ -165,6 +199,7 @@ class RangeWorker:
                     raise self._user_error(key, ctx.cause, exc) from exc
         if late_dropped:
             self.sensors.late_records(self.name, late_dropped, "drop")
+            txn.counters["late_dropped"] = late_dropped
         if late_routed:
             self.sensors.late_records(self.name, late_routed, "route")
         self.crash("after_user_code")
@@ -173,7 +208,27 @@ class RangeWorker:
     def _user_error(self, key: str, record_id: str, exc: Exception) -> UserCodeError:
         return UserCodeError(
             f"computation {self.name!r} failed on key {key!r} record "
-            f"{record_id}: {exc.__class__.__name__}: {exc}"
+            f"{record_id}: {exc.__class__.__name__}: {exc}",
+            key=key, item_id=record_id, exc_type=exc.__class__.__name__, exc_message=str(exc),
+            frames=last_frames(exc),
+        )
+
+    def _failed_without_running(self, record: Record) -> UserCodeError:
+        """The error of a record the policy gives up on without running user code: its
+        key could not be extracted, or it used up its attempts (counted by an earlier
+        run, or by a watchdog that killed a run of it)."""
+        problem = self.router.key_error(self.name, record)
+        if problem is not None:
+            key, exc_type, message = problem
+            return UserCodeError(
+                f"computation {self.name!r} cannot key record {record.record_id}: {exc_type}: {message}",
+                key=key, item_id=record.record_id, exc_type=exc_type, exc_message=message, final=True,
+            )
+        return UserCodeError(
+            f"computation {self.name!r} record {record.record_id} of key {record.key!r} used up "
+            f"its {self.failing.get(record.record_id, 0)} attempts",
+            key=record.key, item_id=record.record_id, exc_type="AttemptsExhausted",
+            exc_message="failed in earlier runs (see its last error)", final=True,
         )
 
     def _dedup(self, records: Sequence[Record]) -> tuple[list[Record], list[str]]:
@@ -206,40 +261,57 @@ class RangeWorker:
         txn.productions.extend(self.router.fan_out(stream, late))
         txn.records_out += 1
 
-    def fire_timers(self, input_watermark: int) -> RangeTransaction | None:
+    def fire_timers(
+        self, input_watermark: int, limit: int = MAX_TIMERS_PER_BATCH,
+        given_up: Callable[[str], bool] | None = None,
+    ) -> RangeTransaction | None:
         """Step 2 for due timers: event time below the input watermark, processing time
         at or before the clock; in timestamp order, all in one transaction.
 
         Code with a ``process_timer_batch(items)`` hook gets every due timer of the
         range at once as ``(ctx, timer)`` pairs (a Spark stage runs one job for them).
+        Timers whose identity ``given_up`` accepts (or that used up their attempts) are
+        cleared without running, listed in ``txn.given_up_timers`` for the error policy.
         """
         txn = RangeTransaction(self)
         now = self.clock.now_us()
         due: list[Timer] = []
-        while len(due) < MAX_TIMERS_PER_BATCH:
+        failing, max_attempts = self.failing, self.give_up_at
+        while len(due) < limit:
             timer = self.timers.pop_due_event(input_watermark) or self.timers.pop_due_processing(now)
             if timer is None:
                 break
-            due.append(timer)
             txn.timer_ops[(timer.key, timer.tag)] = None
+            if failing or given_up is not None:
+                cause = timer_cause(timer)
+                if failing.get(cause, 0) >= max_attempts or (given_up is not None and given_up(cause)):
+                    txn.given_up_timers.append(timer)
+                    continue
+            due.append(timer)
         if not due:
-            return None
+            return txn if txn.given_up_timers else None
+        txn.timers_run = due
         self._prefetch(t.key for t in due)
         items = [
             (KeyContext(txn, t.key, timer_cause(t), input_watermark, False), t) for t in due
         ]
         batch_hook = getattr(self.code, "process_timer_batch", None)
+        current = due[0] if len(due) == 1 else None  # the timer to blame, when known
         try:
             if batch_hook is not None:
                 batch_hook(items)
             else:
                 for ctx, timer in items:
+                    current = timer
                     self.code.process_timer(ctx, timer)
         except Exception as exc:
+            blame = current or due[0]
             raise UserCodeError(
                 f"computation {self.name!r} failed firing {len(due)} timer(s) of range "
-                f"{self.range_id} (first: {due[0].tag!r} at {due[0].time} of key {due[0].key!r}): "
-                f"{exc.__class__.__name__}: {exc}"
+                f"{self.range_id} ({'timer' if current else 'first'}: {blame.tag!r} at "
+                f"{blame.time} of key {blame.key!r}): {exc.__class__.__name__}: {exc}",
+                key=blame.key, item_id=timer_cause(current) if current else None,
+                exc_type=exc.__class__.__name__, exc_message=str(exc), frames=last_frames(exc),
             ) from exc
         self.crash("after_user_code")
         return txn

@@ -17,6 +17,11 @@ from millwheel.state.protocol import Production
 from millwheel.topology import Topology
 
 LOG_PREFIX = "log:"
+#: The key of a record whose consumer's key extractor failed on it: this prefix, the
+#: stream and the producer's key. It still goes to the consumer (to a fixed range), whose
+#: error policy dead-letters or skips it without running code; so a data error never
+#: fails the producer (an ``Inject`` call, or the upstream computation).
+KEY_ERROR_PREFIX = "\x00key-error\x1f"
 _IDENTITY = KeyExtractor("key").compile()
 
 _new = object.__new__
@@ -81,10 +86,31 @@ class Router:
             if key_fn is None:
                 out.append(production(consumer, stream, record))
             else:
-                key = key_fn(record)
+                try:
+                    key = key_fn(record)
+                    if type(key) is not str:
+                        raise TypeError(f"key extractor returned {type(key).__name__}, not str")
+                except Exception:  # noqa: BLE001 - any failure is the record's, for the consumer's policy
+                    key = f"{KEY_ERROR_PREFIX}{stream}\x1f{record.key}"
                 rec = record if key == record.key else record_of(key, record.value, record.timestamp, record.record_id)
                 out.append(production(consumer, stream, rec))
         return out
+
+    def key_error(self, consumer: str, record: Record) -> tuple[str, str, str] | None:
+        """For a record routed with :data:`KEY_ERROR_PREFIX`: (the producer's key, the
+        exception type, its message), found by running the consumer's key extractor
+        again (it is deterministic); None if ``record`` is not such a record."""
+        if not record.key.startswith(KEY_ERROR_PREFIX):
+            return None
+        stream, _, key = record.key[len(KEY_ERROR_PREFIX):].partition("\x1f")
+        original = record_of(key, record.value, record.timestamp, record.record_id)
+        for name, key_fn in self._plain.get(stream, ()):
+            if name == consumer and key_fn is not None:
+                try:
+                    key_fn(original)
+                except Exception as exc:  # noqa: BLE001 - reported, not raised
+                    return key, type(exc).__name__, str(exc)
+        return key, "KeyExtractionError", f"the key extractor of stream {stream!r} failed on the record"
 
     def fan_out_many(self, stream: str, records: Iterable[Record]) -> list[Production]:
         """:meth:`fan_out` of each record in turn, concatenated."""

@@ -46,6 +46,13 @@ class Checkpoint:
     ``state_writes`` maps key -> new bytes, or None to delete the key's state.
     ``timer_clears`` are ``(key, tag)`` pairs. ``consumed_ids`` are the record IDs of
     the batch's input, remembered for deduplication with ``now_us`` as their time.
+
+    The error policy (:mod:`millwheel.runtime.poison`) adds, in the same atomic step:
+    ``resolved`` item IDs (records or timers) whose attempt counts are deleted (they
+    were finally processed, dead-lettered or skipped), ``counters`` to add to the
+    range's error counts (``dead_lettered``, ``skipped``, ``late_dropped``) and
+    ``errors`` (JSON, one per given-up item) pushed on the range's recent-error list,
+    which keeps the newest :data:`RECENT_ERRORS`.
     """
 
     computation: str
@@ -57,6 +64,9 @@ class Checkpoint:
     timer_clears: list[tuple[str, str]] = field(default_factory=list)
     productions: list[Production] = field(default_factory=list)
     consumed_ids: list[str] = field(default_factory=list)
+    resolved: list[str] = field(default_factory=list)
+    counters: dict[str, int] = field(default_factory=dict)
+    errors: list[bytes] = field(default_factory=list)
 
     def is_empty(self) -> bool:
         return not (
@@ -65,7 +75,27 @@ class Checkpoint:
             or self.timer_clears
             or self.productions
             or self.consumed_ids
+            or self.resolved
+            or self.counters
+            or self.errors
         )
+
+
+#: How many given-up errors a range keeps (newest first) for ``DescribeComputation``.
+RECENT_ERRORS = 20
+
+
+@dataclass(frozen=True)
+class ErrorReport:
+    """What a range's store holds about failing user code (see :class:`Checkpoint`).
+
+    ``attempts`` maps each item (record ID or timer identity) still being retried to
+    its attempt count and the JSON of its last error; ``counters`` are the durable
+    counts; ``recent`` the JSON of the last given-up errors, newest first."""
+
+    attempts: dict[str, tuple[int, bytes]]
+    counters: dict[str, int]
+    recent: list[bytes]
 
 
 class StateStore(Protocol):
@@ -130,6 +160,19 @@ class StateStore(Protocol):
 
     def list_keys(self, computation: str, after: str | None, limit: int) -> list[str]:
         """Keys with state, sorted, strictly after ``after``: a page of at most ``limit``."""
+        ...
+
+    # -- failing user code (the error policy) ----------------------------------------
+    def bump_attempts(
+        self, computation: str, range_id: int, token: int, item_id: str, error: bytes
+    ) -> int:
+        """Count one more failed attempt of ``item_id`` (a record ID or timer identity)
+        and keep ``error`` as its last error, fenced by ``token``; returns the new
+        count. Durable before it returns, so attempts lost to a crash still count."""
+        ...
+
+    def read_errors(self, computation: str, range_id: int) -> ErrorReport:
+        """Attempt counts, error counters and recent errors of the range."""
         ...
 
     # -- the durable stream log (sinks, Subscribe, backfill) ---------------------

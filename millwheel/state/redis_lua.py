@@ -38,13 +38,15 @@ if ARGV[3] ~= '' and last ~= ARGV[3] then return {3, last or ''} end
 """
 
 CHECKPOINT = """
-local TYPES = {'string', 'string', 'hash', 'zset', 'hash', 'zset', 'hash', 'zset', 'string', 'zset'}
+local TYPES = {'string', 'string', 'hash', 'zset', 'hash', 'zset', 'hash', 'zset', 'string', 'zset',
+  'hash', 'hash', 'hash', 'list'}
 """ + PROLOGUE + """
 local o = redis.call('GET', KEYS[9])
 if o and not string.match(o, '^%d+$') then return corrupt(KEYS[9], 'is not an integer') end
 local nw, nd, nc, ns, np, ni = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]),
   tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
-local i = 11
+local nr, nk, ne, keep = tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13]), tonumber(ARGV[14])
+local i = 15
 for _ = 1, nw do
   redis.call('HSET', KEYS[3], ARGV[i], ARGV[i + 1])
   redis.call('ZADD', KEYS[4], 0, ARGV[i])
@@ -75,8 +77,33 @@ for _ = 1, ni do
   redis.call('ZADD', KEYS[10], 'NX', ARGV[4], ARGV[i])
   i = i + 1
 end
+for _ = 1, nr do
+  redis.call('HDEL', KEYS[11], ARGV[i])
+  redis.call('HDEL', KEYS[12], ARGV[i])
+  i = i + 1
+end
+for _ = 1, nk do
+  redis.call('HINCRBY', KEYS[13], ARGV[i], ARGV[i + 1])
+  i = i + 2
+end
+for _ = 1, ne do
+  redis.call('LPUSH', KEYS[14], ARGV[i])
+  i = i + 1
+end
+if ne > 0 then redis.call('LTRIM', KEYS[14], 0, keep - 1) end
 redis.call('SET', KEYS[2], ARGV[2])
 return {1, ''}
+"""
+
+# One more failed attempt of an item (KEYS[3] counts, KEYS[4] last errors; ARGV[4]
+# the item, ARGV[5] its error). A retry of an applied bump returns {2, ''}: no double count.
+BUMP_ATTEMPTS = """
+local TYPES = {'string', 'string', 'hash', 'hash'}
+""" + PROLOGUE + """
+local n = redis.call('HINCRBY', KEYS[3], ARGV[4], 1)
+redis.call('HSET', KEYS[4], ARGV[4], ARGV[5])
+redis.call('SET', KEYS[2], ARGV[2])
+return {1, tostring(n)}
 """
 
 ACK = """

@@ -21,6 +21,10 @@ script touches one hash slot and the same code runs on Redis Cluster::
     mw:r:{C:R}:oseq     STRING  outbox order counter
     mw:r:{C:R}:ids      ZSET    consumed record ID, score = time first consumed (µs)
     mw:r:{C:R}:wm       STRING  the range's reported low watermark
+    mw:r:{C:R}:attempts HASH    item (record ID / timer identity) -> failed attempts
+    mw:r:{C:R}:atterr   HASH    item -> JSON of its last error
+    mw:r:{C:R}:errcount HASH    counter name -> count (dead_lettered, skipped, late_dropped)
+    mw:r:{C:R}:errlog   LIST    JSON of the last given-up errors, newest first
     mw:ranges:{C}       SET     range IDs of C ever acquired (the range registry)
     mw:log:{S}:seq      STRING  stream log sequence counter of stream S
     mw:log:{S}:ids      HASH    record ID -> sequence number (idempotent append)
@@ -75,8 +79,8 @@ from redis.retry import Retry
 
 from millwheel.errors import CorruptDataError, FencedError, InvalidSpecError, StoreError
 from millwheel.record import Record, TimeDomain, Timer
-from millwheel.state.protocol import Checkpoint, Production
-from millwheel.state.redis_lua import ACK, APPEND_LOG, CHECKPOINT, EXPIRE, WATERMARK
+from millwheel.state.protocol import RECENT_ERRORS, Checkpoint, ErrorReport, Production
+from millwheel.state.redis_lua import ACK, APPEND_LOG, BUMP_ATTEMPTS, CHECKPOINT, EXPIRE, WATERMARK
 
 T = TypeVar("T")
 
@@ -112,6 +116,10 @@ class _RangeKeys:
     oseq: str
     ids: str
     wm: str
+    attempts: str
+    atterr: str
+    errcount: str
+    errlog: str
 
 
 def _field(first: str, second: str) -> bytes:
@@ -267,7 +275,7 @@ class RedisStore:
         base = f"{self._prefix}:r:{{{_tag(computation)}:{range_id}}}:"
         return _RangeKeys(*(base + s for s in (
             "token", "last", "state", "skeys", "timers", "tkeys", "outbox", "oorder", "oseq",
-            "ids", "wm",
+            "ids", "wm", "attempts", "atterr", "errcount", "errlog",
         )))
 
     def _registry(self, computation: str) -> str:
@@ -423,7 +431,8 @@ class RedisStore:
         deletes = [k for k, v in cp.state_writes.items() if v is None]
         args: list[bytes | str | int] = [
             cp.now_us, len(writes), len(deletes), len(cp.timer_clears), len(cp.timer_sets),
-            len(cp.productions), len(cp.consumed_ids),
+            len(cp.productions), len(cp.consumed_ids), len(cp.resolved), len(cp.counters),
+            len(cp.errors), RECENT_ERRORS,
         ]
         for key, value in writes:
             args += [key, _frame(None, value)]
@@ -438,12 +447,47 @@ class RedisStore:
                 _frame([p.consumer, p.stream, r.record_id, r.key, r.timestamp], r.value),
             ]
         args += cp.consumed_ids
+        args += cp.resolved
+        for name, n in cp.counters.items():
+            args += [name, int(n)]
+        args += cp.errors
         self._fenced(
             f"checkpoint of {cp.computation!r} range {cp.range_id}", CHECKPOINT,
             cp.computation, cp.range_id, cp.token,
-            [rk.state, rk.skeys, rk.timers, rk.tkeys, rk.outbox, rk.oorder, rk.oseq, rk.ids],
+            [rk.state, rk.skeys, rk.timers, rk.tkeys, rk.outbox, rk.oorder, rk.oseq, rk.ids,
+             rk.attempts, rk.atterr, rk.errcount, rk.errlog],
             args,
         )
+
+    # -- failing user code ------------------------------------------------------------
+    def bump_attempts(
+        self, computation: str, range_id: int, token: int, item_id: str, error: bytes
+    ) -> int:
+        rk = self._range(computation, range_id)
+        detail = self._fenced(
+            f"bump_attempts of {computation!r} range {range_id}", BUMP_ATTEMPTS, computation,
+            range_id, token, [rk.attempts, rk.atterr], [item_id, error],
+        )
+        if not detail:  # a retry found the bump applied: read the count it left
+            detail = self._call("bump_attempts", [rk.attempts],
+                                lambda: self._r.hget(rk.attempts, item_id)) or b"0"
+        return int(detail)
+
+    def read_errors(self, computation: str, range_id: int) -> ErrorReport:
+        rk = self._range(computation, range_id)
+        counts, errors, counters, recent = self._pipeline("read_errors", [
+            (rk.attempts, "hgetall", ()), (rk.atterr, "hgetall", ()),
+            (rk.errcount, "hgetall", ()), (rk.errlog, "lrange", (0, RECENT_ERRORS - 1)),
+        ])
+        try:
+            return ErrorReport(
+                attempts={bytes(i).decode(): (int(n), bytes(errors.get(i, b"{}")))
+                          for i, n in counts.items()},
+                counters={bytes(k).decode(): int(v) for k, v in counters.items()},
+                recent=[bytes(e) for e in recent],
+            )
+        except ValueError as exc:
+            raise self._corrupt(rk.attempts, None, f"error counts unreadable: {exc}") from None
 
     def ack(
         self, producer: str, range_id: int, token: int, acked: Sequence[tuple[str, str]]

@@ -18,7 +18,7 @@ from typing import Callable, Iterable, Iterator, Sequence, TypeVar
 
 from millwheel.errors import CorruptDataError, FencedError, StoreError
 from millwheel.record import Record, TimeDomain, Timer
-from millwheel.state.protocol import Checkpoint, Production
+from millwheel.state.protocol import RECENT_ERRORS, Checkpoint, ErrorReport, Production
 
 T = TypeVar("T")
 
@@ -63,6 +63,17 @@ CREATE TABLE IF NOT EXISTS watermarks (
     node TEXT NOT NULL, range_id INTEGER NOT NULL, watermark INTEGER NOT NULL,
     PRIMARY KEY (node, range_id));
 CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS attempts (
+    computation TEXT NOT NULL, range_id INTEGER NOT NULL, item_id TEXT NOT NULL,
+    attempts INTEGER NOT NULL, error BLOB NOT NULL,
+    PRIMARY KEY (computation, range_id, item_id)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS error_counts (
+    computation TEXT NOT NULL, range_id INTEGER NOT NULL, name TEXT NOT NULL,
+    count INTEGER NOT NULL, PRIMARY KEY (computation, range_id, name)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS error_log (
+    seq INTEGER PRIMARY KEY, computation TEXT NOT NULL, range_id INTEGER NOT NULL,
+    error BLOB NOT NULL);
+CREATE INDEX IF NOT EXISTS error_log_by_range ON error_log (computation, range_id, seq);
 """
 
 
@@ -264,8 +275,74 @@ class SQLiteStore:
                         (comp, rid, cp.now_us, ids),
                     )
                 db.execute("INSERT INTO seen_batches VALUES (?, ?, ?, ?)", (comp, rid, cp.now_us, ids))
+            if cp.resolved or cp.counters or cp.errors:
+                self._apply_errors(cp)
 
         self._write(txn)
+
+    def _apply_errors(self, cp: Checkpoint) -> None:
+        """The error policy's part of a checkpoint (inside its transaction)."""
+        db, comp, rid = self._db, cp.computation, cp.range_id
+        db.executemany(
+            "DELETE FROM attempts WHERE computation=? AND range_id=? AND item_id=?",
+            [(comp, rid, i) for i in cp.resolved],
+        )
+        db.executemany(
+            "INSERT INTO error_counts VALUES (?, ?, ?, ?) ON CONFLICT (computation, range_id, name) "
+            "DO UPDATE SET count = count + excluded.count",
+            [(comp, rid, name, n) for name, n in cp.counters.items()],
+        )
+        if cp.errors:
+            db.executemany("INSERT INTO error_log (computation, range_id, error) VALUES (?, ?, ?)",
+                           [(comp, rid, e) for e in cp.errors])
+            db.execute(
+                "DELETE FROM error_log WHERE computation=?1 AND range_id=?2 AND seq <= ("
+                "SELECT seq FROM error_log WHERE computation=?1 AND range_id=?2 "
+                "ORDER BY seq DESC LIMIT 1 OFFSET ?3)",
+                (comp, rid, RECENT_ERRORS),
+            )
+
+    # -- failing user code ---------------------------------------------------------
+    def bump_attempts(
+        self, computation: str, range_id: int, token: int, item_id: str, error: bytes
+    ) -> int:
+        def txn() -> int:
+            self._fence(computation, range_id, token)
+            self._db.execute(
+                "INSERT INTO attempts VALUES (?, ?, ?, 1, ?) ON CONFLICT "
+                "(computation, range_id, item_id) DO UPDATE SET attempts = attempts + 1, "
+                "error = excluded.error",
+                (computation, range_id, item_id, error),
+            )
+            row = self._db.execute(
+                "SELECT attempts FROM attempts WHERE computation=? AND range_id=? AND item_id=?",
+                (computation, range_id, item_id),
+            ).fetchone()
+            return int(row[0])
+
+        return self._write(txn)
+
+    def read_errors(self, computation: str, range_id: int) -> ErrorReport:
+        with self._lock:
+            db = self._db
+            attempts = db.execute(
+                "SELECT item_id, attempts, error FROM attempts WHERE computation=? AND range_id=?",
+                (computation, range_id),
+            ).fetchall()
+            counters = db.execute(
+                "SELECT name, count FROM error_counts WHERE computation=? AND range_id=?",
+                (computation, range_id),
+            ).fetchall()
+            recent = db.execute(
+                "SELECT error FROM error_log WHERE computation=? AND range_id=? "
+                "ORDER BY seq DESC LIMIT ?",
+                (computation, range_id, RECENT_ERRORS),
+            ).fetchall()
+        return ErrorReport(
+            attempts={i: (int(n), bytes(e)) for i, n, e in attempts},
+            counters={name: int(n) for name, n in counters},
+            recent=[bytes(row[0]) for row in recent],
+        )
 
     def ack(
         self, producer: str, range_id: int, token: int, acked: Sequence[tuple[str, str]]

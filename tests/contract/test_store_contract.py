@@ -406,3 +406,69 @@ def test_meta_put_get_list_delete(store: StateStore) -> None:
     store.put_meta("never-there", None)
     assert store.get_meta("computations/a") is None
     assert store.list_meta("computations/") == {"computations/b": b"\x00\xff"}
+
+
+# -- failing user code: attempt counts, error counters, recent errors ----------------
+
+def test_bump_attempts_counts_per_item_and_keeps_the_last_error(store: StateStore) -> None:
+    t = store.acquire(C, 0)
+    assert store.bump_attempts(C, 0, t, "rec-1", b'{"message": "first"}') == 1
+    assert store.bump_attempts(C, 0, t, "rec-1", b'{"message": "second"}') == 2
+    assert store.bump_attempts(C, 0, t, "timer\x1fk\x1ftag\x1f5", b"{}") == 1
+    report = store.read_errors(C, 0)
+    assert report.attempts == {"rec-1": (2, b'{"message": "second"}'), "timer\x1fk\x1ftag\x1f5": (1, b"{}")}
+    assert store.read_errors(C, 1).attempts == {}  # per range
+    assert store.read_errors("other", 0).attempts == {}  # per computation
+
+
+def test_bump_attempts_survives_reopening_and_a_new_owner(store_url: str) -> None:
+    first = open_store(store_url)
+    t = first.acquire(C, 0)
+    first.bump_attempts(C, 0, t, "rec-1", b"{}")
+    first.close()
+    second = open_store(store_url)
+    try:
+        t2 = second.acquire(C, 0)  # a crash loop: every new owner sees the count so far
+        assert second.bump_attempts(C, 0, t2, "rec-1", b"{}") == 2
+    finally:
+        second.close()
+
+
+def test_bump_attempts_is_fenced(store: StateStore) -> None:
+    old = store.acquire(C, 0)
+    store.bump_attempts(C, 0, old, "rec-1", b"{}")
+    store.acquire(C, 0)
+    with pytest.raises(FencedError):
+        store.bump_attempts(C, 0, old, "rec-1", b"{}")
+    assert store.read_errors(C, 0).attempts == {"rec-1": (1, b"{}")}
+
+
+def test_checkpoint_resolves_attempts_counts_and_keeps_recent_errors(store: StateStore) -> None:
+    from millwheel.state.protocol import RECENT_ERRORS
+
+    t = store.acquire(C, 0)
+    store.bump_attempts(C, 0, t, "rec-1", b"{}")
+    store.bump_attempts(C, 0, t, "rec-2", b"{}")
+    store.checkpoint(cp(t, consumed_ids=["rec-1"], resolved=["rec-1"],
+                        counters={"dead_lettered": 1, "late_dropped": 4}, errors=[b"e-0"]))
+    report = store.read_errors(C, 0)
+    assert report.attempts == {"rec-2": (1, b"{}")}
+    assert report.counters == {"dead_lettered": 1, "late_dropped": 4}
+    assert report.recent == [b"e-0"]
+    for i in range(1, RECENT_ERRORS + 5):
+        store.checkpoint(cp(t, counters={"dead_lettered": 1}, errors=[f"e-{i}".encode()]))
+    report = store.read_errors(C, 0)
+    assert report.counters["dead_lettered"] == RECENT_ERRORS + 5
+    assert report.recent == [f"e-{i}".encode() for i in range(RECENT_ERRORS + 4, 4, -1)]
+    # a resolved item counts from zero again
+    assert store.bump_attempts(C, 0, t, "rec-1", b"{}") == 1
+
+
+def test_fenced_checkpoint_changes_no_error_counts(store: StateStore) -> None:
+    old = store.acquire(C, 0)
+    store.bump_attempts(C, 0, old, "rec-1", b"{}")
+    store.acquire(C, 0)
+    with pytest.raises(FencedError):
+        store.checkpoint(cp(old, resolved=["rec-1"], counters={"skipped": 1}, errors=[b"x"]))
+    report = store.read_errors(C, 0)
+    assert (report.attempts, report.counters, report.recent) == ({"rec-1": (1, b"{}")}, {}, [])

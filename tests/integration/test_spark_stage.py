@@ -22,7 +22,16 @@ from millwheel.sensors import CountingSensors
 from millwheel.sources import ListSource
 from millwheel.spark import session
 from millwheel.state.sqlite_store import SQLiteStore
-from millwheel.topology import CodeRef, ComputationSpec, InjectorSpec, InputSpec, LatePolicy, Options, Topology
+from millwheel.topology import (
+    CodeRef,
+    ComputationSpec,
+    ErrorPolicy,
+    InjectorSpec,
+    InputSpec,
+    LatePolicy,
+    Options,
+    Topology,
+)
 
 S = 1_000_000
 
@@ -169,8 +178,8 @@ def always_fails(df: Any) -> Any:
     raise RuntimeError("this aggregation never works")
 
 
-def counting_spec(code_params: dict[str, Any]) -> Topology:
-    opts = Options(key_ranges=1)
+def counting_spec(code_params: dict[str, Any], **options: Any) -> Topology:
+    opts = Options(key_ranges=1, **options)
     return Topology((stage("sp", "spark_aggregate", {"size_us": 10 * S, **code_params}, opts, "out"),),
                     (InjectorSpec("in", "in"),))
 
@@ -189,10 +198,11 @@ def test_failed_job_is_retried_and_emits_each_window_once(tmp_path: Path, monkey
 
 
 def test_job_that_keeps_failing_loses_no_window(tmp_path: Path) -> None:
+    """With ``on_error: fail`` (the default dead-letters the windows' timers instead)."""
     records = [Record("k", b"", i * S, f"r{i}") for i in range(25)]
     db = tmp_path / "fail.db"
     broken = counting_spec({"function": "tests.integration.test_spark_stage:always_fails",
-                            "max_attempts": 2, "retry_backoff_s": 0.05})
+                            "max_attempts": 2, "retry_backoff_s": 0.05}, on_error=ErrorPolicy.FAIL)
     store = SQLiteStore(str(db))
     with pytest.raises(UserCodeError, match="never works"):
         LocalRunner(broken, store, {"in": ListSource(records)}).run()

@@ -34,6 +34,10 @@ from millwheel.topology import (
     Topology,
 )
 
+# The error-policy tests' user code, importable as ``tests.support.pipelines:Doubler`` too,
+# so a service test cluster that allows this module's code allows it.
+from tests.support.faulty import Doubler  # noqa: E402,F401
+
 SECOND = 1_000_000
 ROOT = Path(__file__).resolve().parents[2]
 Outputs = dict[str, list[tuple[str, bytes, int, str]]]

@@ -13,7 +13,16 @@ from millwheel.record import Record
 from millwheel.runtime.local_runner import LocalRunner
 from millwheel.sources import ListSource
 from millwheel.state.sqlite_store import SQLiteStore
-from millwheel.topology import CodeRef, ComputationSpec, InjectorSpec, InputSpec, LatePolicy, Options, Topology
+from millwheel.topology import (
+    CodeRef,
+    ComputationSpec,
+    ErrorPolicy,
+    InjectorSpec,
+    InputSpec,
+    LatePolicy,
+    Options,
+    Topology,
+)
 
 S = 1_000_000
 
@@ -89,5 +98,10 @@ def test_bad_operator_specs_say_what_is_wrong(tmp_path: Path) -> None:
 
 
 def test_a_failing_expression_names_the_record(tmp_path: Path) -> None:
-    with pytest.raises(UserCodeError, match="record r0"):
-        run(tmp_path, CodeRef("filter", {"expr": "json['missing'] > 1"}), values(1))
+    with pytest.raises(UserCodeError, match="record r0"):  # on_error fail: the run stops
+        run(tmp_path, CodeRef("filter", {"expr": "json['missing'] > 1"}), values(1),
+            Options(key_ranges=2, on_error=ErrorPolicy.FAIL))
+    out = run(tmp_path / "dl", CodeRef("filter", {"expr": "json['missing'] > 1"}), values(1))
+    [letter] = [json.loads(r.value) for r in out["op.dead_letters"]]  # the default: dead letter
+    assert (letter["record_id"], letter["exception_type"]) == ("r0", "InvalidSpecError")
+    assert "json['missing'] > 1" in letter["message"]

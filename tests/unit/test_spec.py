@@ -21,6 +21,16 @@ def test_spec_round_trips() -> None:
     assert spec.all_outputs() == ("counts", "late")
 
 
+def test_error_options_round_trip_and_the_dead_letter_stream_is_written() -> None:
+    spec = computation_from_dict({**GOOD, "options": {"on_error": "skip", "max_attempts": 5}})
+    assert computation_from_dict(computation_to_dict(spec)) == spec
+    assert spec.written_streams() == ("counts",)  # skip: no dead letters
+    spec = computation_from_dict({**GOOD, "options": {"dead_letter_stream": "bad"}})
+    assert spec.options.on_error.value == "dead_letter" and spec.options.max_attempts == 3
+    assert spec.written_streams() == ("counts", "bad")
+    assert computation_from_dict(GOOD).dead_letter_stream == "counts.dead_letters"
+
+
 @pytest.mark.parametrize("change,message", [
     ({"name": ""}, "computation: name must be a non-empty string"),
     ({"inputs": "queries"}, "inputs: must be a list"),
@@ -32,6 +42,10 @@ def test_spec_round_trips() -> None:
     ({"options": {"key_ranges": "4"}}, "key_ranges: must be an integer"),
     ({"options": {"late_policy": "route"}}, "needs a late_stream"),
     ({"options": {"exactly_twice": True}}, r"unknown options \['exactly_twice'\]"),
+    ({"options": {"on_error": "ignore"}}, "'ignore' is not a valid ErrorPolicy"),
+    ({"options": {"max_attempts": 0}}, "max_attempts must be an integer 1..1000, got 0"),
+    ({"options": {"max_attempts": "3"}}, "max_attempts: must be an integer"),
+    ({"options": {"dead_letter_stream": ""}}, "dead_letter_stream must be a non-empty stream name"),
     ({"colour": "red"}, r"unknown fields \['colour'\]"),
 ])
 def test_malformed_specs_name_the_computation_and_field(change: dict[str, object], message: str) -> None:

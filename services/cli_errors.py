@@ -1,0 +1,108 @@
+"""``millwheel errors`` and ``millwheel dead-letters``: failing user code, seen and
+recovered from (docs/service.md, "When user code fails")."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from services.cli_service import DEFAULT_CONTROLLER, fmt_ts, table
+from services.client import ControllerClient
+from services.generated import millwheel_pb2 as pb
+
+
+def add_commands(sub: Any) -> None:
+    def client_parser(name: str, help: str, description: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help, description=description)
+        p.add_argument("--controller", metavar="HOST:PORT",
+                       help=f"controller address (default $MILLWHEEL_CONTROLLER or {DEFAULT_CONTROLLER})")
+        p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+        return p
+
+    errs = client_parser(
+        "errors", "show a computation's failing records and dead letters",
+        "Show how a computation's user code fails: the durable counts of records "
+        "dead-lettered, skipped and dropped as late, the records and timers being retried "
+        "now, and the last errors given up on (key, record ID, time, attempts, message).")
+    errs.add_argument("computation", metavar="COMPUTATION")
+    errs.set_defaults(func=cmd_errors)
+
+    dl = sub.add_parser("dead-letters", help="act on a computation's dead letters",
+                        description="Act on the dead letters of a computation.")
+    dl_sub = dl.add_subparsers(dest="action", metavar="ACTION", required=True)
+    replay = dl_sub.add_parser(
+        "replay", help="re-inject the dead letters into the computation, once",
+        description="Hand the computation's dead letters back to it (and to no other consumer "
+        "of its inputs), after its code was fixed. Exactly once: replaying again hands over "
+        "only dead letters written since. Dead letters of timers and of records whose key "
+        "could not be extracted are not replayed (counted as skipped).")
+    replay.add_argument("computation", metavar="COMPUTATION")
+    replay.add_argument("--controller", metavar="HOST:PORT",
+                        help=f"controller address (default $MILLWHEEL_CONTROLLER or {DEFAULT_CONTROLLER})")
+    replay.add_argument("--json", action="store_true", help="print JSON")
+    replay.set_defaults(func=cmd_replay)
+
+
+def _error_dict(e: pb.ErrorInfo) -> dict[str, Any]:
+    return {"range": e.range_id, "key": e.key, "record_id": e.record_id, "time": e.time,
+            "attempts": e.attempts, "exception_type": e.exception_type, "message": e.message,
+            "outcome": e.outcome}
+
+
+def _rows(errors: Any) -> list[tuple[Any, ...]]:
+    return [(e.range_id, e.key, e.record_id.replace("\x1f", "/")[:60], fmt_ts(e.time) if e.time else "-", e.attempts,
+             e.outcome, f"{e.exception_type}: {e.message}") for e in errors]
+
+
+HEADERS = ["RANGE", "KEY", "RECORD", "TIME", "ATTEMPTS", "OUTCOME", "ERROR"]
+
+
+def errors_data(info: pb.ComputationInfo) -> dict[str, Any]:
+    return {"computation": info.spec.name, "on_error": info.spec.options.on_error or "dead_letter",
+            "dead_letter_stream": info.spec.options.dead_letter_stream
+            or f"{info.spec.name}.dead_letters",
+            "dead_lettered": info.dead_lettered, "skipped": info.skipped,
+            "late_dropped": info.late_dropped,
+            "retrying": [_error_dict(e) for e in info.retrying],
+            "recent_errors": [_error_dict(e) for e in info.recent_errors]}
+
+
+def cmd_errors(args: argparse.Namespace) -> int:
+    with ControllerClient(args.controller) as client:
+        info = client.describe(args.computation)
+    data = errors_data(info)
+    lines = [f"computation {data['computation']}: on_error {data['on_error']}, "
+             f"{data['dead_lettered']} dead-lettered (stream {data['dead_letter_stream']}), "
+             f"{data['skipped']} skipped, {data['late_dropped']} late records dropped"]
+    lines += ["", "retrying now:", table(HEADERS, _rows(info.retrying)) if info.retrying else "  (none)"]
+    lines += ["", "recent errors, newest first:",
+              table(HEADERS, _rows(info.recent_errors)) if info.recent_errors else "  (none)"]
+    if args.json:
+        print(json.dumps(data, indent=2))
+    else:
+        print("\n".join(lines))
+    return 0
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    with ControllerClient(args.controller) as client:
+        resp = client.replay_dead_letters(args.computation)
+    if args.json:
+        print(json.dumps({"replayed": resp.replayed, "skipped": resp.skipped}))
+    else:
+        print(f"replayed {resp.replayed} dead letters into {args.computation}"
+              + (f" ({resp.skipped} not replayable: timers or unkeyable records)" if resp.skipped else ""))
+    return 0
+
+
+def status_lines(client: ControllerClient) -> list[str]:
+    """The error summary ``millwheel status`` prints: computations with any errors."""
+    rows = [(c.spec.name, c.dead_lettered, c.skipped, c.late_dropped, len(c.retrying),
+             c.recent_errors[0].message[:60] if c.recent_errors else "")
+            for c in client.computations().computations
+            if c.dead_lettered or c.skipped or c.late_dropped or c.retrying]
+    if not rows:
+        return []
+    return ["", table(["COMPUTATION", "DEAD-LETTERED", "SKIPPED", "LATE DROPPED", "RETRYING",
+                       "LAST ERROR"], rows), "(details: millwheel errors COMPUTATION)"]
