@@ -1,8 +1,19 @@
-"""A small client of the controller for the CLI and for scripts.
+"""The Python client of a millwheel service; the CLI is built on it.
+
+    from millwheel import Record
+    from millwheel_service.client import ControllerClient   # `services.client` in a checkout
+
+    with ControllerClient("127.0.0.1:7070") as mw:          # token/TLS from the environment
+        mw.register(topology)                              # a millwheel.Topology, all or nothing
+        mw.inject_records("clicks", records, done=True)    # backpressure handled, nothing resent twice
+        for seq, record in mw.subscribe("counts"):
+            ...
+        mw.watermarks(); mw.state("counts", "ann"); list(mw.keys("counts")); mw.status()
 
 gRPC failures come back as millwheel errors of the matching class (via
-:mod:`services.status`) with the server's message, so callers handle one kind of
-error whether the failure was local or remote.
+:mod:`services.status`: NotFoundError, InvalidSpecError, PermissionDeniedError, ...)
+with the server's message and the gRPC status in ``.status`` (a ``grpc.StatusCode``),
+so callers handle one kind of error whether the failure was local or remote.
 """
 
 from __future__ import annotations
@@ -16,6 +27,7 @@ import grpc
 
 from millwheel.errors import MillWheelError
 from millwheel.record import MIN_TIMESTAMP, Record
+from millwheel.topology import Topology
 from services.generated import millwheel_pb2 as pb
 from services.generated import millwheel_pb2_grpc as pb_grpc
 from services.grpc_server import channel
@@ -61,9 +73,31 @@ class ControllerClient:
 
     def error(self, exc: grpc.RpcError) -> MillWheelError:
         code = exc.code()
+        err: MillWheelError
         if code == grpc.StatusCode.UNAVAILABLE:
-            return UnavailableError(f"controller {self.address}: {exc.details()} [UNAVAILABLE]")
-        return error_class(code)(f"{exc.details()} [{code.name}]")
+            err = UnavailableError(f"controller {self.address}: {exc.details()} [UNAVAILABLE]")
+        else:
+            err = error_class(code)(f"{exc.details()} [{code.name}]")
+        err.status = code  # type: ignore[attr-defined]
+        return err
+
+    # -- core types in, core types out ---------------------------------------------------
+    def register(self, topology: Topology) -> pb.RegisterTopologyResponse:
+        """Register a :class:`~millwheel.topology.Topology` (computations, injectors and
+        log streams) all or nothing."""
+        from services.convert import spec_to_proto
+
+        return self.register_topology([spec_to_proto(c) for c in topology.computations],
+                                      [(i.name, i.stream) for i in topology.injectors],
+                                      topology.log_streams)
+
+    def inject_records(self, injector: str, records: Iterable[Record], *, stream: str = "",
+                       batch: int = 500, max_disorder_us: int | None = 0, done: bool = False
+                       ) -> pb.InjectResponse:
+        """Inject core :class:`~millwheel.record.Record` objects through ``injector``
+        (``stream`` registers it if new). The injector watermark follows the largest
+        timestamp minus ``max_disorder_us`` (None: never moved); ``done`` closes it."""
+        return self.inject(inject_messages(injector, stream, records, batch, max_disorder_us, done))
 
     # -- calls ---------------------------------------------------------------------------
     def register_computation(self, spec: pb.ComputationSpec, log_streams: Iterable[str] = ()
