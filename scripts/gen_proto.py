@@ -26,15 +26,20 @@ def generate(root: Path, out_dir: Path | None = None, force: bool = False) -> Pa
     if not protos:
         raise SystemExit(f"gen_proto: no .proto files under {src}")
     stamp = out / "millwheel_pb2_grpc.py"
-    if not force and stamp.exists() and all(p.stat().st_mtime <= stamp.stat().st_mtime for p in protos):
+    outputs = [stamp, *(out / (p.stem + ".desc") for p in protos)]
+    if not force and all(o.exists() for o in outputs) and \
+            all(p.stat().st_mtime <= stamp.stat().st_mtime for p in protos):
         return out
     from grpc_tools import protoc  # a build requirement, not a runtime import of millwheel
 
     out.mkdir(parents=True, exist_ok=True)
     include = Path(protoc.__file__).parent / "_proto"  # google/protobuf/*.proto
     for proto in protos:
+        # The descriptor set keeps the proto's comments (source info), which the Python
+        # stubs drop: reflection serves it so a stock client sees what each field means.
         args = ["grpc_tools.protoc", f"-I{src}", f"-I{include}", f"--python_out={out}",
-                f"--pyi_out={out}", f"--grpc_python_out={out}", str(proto)]
+                f"--pyi_out={out}", f"--grpc_python_out={out}", "--include_source_info",
+                f"--descriptor_set_out={out / (proto.stem + '.desc')}", str(proto)]
         if protoc.main(args) != 0:
             raise SystemExit(f"gen_proto: protoc failed on {proto}")
     # The generated service module imports its messages as a top-level module; make the

@@ -6,10 +6,16 @@ grpcio-reflection ships only v1alpha. The two versions are the same messages und
 another package name, so the same servicer answers both: v1 requests parse as v1alpha
 messages on the wire. The v1 service's own descriptor is added to the descriptor pool
 (a copy of v1alpha's with the package renamed) so a client can discover it too.
+
+Descriptors are served with the proto's comments: the Python stubs carry no source
+info, so files generated with it (``services/generated/*.desc``, made beside the stubs
+by scripts/gen_proto.py) replace them in every answer. A client then shows what each
+service, RPC, message and field means.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Iterable
 
 import grpc
@@ -21,6 +27,39 @@ from grpc_reflection.v1alpha import reflection_pb2_grpc as rpb_grpc
 V1_PACKAGE = "grpc.reflection.v1"
 V1_SERVICE_NAME = f"{V1_PACKAGE}.ServerReflection"
 V1ALPHA_SERVICE_NAME: str = v1alpha.SERVICE_NAME
+GENERATED = Path(__file__).resolve().parent / "generated"
+
+
+def documented_files() -> dict[str, bytes]:
+    """File name -> serialized FileDescriptorProto with source info (comments)."""
+    out: dict[str, bytes] = {}
+    for path in sorted(GENERATED.glob("*.desc")):
+        for fdp in descriptor_pb2.FileDescriptorSet.FromString(path.read_bytes()).file:
+            out[fdp.name] = fdp.SerializeToString()
+    return out
+
+
+class DocumentedReflectionServicer(v1alpha.ReflectionServicer):  # type: ignore[misc]
+    """The stock servicer, answering with the documented form of our proto files."""
+
+    def __init__(self, service_names: list[str], documented: dict[str, bytes]) -> None:
+        super().__init__(service_names)
+        self._documented = documented
+
+    def _with_docs(self, response: Any) -> Any:
+        if response.HasField("file_descriptor_response"):
+            protos = response.file_descriptor_response.file_descriptor_proto
+            for i, raw in enumerate(protos):
+                name = descriptor_pb2.FileDescriptorProto.FromString(raw).name
+                if name in self._documented:
+                    protos[i] = self._documented[name]
+        return response
+
+    def _file_by_filename(self, request: Any, filename: str) -> Any:
+        return self._with_docs(super()._file_by_filename(request, filename))
+
+    def _file_containing_symbol(self, request: Any, fully_qualified_name: str) -> Any:
+        return self._with_docs(super()._file_containing_symbol(request, fully_qualified_name))
 
 
 def v1_file_descriptor() -> descriptor_pb2.FileDescriptorProto:
@@ -54,7 +93,7 @@ def enable(server: grpc.Server, service_names: Iterable[str]) -> list[str]:
     services; returns every service name now reflected."""
     _register_v1_descriptor()
     names = [*service_names, V1_SERVICE_NAME, V1ALPHA_SERVICE_NAME]
-    servicer: Any = v1alpha.ReflectionServicer(names)
+    servicer = DocumentedReflectionServicer(names, documented_files())
     rpb_grpc.add_ServerReflectionServicer_to_server(servicer, server)
     handler = grpc.stream_stream_rpc_method_handler(
         servicer.ServerReflectionInfo,
