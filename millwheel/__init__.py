@@ -1,5 +1,7 @@
 """millwheel: keyed, stateful, exactly-once stream computations (after Google's MillWheel)."""
 
+__version__ = "0.2.0"  # the one place the version is set (pyproject.toml reads it)
+
 from millwheel.clock import Clock, ManualClock, SystemClock
 from millwheel.computation import Computation, Context
 from millwheel.errors import MillWheelError

@@ -8,6 +8,7 @@ import importlib
 import importlib.util
 import sys
 
+from millwheel import __version__
 from millwheel.errors import MillWheelError
 
 COMMAND_MODULES = ("services.cli_local", "services.cli_service", "services.cli_errors", "services.cli_spark")
@@ -28,6 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
             "\n'millwheel COMMAND --help' tells more about each command. Errors exit with status 2."
         ),
     )
+    parser.add_argument("--version", action="version", version=f"millwheel {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMAND_MODULES:
         if importlib.util.find_spec(name) is None:

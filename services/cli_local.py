@@ -17,6 +17,7 @@ from millwheel.runtime.local_runner import LocalRunner, print_progress
 from millwheel.sources import Source
 from millwheel.spec import load_spec_file, sources_from_dict, topology_from_dict
 from millwheel.state import open_store
+from millwheel.state.url import describe_store
 from millwheel.topology import Topology
 
 DEFAULT_STORE = "sqlite:///millwheel-data/local.db"
@@ -79,6 +80,8 @@ def load_target(target: str) -> tuple[Topology, dict[str, Source]]:
 def cmd_run(args: argparse.Namespace) -> int:
     topology, sources = load_target(args.target)
     store = open_store(args.store)
+    if not args.quiet:
+        print(f"store {describe_store(args.store)}", file=sys.stderr)
     try:
         if args.batch_size is not None and args.batch_size < 1:
             raise InvalidSpecError(f"--batch-size must be >= 1, got {args.batch_size}")

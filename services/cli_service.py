@@ -25,6 +25,7 @@ from millwheel.errors import InvalidSpecError
 from millwheel.record import MAX_TIMESTAMP, MIN_TIMESTAMP, Record
 from millwheel.sources import parse_json_record
 from millwheel.spec import load_spec_file
+from millwheel.state.url import describe_store
 from services import security
 from services.client import DEFAULT_CONTROLLER, ControllerClient, controller_address, inject_messages
 from services.limits import InjectLimits
@@ -235,7 +236,7 @@ def cmd_controller(args: argparse.Namespace) -> int:
             max_records=args.max_inject_records, max_value_bytes=args.max_value_bytes,
             max_future_us=args.max_future_us))
     print(f"millwheel controller listening on {args.host}:{port} (metrics port {mport}, "
-          f"store {args.store})", file=sys.stderr, flush=True)
+          f"store {describe_store(args.store)})", file=sys.stderr, flush=True)
     _wait_for_signal()
     service.close()
     server.stop(grace=1.0).wait(2.0)
@@ -257,7 +258,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         heartbeat_s=args.heartbeat, delivery_timeout_s=args.delivery_timeout,
         allow_code=args.allow_code)
     print(f"millwheel worker {worker.worker_id} listening on {worker.address} (metrics port "
-          f"{worker.metrics_port})", file=sys.stderr, flush=True)
+          f"{worker.metrics_port}, store {describe_store(args.store)})", file=sys.stderr, flush=True)
     _wait_for_signal()
     worker.drain_and_stop()
     return 0
@@ -304,7 +305,8 @@ def cmd_up(args: argparse.Namespace) -> int:
             if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
                 break
             time.sleep(0.1)
-    print(f"millwheel is up: controller {controller}, {args.workers} workers, store {args.store}\n"
+    print(f"millwheel is up: controller {controller}, {args.workers} workers, "
+          f"store {describe_store(args.store)}\n"
           + "".join(f"{line}\n" for line in how) +
           f"  try: millwheel status --controller {controller}\n  Ctrl-C stops everything.",
           file=sys.stderr, flush=True)

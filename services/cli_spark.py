@@ -41,7 +41,8 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--compare", action="store_true",
                    help="compare with the streaming results (the computation's logged output stream)")
     p.add_argument("--master", default=None,
-                   help="Spark master (default: the stage's 'master' param, $MILLWHEEL_SPARK_MASTER, local[*])")
+                   help="Spark master; beats $MILLWHEEL_SPARK_MASTER, which beats the stage's 'master' "
+                        "param (default local[*])")
     p.set_defaults(func=cmd_backfill)
 
 

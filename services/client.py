@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import random
+import threading
 import time
 from typing import Any, Callable, Iterable, Iterator, TypeVar
 
@@ -174,6 +175,7 @@ class ControllerClient:
             try:
                 resp = self._inject_call(feed.messages(), feed.sent, busy_retry_s)
             except BaseException:
+                feed.stop()
                 if feed.failed is not None:
                     raise feed.failed from None
                 raise
@@ -224,7 +226,14 @@ class ControllerClient:
 
 class _CallFeed:
     """Feeds one Inject call from ``source``, up to ``limit`` messages, keeping what it
-    yielded (for a resend) and whether the source ended or failed."""
+    yielded (for a resend) and whether the source ended or failed.
+
+    gRPC pulls the messages on a thread of its own. After a failed call, :meth:`stop`
+    makes that thread read nothing more and waits until it is out of ``source``: a
+    process that exits while that thread holds stdin's buffer lock aborts at
+    interpreter shutdown (``Fatal Python error: _enter_buffered_busy``)."""
+
+    _END = object()
 
     def __init__(self, source: Iterator[pb.InjectRequest], limit: int) -> None:
         self.source = source
@@ -232,18 +241,31 @@ class _CallFeed:
         self.sent: list[pb.InjectRequest] = []
         self.failed: BaseException | None = None
         self.ended = False
+        self._stopped = False
+        self._idle = threading.Event()
+        self._idle.set()
 
     def messages(self) -> Iterator[pb.InjectRequest]:
-        try:
-            for msg in self.source:
-                self.sent.append(msg)
-                yield msg
-                if len(self.sent) >= self.limit:
+        while len(self.sent) < self.limit:
+            self._idle.clear()
+            try:
+                if self._stopped:
                     return
-        except BaseException as exc:
-            self.failed = exc
-            raise
-        self.ended = True
+                msg = next(self.source, self._END)
+            except BaseException as exc:
+                self.failed = exc
+                raise
+            finally:
+                self._idle.set()
+            if msg is self._END:
+                self.ended = True
+                return
+            self.sent.append(msg)
+            yield msg
+
+    def stop(self, wait_s: float = 5.0) -> None:
+        self._stopped = True
+        self._idle.wait(wait_s)
 
 
 def inject_messages(

@@ -419,9 +419,7 @@ class ControllerService:
         with self.lock:
             logged = self.registry.topology.logged_streams()
         if request.stream not in logged:
-            raise NotFoundError(
-                f"stream {request.stream!r} is not a sink stream (known: "
-                f"{', '.join(logged) or 'none'}); only streams no computation consumes are logged")
+            raise NotFoundError(convert.unlogged_stream_message(self.registry.topology, request.stream))
         pos = request.after_seq
         while context.is_active() and not self._stop.is_set():
             entries = self.store.read_log(request.stream, pos, 500)

@@ -82,6 +82,21 @@ def injector_to_proto(spec: InjectorSpec) -> pb.InjectorSpec:
     return pb.InjectorSpec(name=spec.name, stream=spec.stream)
 
 
+def unlogged_stream_message(topology: Topology, stream: str) -> str:
+    """Why ``stream`` cannot be subscribed to, and the fix: an unknown stream and a
+    stream that exists but is consumed (so not logged unless in ``log_streams``)."""
+    logged = topology.logged_streams()
+    known = ", ".join(logged) or "none"
+    producers = [c.name for c in topology.computations if stream in c.all_outputs()]
+    producers += [f"injector {i.name}" for i in topology.injectors if i.stream == stream]
+    if not producers:
+        return (f"no stream named {stream!r}: no registered computation or injector writes it "
+                f"(streams open to Subscribe: {known})")
+    return (f"stream {stream!r} (written by {', '.join(producers)}) is consumed by another "
+            f"computation, so it is not kept in the stream log: register its producer with "
+            f"log_streams: [{stream}] to subscribe to it (streams open to Subscribe: {known})")
+
+
 # -- the topology workers receive ------------------------------------------------------
 def topology_to_json(topology: Topology) -> str:
     return json.dumps({

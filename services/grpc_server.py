@@ -1,11 +1,11 @@
 """One way to start a gRPC server for every millwheel process.
 
-Every server gets standard health checking and server reflection, so any stock gRPC
-client can discover and call it. Servers and channels take their TLS and tokens from
-:mod:`services.security` (the process's settings unless given). Requests are parsed
-leniently: a malformed protobuf reaches the servicer as :class:`Malformed` and is
-answered INVALID_ARGUMENT (grpcio would otherwise answer INTERNAL), with a message
-naming the method.
+Every server gets standard health checking and server reflection (v1 and v1alpha), so
+any stock gRPC client can discover and call it. Servers and channels take their TLS and
+tokens from :mod:`services.security` (the process's settings unless given). Requests
+are parsed leniently: a malformed protobuf reaches the servicer as :class:`Malformed`
+and is answered INVALID_ARGUMENT (grpcio would otherwise answer INTERNAL), with a
+message naming the method.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from typing import Any, Callable, Iterator
 import grpc
 from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
 from millwheel.errors import InvalidSpecError, MillWheelError
+from services import reflection
 from services.generated import millwheel_pb2 as pb
 from services.security import Security, process
 
@@ -107,8 +107,7 @@ def start_server(
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     names.append(health_pb2.DESCRIPTOR.services_by_name["Health"].full_name)
-    names.append(reflection.SERVICE_NAME)
-    reflection.enable_server_reflection(names, server)
+    names = reflection.enable(server, names)
     creds = sec.server_credentials()
     try:
         port = server.add_secure_port(address, creds) if creds else server.add_insecure_port(address)

@@ -184,6 +184,7 @@ def main(args: argparse.Namespace) -> int:
     from millwheel.runtime.crash import crash_hook_from_env
     from millwheel.runtime.local_runner import LocalRunner, print_progress
     from millwheel.state import open_store
+    from millwheel.state.url import describe_store
 
     with tempfile.TemporaryDirectory(prefix="zeitgeist-") as tmp:
         url = args.store or f"sqlite:///{Path(tmp) / 'zeitgeist.db'}"
@@ -191,7 +192,7 @@ def main(args: argparse.Namespace) -> int:
         if not args.quiet:
             print(f"Zeitgeist: {len(work.records):,} queries over {args.keys} keys, "
                   f"{args.minutes} min of event time, {len(work.planted)} planted anomalies; "
-                  f"store {url}", file=sys.stderr)
+                  f"store {describe_store(url)}", file=sys.stderr)
         store = open_store(url)
         try:
             runner = LocalRunner(

@@ -126,7 +126,7 @@ def backfill(
         return []
     group_list = [Group(k, s, windowing.end(s), recs) for (k, s), recs in groups.items()]
     values = run_job(lambda spark: agg.compute(spark, group_list),
-                     master=master or params.get("master"), conf=params.get("spark_conf"))
+                     master=params.get("master"), explicit_master=master, conf=params.get("spark_conf"))
     return sorted(
         (WindowResult(g.key, g.start, g.end, agg.label, values[(g.key, g.start)], len(g.records))
          for g in group_list if (g.key, g.start) in values),

@@ -3,8 +3,10 @@
 A worker process keeps one long-lived session (starting Spark costs seconds, a job on
 a warm session a fraction of one). It is started lazily by the first job, on
 ``local[*]`` unless configured otherwise, and stopped at interpreter exit. The master
-comes from, in order: the ``MILLWHEEL_SPARK_MASTER`` environment variable, the stage's
-``master`` parameter, ``local[*]``; ``spark://``, ``yarn``, ``k8s://`` all work.
+comes from, in order: an explicit command-line flag (``millwheel backfill --master``),
+the ``MILLWHEEL_SPARK_MASTER`` environment variable (a deployment's default, which
+overrides what a spec says), the stage's ``master`` parameter, ``local[*]``;
+``spark://``, ``yarn``, ``k8s://`` all work. A flag always beats the environment.
 
 :func:`run_job` is how every Spark job runs: on a job error it retries with
 exponential backoff, restarting the session first if it died (e.g. the JVM was
@@ -53,18 +55,20 @@ _atexit_registered = False
 _restarts = 0
 
 
-def resolve_master(master: str | None) -> str:
-    return os.environ.get(MASTER_ENV) or master or DEFAULT_MASTER
+def resolve_master(master: str | None, explicit: str | None = None) -> str:
+    """``explicit`` (a flag) > $MILLWHEEL_SPARK_MASTER > ``master`` (the spec) > local[*]."""
+    return explicit or os.environ.get(MASTER_ENV) or master or DEFAULT_MASTER
 
 
-def get_session(master: str | None = None, conf: Mapping[str, Any] | None = None) -> Any:
+def get_session(master: str | None = None, conf: Mapping[str, Any] | None = None,
+                explicit_master: str | None = None) -> Any:
     """The process's SparkSession, started on first use (or again if it died).
 
     The first caller's master and settings win; a later caller asking for another
     master gets the running session and a warning (one session per process).
     """
     global _session, _settings, _atexit_registered, _restarts
-    wanted = (resolve_master(master), tuple(sorted((k, str(v)) for k, v in (conf or {}).items())))
+    wanted = (resolve_master(master, explicit_master), tuple(sorted((k, str(v)) for k, v in (conf or {}).items())))
     with _lock:
         if _session is not None and is_alive():
             if _settings is not None and wanted[0] != _settings[0]:
@@ -158,6 +162,7 @@ def run_job(
     *,
     master: str | None = None,
     conf: Mapping[str, Any] | None = None,
+    explicit_master: str | None = None,
     attempts: int = 4,
     backoff_s: float = 0.5,
     on_attempt: AttemptHook | None = None,
@@ -167,7 +172,7 @@ def run_job(
     for attempt in range(1, attempts + 1):
         started = time.perf_counter()
         try:
-            result = job(get_session(master, conf))
+            result = job(get_session(master, conf, explicit_master))
         except MillWheelError:
             raise  # a spec/user error found before Spark ran: retrying cannot help
         except Exception as exc:

@@ -1,11 +1,14 @@
 """The one place a store URL becomes a backend.
 
-* ``sqlite:///relative/path.db`` or ``sqlite:////absolute/path.db`` (``?synchronous=FULL``)
+* ``sqlite:///relative/path.db`` (relative to the working directory, the SQLAlchemy
+  convention) or ``sqlite:////absolute/path.db`` (``?synchronous=FULL``); every process
+  prints the file a URL resolved to (:func:`describe_store`), so neither is a surprise
 * ``redis://[user:password@]host:port/db`` and ``rediss://`` for TLS
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 from millwheel.errors import InvalidSpecError
@@ -33,3 +36,12 @@ def open_store(url: str) -> StateStore:
         f"store URL {url!r}: unknown scheme {parts.scheme!r}; use sqlite:///PATH or "
         "redis://HOST:PORT/DB"
     )
+
+
+def describe_store(url: str) -> str:
+    """``url`` as a person should read it at start-up: a SQLite URL with the absolute
+    file it resolves to from here (``sqlite:///tmp/x.db`` is ``./tmp/x.db``)."""
+    if url.startswith("sqlite:///"):
+        path = url[len("sqlite:///"):].split("?", 1)[0]
+        return f"{url} (file {Path(path).resolve()})"
+    return url

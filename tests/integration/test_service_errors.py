@@ -112,8 +112,10 @@ def test_bad_queries_name_what_is_missing(cluster: Cluster) -> None:
         c.state("nope", "k")
     with pytest.raises(InvalidSpecError, match="key must not be empty"):
         c.state("counts", "")
-    with pytest.raises(NotFoundError, match="'parsed' is not a sink stream"):
+    with pytest.raises(NotFoundError, match=r"'parsed' .* is consumed by another computation.*log_streams: \[parsed\]"):
         list(c.subscribe("parsed"))
+    with pytest.raises(NotFoundError, match="no stream named 'nowhere'"):
+        list(c.subscribe("nowhere"))
     with pytest.raises(NotFoundError, match="no computation or injector named 'nope'"):
         c.watermarks("nope")
     with pytest.raises(NotFoundError):

@@ -71,10 +71,10 @@ def test_stock_client_discovers_and_calls_by_reflection(tmp_path: Path) -> None:
         out = json.loads(proc.stdout)
     finally:
         cluster.stop()
-    reflection = "grpc.reflection.v1alpha.ServerReflection"
+    reflection = ["grpc.reflection.v1.ServerReflection", "grpc.reflection.v1alpha.ServerReflection"]
     assert out["controller"]["services"] == sorted(
-        ["grpc.health.v1.Health", reflection, "millwheel.v1.Cluster", "millwheel.v1.Controller"])
-    assert out["worker"]["services"] == sorted(["grpc.health.v1.Health", reflection, "millwheel.v1.Worker"])
+        ["grpc.health.v1.Health", *reflection, "millwheel.v1.Cluster", "millwheel.v1.Controller"])
+    assert out["worker"]["services"] == sorted(["grpc.health.v1.Health", *reflection, "millwheel.v1.Worker"])
     assert out["controller"]["health"] == out["worker"]["health"] == 1  # SERVING
     assert out["controller"]["watermarks"] == [["totals", MAX_TIMESTAMP]]
     assert {"RegisterComputation", "GetWatermark", "GetState", "Inject", "Subscribe",
