@@ -365,6 +365,11 @@ class RedisStore:
             except _FATAL as exc:
                 raise StoreError(f"{self._where}: {what}: {exc}") from None
             except _MAYBE_TRANSIENT as exc:
+                if isinstance(exc, redis.exceptions.AskError) and not self._cluster:
+                    raise StoreError(
+                        f"{self._where}: {what}: {exc.__class__.__name__}: {exc}: the server is a "
+                        "Redis Cluster node; drop ?cluster=no from the store URL"
+                    ) from None
                 if not _transient(exc):
                     raise StoreError(f"{self._where}: {what}: {exc.__class__.__name__}: {exc}") from None
                 if self._cluster:
