@@ -318,7 +318,13 @@ class RedisStore:
         with self._switch:
             if self._cluster is not None:
                 return
-            if self._cluster_mode == "yes" or is_cluster_node(self._client.info("cluster")):
+            try:
+                on_cluster = self._cluster_mode == "yes" or is_cluster_node(self._client.info("cluster"))
+            except redis.exceptions.ResponseError as exc:
+                if "not allowed in cluster mode" not in str(exc):  # SELECT of a database != 0
+                    raise
+                on_cluster = True
+            if on_cluster:
                 check_database(self._db, self._where)
                 assert self._cluster_client is not None
                 single, self._client = self._client, self._cluster_client()

@@ -122,6 +122,25 @@ class RedisClusterNodes:
                     return next(n for n in self.nodes if n.port == port)
         raise RuntimeError(f"no node owns slot {slot}")
 
+    def _node_table(self) -> list[list[str]]:
+        """CLUSTER NODES of a live node, one split line per node."""
+        raw = self.client(self.alive()[0].port).execute_command("CLUSTER", "NODES")
+        return [line.split() for line in raw.decode().splitlines()]
+
+    def _by_port(self, address: str) -> RedisServer:
+        port = int(address.split("@")[0].rsplit(":", 1)[1])
+        return next(n for n in self.nodes if n.port == port)
+
+    def masters(self) -> list[RedisServer]:
+        """The live masters that serve slots."""
+        return [self._by_port(f[1]) for f in self._node_table()
+                if "master" in f[2] and "fail" not in f[2] and len(f) > 8]
+
+    def replica_of(self, master: RedisServer) -> RedisServer:
+        table = self._node_table()
+        master_id = next(f[0] for f in table if self._by_port(f[1]) is master)
+        return next(self._by_port(f[1]) for f in table if "slave" in f[2] and f[3] == master_id)
+
     def stop(self) -> None:
         for node in self.nodes:
             node.stop()

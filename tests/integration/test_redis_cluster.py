@@ -1,0 +1,150 @@
+"""The Redis store on a real Redis Cluster (3 masters + 3 replicas, started by the
+tests): found by the URL of one node, ranges spread over the masters, reads across
+slots, database numbers refused, every connection closed, replicated writes, and a
+master killed mid-stream under the running service with the output still exact."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from millwheel.errors import InvalidSpecError, StoreError
+from millwheel.state import open_store
+from millwheel.state.protocol import Checkpoint
+from tests.integration.service_cluster import Cluster, expected_outputs, wait_for
+from tests.support import pipelines
+from tests.support.redis_cluster import RedisClusterNodes
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def cp(range_id: int, token: int, n: int = 0) -> Checkpoint:
+    return Checkpoint("counts", range_id, token, 100 + n,
+                      state_writes={f"k{range_id}": f"v{n}".encode()}, consumed_ids=[f"in-{n}"])
+
+
+def keys_on(node_port: int, prefix: str) -> int:
+    return len(list(redis.Redis(port=node_port).scan_iter(match=f"{prefix}:*", count=1000)))
+
+
+def test_one_node_url_finds_the_cluster_and_ranges_spread_over_every_master(
+    redis_cluster: RedisClusterNodes,
+) -> None:
+    store: Any = open_store(f"{redis_cluster.url}?prefix=spread")
+    try:
+        for r in range(24):
+            store.checkpoint(cp(r, store.acquire("counts", r)))
+        assert isinstance(store._r, redis.RedisCluster)
+        per_master = [keys_on(m.port, "spread") for m in redis_cluster.masters()]
+        assert len(per_master) == 3 and all(n > 0 for n in per_master), per_master
+        # reads that span slots (no range given: every range of the registry is searched)
+        wanted = [f"k{r}" for r in range(24)]
+        assert store.read_state("counts", wanted) == {k: b"v0" for k in wanted}
+        assert store.list_keys("counts", None, 100) == sorted(wanted)
+    finally:
+        store.close()
+
+
+def test_database_other_than_0_is_refused_on_a_cluster(redis_cluster: RedisClusterNodes) -> None:
+    store = open_store(redis_cluster.url.replace("/0", "/2"))
+    with pytest.raises(InvalidSpecError, match=r"database 2 .*only database 0"):
+        store.acquire("counts", 0)
+
+
+def test_a_single_node_client_forced_on_a_cluster_says_why_it_fails(redis_cluster: RedisClusterNodes) -> None:
+    store = open_store(f"{redis_cluster.url}?cluster=no&prefix=forced")
+    started = time.monotonic()
+    with pytest.raises(StoreError, match=r"MovedError.*drop \?cluster=no"):
+        for r in range(24):  # some of these ranges live on another node
+            store.acquire("counts", r)
+    assert time.monotonic() - started < 5, "a MOVED the client cannot follow is not retried"
+
+
+def test_close_releases_the_connections_to_every_node(redis_cluster: RedisClusterNodes) -> None:
+    probes = [redis.Redis(port=n.port) for n in redis_cluster.alive()]
+
+    def connections() -> int:
+        return sum(int(p.info("clients")["connected_clients"]) for p in probes)
+
+    before = connections()
+    store = open_store(f"{redis_cluster.url}?prefix=close")
+    for r in range(24):
+        store.acquire("counts", r)
+    assert connections() >= before + 3, "one connection to each master at least"
+    store.close()
+    wait_for(lambda: connections() <= before, 5, "the store's connections to close")
+
+
+def test_wait_replicas_returns_once_the_replica_has_the_checkpoint(redis_cluster: RedisClusterNodes) -> None:
+    store = open_store(f"{redis_cluster.url}?prefix=w1&wait_replicas=1")
+    t = store.acquire("counts", 0)
+    store.checkpoint(cp(0, t))
+    last = "w1:r:{counts:0}:last"
+    master = redis_cluster.master_of(last)
+    replica = redis.Redis(port=redis_cluster.replica_of(master).port)
+    replica.execute_command("READONLY")
+    stored = redis.Redis(port=master.port).get(last)
+    assert stored and replica.get(last) == stored
+    store.close()
+
+    two = open_store(f"{redis_cluster.url}?prefix=w2&wait_replicas=2&retry_deadline=0.5")
+    with pytest.raises(StoreError, match="acknowledged by 1 of 2 replicas"):
+        two.acquire("counts", 0)  # each master has one replica
+    two.close()
+
+
+@pytest.mark.parametrize("options,restart", [("?wait_replicas=1", True), ("", False)],
+                         ids=["wait_replicas=1,restarted", "default,left-dead"])
+def test_master_killed_mid_stream_replica_takes_over_and_output_is_exact(
+    tmp_path: Path, options: str, restart: bool,
+) -> None:
+    """kill -9 of the master holding a range of ``counts`` while records flow; its
+    replica is promoted. With ``wait_replicas=1`` the dead node must come back (here:
+    restarted, it rejoins as a replica) before the shard accepts writes again; without,
+    the promoted replica serves alone. Either way the output equals a failure-free run
+    record by record, every worker survives, and none met lost writes."""
+    topology = pipelines.topology(key_ranges=3)
+    records = pipelines.workload(n=1500)
+    want = expected_outputs(tmp_path, topology, pipelines.sources(records), ("counts", "totals"))
+    with RedisClusterNodes() as nodes:
+        service = Cluster(tmp_path, store_url=nodes.url + options)
+        try:
+            service.start_controller()
+            for _ in range(2):
+                service.start_worker()
+            service.register(topology)
+            service.wait_balanced()
+            victim = nodes.master_of("mw:r:{counts:1}:state")
+            figures: dict[str, float] = {}
+
+            def kill_master(i: int) -> None:
+                if i != 6:
+                    return
+                started = time.monotonic()
+                victim.kill()
+                nodes.wait_ok(expected_masters=3)  # the replica was promoted
+                figures["promoted_s"] = time.monotonic() - started
+                if restart:
+                    victim.start()  # back as a replica of its successor
+                    nodes.wait_ok(expected_masters=3)
+                    figures["rejoined_s"] = time.monotonic() - started
+
+            started = time.monotonic()
+            service.inject("events", "events", records, max_disorder_us=2 * pipelines.SECOND,
+                           done=True, between=kill_master)
+            service.wait_watermark("totals", timeout=120)
+            figures["run_s"] = time.monotonic() - started
+            print(f"\nfailover figures: {figures}")
+            assert "promoted_s" in figures, "the master was never killed"
+            assert nodes.master_of("mw:r:{counts:1}:state") is not victim
+            assert service.outputs("counts") == want["counts"]
+            assert service.outputs("totals") == want["totals"]
+            assert all(w.poll() is None for w in service.workers), "a worker died"
+            logs = service.log("worker0") + service.log("worker1") + service.log("controller")
+            assert "lost acknowledged writes" not in logs
+        finally:
+            service.stop()
