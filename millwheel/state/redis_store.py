@@ -2,6 +2,8 @@
 
 The only module that imports redis-py. Same contract as the SQLite store
 (:mod:`millwheel.state.protocol`); what is specific to Redis is written down here.
+The same URL serves a single server and a Redis Cluster; what differs on a cluster
+(detection, routing, replicated writes) is in :mod:`millwheel.state.redis_cluster`.
 
 Key layout
 ----------
@@ -25,7 +27,8 @@ script touches one hash slot and the same code runs on Redis Cluster::
     mw:log:{S}:seq      STRING  stream log sequence counter of stream S
     mw:log:{S}:ids      HASH    record ID -> sequence number (idempotent append)
     mw:log:{S}:entries  ZSET    "SEQ:" + framed record, score = SEQ
-    mw:meta             HASH    name -> value (the service registry)
+    mw:meta             HASH    name -> value (the service registry; untagged: one
+                                key, on the master of its own slot in a cluster)
 
 ``C`` and ``S`` have ``%``, ``{`` and ``}`` percent-encoded, so a name never cuts its
 own hash tag short. A timer field and an outbox field are ``LEN:FIRST`` + ``SECOND`` (``LEN`` is the byte
