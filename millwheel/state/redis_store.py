@@ -100,7 +100,7 @@ _RETRYABLE: tuple[type[Exception], ...] = (
     redis.exceptions.TimeoutError,
     redis.exceptions.ReadOnlyError,  # a replica promoted mid-failover
     redis.exceptions.TryAgainError,
-    redis.exceptions.ClusterDownError,  # also MASTERDOWN
+    redis.exceptions.ClusterError,  # CLUSTERDOWN, MASTERDOWN, redirections past redis-py's TTL
     redis.exceptions.AskError,  # and MOVED: redis-py follows them, until its TTL runs out
     redis.exceptions.SlotNotCoveredError,  # mid-failover, no master for a slot yet
 )

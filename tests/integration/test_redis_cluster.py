@@ -5,12 +5,14 @@ master killed mid-stream under the running service with the output still exact."
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
+from redis.crc import key_slot
 
 from millwheel.errors import InvalidSpecError, StoreError
 from millwheel.state import open_store
@@ -77,6 +79,51 @@ def test_close_releases_the_connections_to_every_node(redis_cluster: RedisCluste
     assert connections() >= before + 3, "one connection to each master at least"
     store.close()
     wait_for(lambda: connections() <= before, 5, "the store's connections to close")
+
+
+def test_a_range_whose_slot_moves_mid_use_keeps_working(redis_cluster: RedisClusterNodes) -> None:
+    """Resharding under a live store: the slot of range 0 is migrating with half its
+    keys moved (a script there meets TRYAGAIN/ASK) when a checkpoint comes; it is
+    retried until the migration ends, then MOVED leads the client to the new master."""
+    store = open_store(f"{redis_cluster.url}?prefix=moving")
+    t = store.acquire("counts", 0)
+    store.checkpoint(cp(0, t, 1))
+    tagged = "moving:r:{counts:0}:state"
+    slot = key_slot(tagged.encode())
+    source = redis_cluster.master_of(tagged)
+    target = next(m for m in redis_cluster.masters() if m is not source)
+    src, dst = redis.Redis(port=source.port), redis.Redis(port=target.port)
+    src_id, dst_id = (c.execute_command("CLUSTER", "MYID").decode() for c in (src, dst))
+    dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", src_id)
+    src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", dst_id)
+    keys = src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 10000)
+    assert tagged.encode() in keys
+    src.migrate("127.0.0.1", target.port, keys[: len(keys) // 2], 0, 5000)
+
+    moments: dict[str, float] = {}
+
+    def finish() -> None:
+        time.sleep(0.7)
+        rest = src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 10000)
+        if rest:
+            src.migrate("127.0.0.1", target.port, rest, 0, 5000)
+        moments["keys_moved"] = time.monotonic()
+        for m in redis_cluster.masters():
+            redis.Redis(port=m.port).execute_command("CLUSTER", "SETSLOT", slot, "NODE", dst_id)
+
+    mover = threading.Thread(target=finish)
+    mover.start()
+    try:
+        store.checkpoint(cp(0, t, 2))
+        moments["checkpointed"] = time.monotonic()
+    finally:
+        mover.join()
+    assert moments["checkpointed"] >= moments["keys_moved"], "the checkpoint never met the migration"
+    assert redis_cluster.master_of(tagged) is target
+    assert store.read_state("counts", ["k0"]) == {"k0": b"v2"}
+    store.checkpoint(cp(0, t, 3))
+    assert store.read_state("counts", ["k0"], range_id=0) == {"k0": b"v3"}
+    store.close()
 
 
 def test_wait_replicas_returns_once_the_replica_has_the_checkpoint(redis_cluster: RedisClusterNodes) -> None:
