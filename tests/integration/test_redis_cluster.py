@@ -5,6 +5,8 @@ master killed mid-stream under the running service with the output still exact."
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -136,7 +138,26 @@ def test_wait_replicas_returns_once_the_replica_has_the_checkpoint(redis_cluster
     replica.execute_command("READONLY")
     stored = redis.Redis(port=master.port).get(last)
     assert stored and replica.get(last) == stored
+
+    # A stopped replica acknowledges nothing: the next checkpoint waits for it. (A WAIT
+    # on another pooled connection would return at once: that connection's own last
+    # write was acknowledged before the stop.)
+    paused = redis_cluster.replica_of(master)
+    assert paused.proc is not None
+    done = threading.Event()
+    time.sleep(1.2)  # the replica's periodic ACK now covers every earlier write of any connection
+    os.kill(paused.proc.pid, signal.SIGSTOP)
+    try:
+        writer = threading.Thread(target=lambda: (store.checkpoint(cp(0, t, 2)), done.set()))
+        writer.start()
+        assert not done.wait(2.5), "the checkpoint returned before any replica had it"
+    finally:
+        os.kill(paused.proc.pid, signal.SIGCONT)
+    writer.join(30)
+    assert done.is_set()
+    assert replica.get(last) == redis.Redis(port=master.port).get(last) != stored
     store.close()
+    redis_cluster.wait_ok(expected_masters=3)
 
     two = open_store(f"{redis_cluster.url}?prefix=w2&wait_replicas=2&retry_deadline=0.5")
     with pytest.raises(StoreError, match="acknowledged by 1 of 2 replicas"):
