@@ -1,7 +1,8 @@
 """The one place a store URL becomes a backend.
 
 * ``sqlite:///relative/path.db`` or ``sqlite:////absolute/path.db`` (``?synchronous=FULL``)
-* ``redis://[user:password@]host:port/db`` and ``rediss://`` for TLS
+* ``redis://[user:password@]host:port/db`` and ``rediss://`` for TLS; the address of
+  any Redis Cluster node works too (detected, see ``millwheel.state.redis_cluster``)
 """
 
 from __future__ import annotations
