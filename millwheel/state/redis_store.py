@@ -2,6 +2,8 @@
 
 The only module that imports redis-py. Same contract as the SQLite store
 (:mod:`millwheel.state.protocol`); what is specific to Redis is written down here.
+The same URL serves a single server and a Redis Cluster; what differs on a cluster
+(detection, routing, replicated writes) is in :mod:`millwheel.state.redis_cluster`.
 
 Key layout
 ----------
@@ -29,7 +31,8 @@ script touches one hash slot and the same code runs on Redis Cluster::
     mw:log:{S}:seq      STRING  stream log sequence counter of stream S
     mw:log:{S}:ids      HASH    record ID -> sequence number (idempotent append)
     mw:log:{S}:entries  ZSET    "SEQ:" + framed record, score = SEQ
-    mw:meta             HASH    name -> value (the service registry)
+    mw:meta             HASH    name -> value (the service registry; untagged: one
+                                key, on the master of its own slot in a cluster)
 
 ``C`` and ``S`` have ``%``, ``{`` and ``}`` percent-encoded, so a name never cuts its
 own hash tag short. A timer field and an outbox field are ``LEN:FIRST`` + ``SECOND`` (``LEN`` is the byte
@@ -66,6 +69,7 @@ import json
 import os
 import secrets
 import struct
+import threading
 import time
 import zlib
 from dataclasses import dataclass
@@ -80,6 +84,14 @@ from redis.retry import Retry
 from millwheel.errors import CorruptDataError, FencedError, InvalidSpecError, StoreError
 from millwheel.record import Record, TimeDomain, Timer
 from millwheel.state.protocol import RECENT_ERRORS, Checkpoint, ErrorReport, Production
+from millwheel.state.redis_cluster import (
+    check_database,
+    cluster_mode,
+    is_cluster_node,
+    node_client,
+    refresh_topology,
+    replicated,
+)
 from millwheel.state.redis_lua import ACK, APPEND_LOG, BUMP_ATTEMPTS, CHECKPOINT, EXPIRE, WATERMARK
 
 T = TypeVar("T")
@@ -92,9 +104,13 @@ _RETRYABLE: tuple[type[Exception], ...] = (
     redis.exceptions.TimeoutError,
     redis.exceptions.ReadOnlyError,  # a replica promoted mid-failover
     redis.exceptions.TryAgainError,
-    redis.exceptions.ClusterDownError,
+    redis.exceptions.ClusterError,  # CLUSTERDOWN, MASTERDOWN, redirections past redis-py's TTL
+    redis.exceptions.AskError,  # and MOVED: redis-py follows them, until its TTL runs out
+    redis.exceptions.SlotNotCoveredError,  # mid-failover, no master for a slot yet
 )
 _FATAL: tuple[type[Exception], ...] = (redis.exceptions.AuthenticationError,)
+# A cluster client that cannot reach any node raises a plain RedisClusterException.
+_MAYBE_TRANSIENT: tuple[type[Exception], ...] = (*_RETRYABLE, redis.exceptions.RedisClusterException)
 
 
 class LostWritesError(StoreError):
@@ -181,10 +197,24 @@ class RedisStore:
         retry_deadline_s: float = 30.0,
         backoff_cap_s: float = 1.0,
         verify_lineage: bool = True,
+        cluster: str = "no",
+        cluster_client: Callable[[], Any] | None = None,
+        db: int = 0,
+        wait_replicas: int = 0,
     ) -> None:
         if "{" in prefix or "}" in prefix:
             raise InvalidSpecError(f"redis store prefix {prefix!r} must not contain braces")
-        self._r: Any = client  # redis-py's reply types are unions of sync and async
+        self._client: Any = client  # redis-py's reply types are unions of sync and async
+        # Whether ``_client`` is a cluster client; None until the first call asks the server
+        # (see millwheel.state.redis_cluster). ``cluster_client`` builds the cluster client.
+        self._cluster: bool | None = isinstance(client, redis.RedisCluster)
+        if cluster != "no" and cluster_client is not None:
+            self._cluster = None
+        self._cluster_mode = cluster
+        self._cluster_client = cluster_client
+        self._switch = threading.Lock()
+        self._db = db
+        self._wait_replicas = wait_replicas
         self.url = url
         self._where = _redact(url)
         self._prefix = prefix
@@ -202,7 +232,8 @@ class RedisStore:
         Options: ``max_connections`` (16), ``socket_timeout`` (s, 10),
         ``connect_timeout`` (s, 2), ``pool_timeout`` (s, 10), ``retry_deadline`` (s, 30),
         ``backoff_cap`` (s, 1), ``prefix`` (mw), ``health_check_interval`` (s, 0),
-        ``verify_lineage`` (1), and for ``rediss://``: ``ssl_ca_certs``, ``ssl_certfile``,
+        ``verify_lineage`` (1), ``cluster`` (auto|yes|no, auto), ``wait_replicas`` (0),
+        and for ``rediss://``: ``ssl_ca_certs``, ``ssl_certfile``,
         ``ssl_keyfile``, ``ssl_cert_reqs`` (required|optional|none). The password and
         user default to ``MILLWHEEL_REDIS_PASSWORD`` and ``MILLWHEEL_REDIS_USERNAME``.
         """
@@ -214,6 +245,7 @@ class RedisStore:
             "max_connections", "socket_timeout", "connect_timeout", "pool_timeout",
             "retry_deadline", "backoff_cap", "prefix", "health_check_interval",
             "verify_lineage", "ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_cert_reqs",
+            "cluster", "wait_replicas",
         }
         unknown = sorted(set(query) - known)
         if unknown:
@@ -261,6 +293,17 @@ class RedisStore:
                     kwargs[name] = query[name]
         pool = redis.BlockingConnectionPool(**kwargs)  # type: ignore[no-untyped-call]
         client = redis.Redis(connection_pool=pool)
+
+        def cluster_client() -> Any:
+            """The same options, per node of the cluster (one pool per node)."""
+            # (redis-py builds its node clients with these; pool_timeout stays at its 20 s)
+            per_node = {
+                k: v for k, v in kwargs.items() if k not in ("db", "connection_class", "timeout")
+            }
+            if parts.scheme == "rediss":
+                per_node["ssl"] = True
+            return redis.RedisCluster(connection_pool_class=redis.BlockingConnectionPool, **per_node)
+
         return cls(
             client,
             url=url,
@@ -268,7 +311,47 @@ class RedisStore:
             retry_deadline_s=number("retry_deadline", 30.0),
             backoff_cap_s=number("backoff_cap", 1.0),
             verify_lineage=query.get("verify_lineage", "1") not in ("0", "false", "no"),
+            cluster=cluster_mode(query.get("cluster", "auto") or "auto", _redact(url)),
+            cluster_client=cluster_client,
+            db=db,
+            wait_replicas=int(number("wait_replicas", 0)),
         )
+
+    # -- the client: one node, or a cluster --------------------------------------
+    @property
+    def _r(self) -> Any:
+        """The client; on first use, a cluster client if the server is a cluster node."""
+        if self._cluster is None:
+            self._choose_client()
+        return self._client
+
+    def _choose_client(self) -> None:
+        with self._switch:
+            if self._cluster is not None:
+                return
+            try:
+                on_cluster = self._cluster_mode == "yes" or is_cluster_node(self._client.info("cluster"))
+            except redis.exceptions.ResponseError as exc:
+                if "not allowed in cluster mode" not in str(exc):  # SELECT of a database != 0
+                    raise
+                on_cluster = True
+            if on_cluster:
+                check_database(self._db, self._where)
+                assert self._cluster_client is not None
+                single, self._client = self._client, self._cluster_client()
+                single.close()
+                single.connection_pool.disconnect()
+                self._cluster = True
+            else:
+                self._cluster = False
+
+    def _write(self, key: str, *args: Any) -> Any:
+        """One write command; with ``wait_replicas`` it returns once replicas have it."""
+        if not self._wait_replicas:
+            return self._r.execute_command(*args)
+        client = node_client(self._r, key, bool(self._cluster))
+        deadline = time.monotonic() + self._retry_deadline_s
+        return replicated(client, args, self._wait_replicas, deadline, _RETRYABLE)
 
     # -- key names --------------------------------------------------------------
     def _range(self, computation: str, range_id: int) -> _RangeKeys:
@@ -298,7 +381,16 @@ class RedisStore:
                 return fn()
             except _FATAL as exc:
                 raise StoreError(f"{self._where}: {what}: {exc}") from None
-            except _RETRYABLE as exc:
+            except _MAYBE_TRANSIENT as exc:
+                if isinstance(exc, redis.exceptions.AskError) and not self._cluster:
+                    raise StoreError(
+                        f"{self._where}: {what}: {exc.__class__.__name__}: {exc}: the server is a "
+                        "Redis Cluster node; drop ?cluster=no from the store URL"
+                    ) from None
+                if not _transient(exc):
+                    raise StoreError(f"{self._where}: {what}: {exc.__class__.__name__}: {exc}") from None
+                if self._cluster:
+                    refresh_topology(self._client)
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise StoreError(
@@ -328,11 +420,11 @@ class RedisStore:
         sha = self._sha.get(source)
         if sha is not None:
             try:
-                return self._r.evalsha(sha, len(keys), *keys, *args)
+                return self._write(keys[0], "EVALSHA", sha, len(keys), *keys, *args)
             except redis.exceptions.NoScriptError:
                 pass
         sha = self._sha[source] = str(self._r.script_load(source))
-        return self._r.evalsha(sha, len(keys), *keys, *args)
+        return self._write(keys[0], "EVALSHA", sha, len(keys), *keys, *args)
 
     def _fenced(
         self, what: str, source: str, computation: str, range_id: int, token: int,
@@ -400,6 +492,9 @@ class RedisStore:
         reply bumps once more, which only fences harder)."""
         rk = self._range(computation, range_id)
         registry = self._registry(computation)
+        if self._wait_replicas:  # two slots, each write replicated on its own connection
+            self._call("acquire", [registry], lambda: self._write(registry, "SADD", registry, range_id))
+            return int(self._call("acquire", [rk.token], lambda: self._write(rk.token, "INCR", rk.token)))
         _added, token = self._pipeline("acquire", [
             (registry, "sadd", (range_id,)), (rk.token, "incr", ()),
         ])
@@ -685,9 +780,9 @@ class RedisStore:
     def put_meta(self, name: str, value: bytes | None) -> None:
         key = self._meta()
         if value is None:
-            self._call("put_meta", [key], lambda: self._r.hdel(key, name))
+            self._call("put_meta", [key], lambda: self._write(key, "HDEL", key, name))
         else:
-            self._call("put_meta", [key], lambda: self._r.hset(key, name, value))
+            self._call("put_meta", [key], lambda: self._write(key, "HSET", key, name, value))
 
     def get_meta(self, name: str) -> bytes | None:
         key = self._meta()
@@ -704,8 +799,24 @@ class RedisStore:
         return {n: found[n] for n in sorted(found) if n.startswith(prefix)}
 
     def close(self) -> None:
-        self._r.close()
-        self._r.connection_pool.disconnect()
+        """Close every connection: the one pool, or each node's pool of a cluster."""
+        self._client.close()
+        pool = getattr(self._client, "connection_pool", None)
+        if pool is not None:
+            pool.disconnect()
+
+
+def _transient(exc: BaseException) -> bool:
+    """Worth retrying: a lost connection, a failover in progress, a cluster client that
+    could not reach any node or found slots without a master (not a wrong password)."""
+    if isinstance(exc, _RETRYABLE):
+        return True
+    if isinstance(exc.__cause__, _FATAL):
+        return False
+    text = str(exc)
+    if "cannot be connected" in text:  # the cause says why: a refused connection, or a bug
+        return isinstance(exc.__cause__, _RETRYABLE)
+    return "not covered" in text or "could not agree" in text
 
 
 def _timer_json(t: Timer) -> bytes:

@@ -3,7 +3,8 @@
 * ``sqlite:///relative/path.db`` (relative to the working directory, the SQLAlchemy
   convention) or ``sqlite:////absolute/path.db`` (``?synchronous=FULL``); every process
   prints the file a URL resolved to (:func:`describe_store`), so neither is a surprise
-* ``redis://[user:password@]host:port/db`` and ``rediss://`` for TLS
+* ``redis://[user:password@]host:port/db`` and ``rediss://`` for TLS; the address of
+  any Redis Cluster node works too (detected, see ``millwheel.state.redis_cluster``)
 """
 
 from __future__ import annotations

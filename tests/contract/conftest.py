@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Iterator
 
@@ -9,9 +10,10 @@ import pytest
 
 from millwheel.state import open_store
 from millwheel.state.protocol import StateStore
+from tests.support.redis_cluster import RedisClusterNodes
 from tests.support.redis_server import RedisServer
 
-BACKENDS = ("sqlite", "redis")
+BACKENDS = ("sqlite", "redis", "redis-cluster")
 
 
 @pytest.fixture
@@ -32,6 +34,9 @@ def redis_server_aof() -> Iterator[RedisServer]:
 def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'contract.db'}"
+    elif request.param == "redis-cluster":
+        nodes: RedisClusterNodes = request.getfixturevalue("redis_cluster")
+        yield f"{nodes.url}?prefix={_unique_prefix(request)}"
     else:
         with RedisServer() as server:
             yield server.url
@@ -42,3 +47,8 @@ def store(store_url: str) -> Iterator[StateStore]:
     s = open_store(store_url)
     yield s
     s.close()
+
+
+def _unique_prefix(request: pytest.FixtureRequest) -> str:
+    """A key prefix of this test alone, so tests sharing the session's cluster start empty."""
+    return "t" + hashlib.sha1(request.node.nodeid.encode()).hexdigest()[:12]

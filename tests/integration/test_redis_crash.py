@@ -2,7 +2,8 @@
 
 The process SIGKILLs itself (``MILLWHEEL_CRASH_AT``) between checkpoint and ack,
 between ack and send, and after injecting; a rerun on the same Redis must produce
-exactly the failure-free output, record for record.
+exactly the failure-free output, record for record, on one redis-server and on
+a Redis Cluster.
 """
 
 from __future__ import annotations
@@ -15,17 +16,25 @@ from typing import Iterator
 import pytest
 
 from tests.support.pipelines import Outputs, millwheel_run, outputs_of, run_to_end, write_spec
+from tests.support.redis_cluster import RedisClusterNodes
 from tests.support.redis_server import RedisServer
 
+AnyRedis = RedisServer | RedisClusterNodes
+
+
+@pytest.fixture(scope="module", params=["redis", "redis-cluster"])
+def server(request: pytest.FixtureRequest) -> Iterator[AnyRedis]:
+    """One redis-server (AOF, fsync always), or the session's Redis Cluster (its URL
+    names one node; the store finds the others)."""
+    if request.param == "redis":
+        with RedisServer(appendonly=True, appendfsync="always") as srv:
+            yield srv
+    else:
+        yield request.getfixturevalue("redis_cluster")
+
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[RedisServer]:
-    with RedisServer(appendonly=True, appendfsync="always") as srv:
-        yield srv
-
-
-@pytest.fixture(scope="module")
-def spec_and_reference(tmp_path_factory: pytest.TempPathFactory, server: RedisServer) -> tuple[Path, Outputs]:
+def spec_and_reference(tmp_path_factory: pytest.TempPathFactory, server: AnyRedis) -> tuple[Path, Outputs]:
     tmp = tmp_path_factory.mktemp("redis-crash")
     spec = write_spec(tmp, 3000)
     url = f"{server.url}?prefix=reference"
@@ -42,7 +51,7 @@ def spec_and_reference(tmp_path_factory: pytest.TempPathFactory, server: RedisSe
     "after_checkpoint:4", "after_checkpoint:22", "after_ack:2", "after_ack:17", "after_inject:2",
 ])
 def test_kill9_then_rerun_equals_failure_free_run(
-    server: RedisServer, spec_and_reference: tuple[Path, Outputs], crash_at: str
+    server: AnyRedis, spec_and_reference: tuple[Path, Outputs], crash_at: str
 ) -> None:
     spec, reference = spec_and_reference
     url = f"{server.url}?prefix=" + crash_at.replace(":", "-")
@@ -55,7 +64,7 @@ def test_kill9_then_rerun_equals_failure_free_run(
 
 
 def test_many_kills_in_a_row_then_finish(
-    server: RedisServer, spec_and_reference: tuple[Path, Outputs]
+    server: AnyRedis, spec_and_reference: tuple[Path, Outputs]
 ) -> None:
     spec, reference = spec_and_reference
     url = f"{server.url}?prefix=serial"

@@ -1,12 +1,14 @@
 """What is specific to the Redis store: URLs and auth, single-slot scripts, script
-reloading, retries that never apply a checkpoint twice, and lost-write detection."""
+reloading, retries that never apply a checkpoint twice, and lost-write detection
+(the last two on one redis-server and on a real Redis Cluster)."""
 
 from __future__ import annotations
 
+import hashlib
 import socket
 import threading
 import time
-from typing import Iterator
+from typing import Any, Iterator
 
 import pytest
 import redis
@@ -17,6 +19,7 @@ from millwheel.record import Record, Timer
 from millwheel.state import open_store
 from millwheel.state.protocol import Checkpoint, Production
 from millwheel.state.redis_store import LostWritesError, RedisStore
+from tests.support.redis_cluster import RedisClusterNodes
 from tests.support.redis_server import RedisServer, free_port
 
 
@@ -24,6 +27,27 @@ from tests.support.redis_server import RedisServer, free_port
 def server() -> Iterator[RedisServer]:
     with RedisServer() as srv:
         yield srv
+
+
+@pytest.fixture(params=["redis", "redis-cluster"])
+def target(request: pytest.FixtureRequest) -> Iterator[tuple[str, Any]]:
+    """(store URL, a plain redis-py client of the same data): one redis-server, or the
+    session's 3-master cluster under a prefix of this test's own."""
+    if request.param == "redis":
+        with RedisServer() as srv:
+            yield srv.url, redis.Redis(port=srv.port)
+    else:
+        nodes: RedisClusterNodes = request.getfixturevalue("redis_cluster")
+        prefix = "s" + hashlib.sha1(request.node.nodeid.encode()).hexdigest()[:12]
+        raw = redis.RedisCluster(host="127.0.0.1", port=nodes.nodes[0].port)
+        yield f"{nodes.url}?prefix={prefix}", raw
+        raw.close()
+
+
+def key(url: str, name: str) -> str:
+    """A store key name under the URL's prefix (``mw`` by default)."""
+    prefix = url.partition("?prefix=")[2] or "mw"
+    return f"{prefix}:{name}"
 
 
 def full_cp(token: int, n: int = 0) -> Checkpoint:
@@ -89,11 +113,12 @@ def test_every_key_a_script_touches_is_in_one_slot(computation: str) -> None:
 
 # -- scripts, retries, idempotence --------------------------------------------------
 
-def test_scripts_are_reloaded_after_script_flush(server: RedisServer) -> None:
-    store = RedisStore.from_url(server.url)
+def test_scripts_are_reloaded_after_script_flush(target: tuple[str, Any]) -> None:
+    url, raw = target
+    store = RedisStore.from_url(url)
     t = store.acquire("counts", 0)
     store.checkpoint(full_cp(t, 1))
-    redis.Redis(port=server.port).script_flush()
+    raw.script_flush()  # on a cluster: on every master
     store.checkpoint(full_cp(t, 2))
     assert store.read_state("counts", ["k1", "k2"]) == {"k1": b"v", "k2": b"v"}
 
@@ -176,18 +201,19 @@ def test_checkpoint_whose_reply_is_lost_is_retried_and_applied_once(server: Redi
         proxy.close()
 
 
-def test_lost_writes_are_detected_instead_of_built_upon(server: RedisServer) -> None:
-    store = RedisStore.from_url(server.url)
-    raw = redis.Redis(port=server.port)
+def test_lost_writes_are_detected_instead_of_built_upon(target: tuple[str, Any]) -> None:
+    url, raw = target
+    store = RedisStore.from_url(url)
+    last = key(url, "r:{counts:0}:last")
     t = store.acquire("counts", 0)
     store.checkpoint(full_cp(t, 1))
-    snapshot = raw.get("mw:r:{counts:0}:last")
+    snapshot = raw.get(last)
     store.checkpoint(full_cp(t, 2))
-    raw.set("mw:r:{counts:0}:last", snapshot or b"")  # Redis "forgot" checkpoint 2
+    raw.set(last, snapshot or b"")  # Redis "forgot" checkpoint 2
     with pytest.raises(LostWritesError, match="lost acknowledged writes"):
         store.checkpoint(full_cp(t, 3))
     assert store.read_state("counts", ["k3"]) == {}
-    fresh = RedisStore.from_url(server.url)  # a restarted worker recovers from what Redis holds
+    fresh = RedisStore.from_url(url)  # a restarted worker recovers from what Redis holds
     t2 = fresh.acquire("counts", 0)
     fresh.checkpoint(full_cp(t2, 3))
     assert fresh.read_state("counts", ["k3"]) == {"k3": b"v"}

@@ -1,12 +1,14 @@
 """Zombies on Redis: a worker whose range was taken over keeps trying to write.
 
-Two runners (two store connections, as two processes would have) share one Redis.
+Two runners (two store connections, as two processes would have) share one Redis
+(a single server, and a Redis Cluster).
 The new owner's acquire bumps every token; from then on not one write of the old
 owner is visible, and the new owner ends with exactly the failure-free state.
 """
 
 from __future__ import annotations
 
+import hashlib
 from typing import Callable, Iterator
 
 import pytest
@@ -17,16 +19,24 @@ from millwheel.runtime.local_runner import LocalRunner
 from millwheel.state.protocol import Checkpoint, Production, StateStore
 from millwheel.state.redis_store import RedisStore
 from tests.support import pipelines
+from tests.support.redis_cluster import RedisClusterNodes
 from tests.support.redis_server import RedisServer
 
 RECORDS = pipelines.workload(n=1200)
 COMPUTATIONS = ("parse", "counts", "totals")
 
 
-@pytest.fixture
-def server() -> Iterator[RedisServer]:
-    with RedisServer() as srv:
-        yield srv
+@pytest.fixture(params=["redis", "redis-cluster"])
+def url(request: pytest.FixtureRequest) -> Iterator[Callable[[str], str]]:
+    """prefix -> store URL: on one redis-server, or on the session's Redis Cluster
+    (prefixes made unique to this test there)."""
+    if request.param == "redis":
+        with RedisServer() as srv:
+            yield lambda prefix: f"{srv.url}?prefix={prefix}"
+    else:
+        nodes: RedisClusterNodes = request.getfixturevalue("redis_cluster")
+        tag = "z" + hashlib.sha1(request.node.nodeid.encode()).hexdigest()[:10]
+        yield lambda prefix: f"{nodes.url}?prefix={tag}{prefix}"
 
 
 def runner(store: StateStore) -> LocalRunner:
@@ -37,12 +47,11 @@ def visible(store: StateStore) -> object:
     return pipelines.outputs(store), {c: pipelines.final_state(store, c) for c in COMPUTATIONS}
 
 
-def test_zombie_runner_writes_nothing_and_new_owner_matches_failure_free(server: RedisServer) -> None:
-    reference = RedisStore.from_url(f"{server.url}?prefix=ref")
+def test_zombie_runner_writes_nothing_and_new_owner_matches_failure_free(url: Callable[[str], str]) -> None:
+    reference = RedisStore.from_url(url("ref"))
     runner(reference).run()
 
-    url = f"{server.url}?prefix=zombie"
-    zombie_store, owner_store = RedisStore.from_url(url), RedisStore.from_url(url)
+    zombie_store, owner_store = RedisStore.from_url(url("zombie")), RedisStore.from_url(url("zombie"))
     zombie = runner(zombie_store)
     for _ in range(6):
         zombie.step()
@@ -61,8 +70,8 @@ def test_zombie_runner_writes_nothing_and_new_owner_matches_failure_free(server:
             assert owner_store.read_timers(comp, r) == []
 
 
-def test_every_fenced_write_of_a_zombie_range_worker_is_refused(server: RedisServer) -> None:
-    store = RedisStore.from_url(server.url)
+def test_every_fenced_write_of_a_zombie_range_worker_is_refused(url: Callable[[str], str]) -> None:
+    store = RedisStore.from_url(url("mw"))
     old = store.acquire("counts", 1)
     store.checkpoint(Checkpoint("counts", 1, old, 10, state_writes={"k": b"old"}))
     new = store.acquire("counts", 1)

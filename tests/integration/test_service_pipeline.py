@@ -19,9 +19,10 @@ pytestmark = pytest.mark.timeout(240)
 DISORDER = 2 * pipelines.SECOND
 
 
-@pytest.fixture(params=["sqlite", "redis"])
+@pytest.fixture(params=["sqlite", "redis", "redis-cluster"])
 def cluster(request: pytest.FixtureRequest, tmp_path: Path):
-    """The same service over the embedded store and over a real redis-server."""
+    """The same service over the embedded store, a real redis-server, and a real
+    3-master Redis Cluster (given by the URL of one node, as a user would)."""
     redis = None
     url = None
     if request.param == "redis":
@@ -29,6 +30,8 @@ def cluster(request: pytest.FixtureRequest, tmp_path: Path):
 
         redis = RedisServer(appendonly=True)
         url = redis.url
+    elif request.param == "redis-cluster":
+        url = request.getfixturevalue("redis_cluster").url + "?prefix=pipeline"
     c = Cluster(tmp_path, store_url=url, allow_code=PIPELINE_CODE)
     try:
         c.start_controller()

@@ -16,6 +16,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import Sequence
 
 REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
 
@@ -32,6 +33,7 @@ class RedisServer:
     ``appendonly``/``appendfsync`` set the AOF persistence; RDB snapshots are off so a
     test sees exactly what AOF gives. ``requirepass`` turns on password auth. ``tls``
     serves TLS only, with a fresh self-signed certificate for 127.0.0.1 (``ca_file``).
+    ``extra_args`` are passed on to redis-server (a cluster node's settings).
     """
 
     def __init__(
@@ -43,6 +45,7 @@ class RedisServer:
         tls: bool = False,
         data_dir: str | Path | None = None,
         port: int | None = None,
+        extra_args: Sequence[str] = (),
     ) -> None:
         if appendfsync not in ("always", "everysec", "no"):
             raise ValueError(f"appendfsync must be always, everysec or no, not {appendfsync!r}")
@@ -53,6 +56,7 @@ class RedisServer:
         self._own_dir = data_dir is None
         self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="mw-redis-"))
         self.port = port or free_port()
+        self.extra_args = list(extra_args)
         self.proc: subprocess.Popen[bytes] | None = None
         if tls:
             self._make_certificate()
@@ -92,6 +96,7 @@ class RedisServer:
         ]
         if self.requirepass:
             args += ["--requirepass", self.requirepass]
+        args += self.extra_args
         if self.tls:
             args[2] = "0"  # no plain-text port
             args += [
