@@ -56,3 +56,11 @@ class CorruptDataError(StoreError):
 
 class UserCodeError(MillWheelError):
     """User computation code raised; the message names computation, key and record."""
+
+
+class DeadlineExceeded(UserCodeError):
+    """User code overran its deadline (``options.max_batch_seconds``) on a record alone.
+
+    The worker's watchdog killed the worker when it happened; the record is not run
+    again. The message names computation, range and record.
+    """

@@ -36,6 +36,7 @@ class Options:
     allowed_lateness_us: int = 0
     key_ranges: int = 4
     record_id_retention_us: int = 3_600_000_000  # one hour of processing time
+    max_batch_seconds: float = 60.0  # deadline on user code per batch (services/watchdog.py)
 
     def validate(self, where: str) -> None:
         if self.key_ranges < 1:
@@ -44,6 +45,9 @@ class Options:
             raise InvalidSpecError(f"{where}: allowed_lateness_us must be >= 0")
         if self.record_id_retention_us <= 0:
             raise InvalidSpecError(f"{where}: record_id_retention_us must be > 0")
+        if not 0 < self.max_batch_seconds <= 86_400:
+            raise InvalidSpecError(
+                f"{where}: max_batch_seconds must be > 0 and <= 86400, got {self.max_batch_seconds}")
         if self.late_policy is LatePolicy.ROUTE and not self.late_stream:
             raise InvalidSpecError(f"{where}: late_policy 'route' needs a late_stream")
 

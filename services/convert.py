@@ -35,7 +35,7 @@ def spec_dict_from_proto(msg: pb.ComputationSpec) -> dict[str, Any]:
     for name in ("productions", "late_policy", "late_stream"):
         if getattr(o, name):
             options[name] = getattr(o, name)
-    for name in ("allowed_lateness_us", "key_ranges", "record_id_retention_us"):
+    for name in ("allowed_lateness_us", "key_ranges", "record_id_retention_us", "max_batch_seconds"):
         if o.HasField(name):
             options[name] = getattr(o, name)
     return {
@@ -62,6 +62,7 @@ def spec_to_proto(spec: ComputationSpec) -> pb.ComputationSpec:
             late_policy=opts["late_policy"], late_stream=opts["late_stream"] or "",
             allowed_lateness_us=opts["allowed_lateness_us"], key_ranges=opts["key_ranges"],
             record_id_retention_us=opts["record_id_retention_us"],
+            max_batch_seconds=opts["max_batch_seconds"],
         ),
     )
 

@@ -3,7 +3,13 @@
 Each owned range carries the sequencer token the controller issued with it; every
 write for the range goes through the store under that token, so when the range is
 moved the old owner's writes are fenced. A lock serialises everything done to one
-range (deliveries, timers, sends, acks, watermark reports).
+range (deliveries, timers, sends, acks).
+
+Watermark reports never wait on that lock (a batch may hold it for a long time): the
+heartbeat takes a snapshot of the range's pending-work hold only when the lock is
+free, and otherwise reports the last snapshot if nothing changed since it was taken
+(:meth:`OwnedRange.report_nowait`). A change (checkpoint, ack, injection) discards the
+snapshot; when the heartbeat found it discarded, the next change leaves a fresh one.
 """
 
 from __future__ import annotations
@@ -20,6 +26,8 @@ from millwheel.runtime.outbox import Outbox
 from millwheel.runtime.range_worker import RangeWorker
 from millwheel.runtime.routing import Router
 from millwheel.state.protocol import Checkpoint, Production, StateStore
+from services import overruns
+from services.overruns import Overruns
 
 INJ_WM_KEY = "__watermark__"
 
@@ -75,10 +83,14 @@ class OwnedRange:
     retry_at: float = 0.0
     failures: int = 0
     dropped: bool = False
+    published: int | None = None  # hold() snapshot taken under the lock; None once changed
+    wanted: bool = False  # the heartbeat found the lock busy and no valid snapshot
+    overruns: Overruns = field(default_factory=dict)  # records that overran their deadline
 
     def __post_init__(self) -> None:
         if self.worker is not None:
             self.outbox = self.worker.outbox
+            self.overruns = overruns.load(self.store, self.node, self.range_id)
         else:
             raw = self.store.read_state(self.node, [INJ_WM_KEY]).get(INJ_WM_KEY)
             self.injector_wm = int(raw) if raw is not None else MIN_TIMESTAMP
@@ -101,13 +113,37 @@ class OwnedRange:
         assert self.outbox is not None
         self.outbox.add(productions)
         self.injector_wm = wm
+        self.changed()
 
-    def report(self, input_wm: int) -> int:
-        """This range's low watermark: min(input watermark, oldest pending work)."""
+    def hold(self) -> int:
+        """Oldest pending work (an injector: also its own watermark); caller holds the lock."""
         assert self.outbox is not None
         if self.worker is None:
             return min(self.injector_wm, self.outbox.hold())
-        return min(input_wm, self.worker.hold())
+        return self.worker.hold()
+
+    def changed(self) -> None:
+        """After a change to pending work (caller holds the lock): the snapshot is stale;
+        take a fresh one now if the heartbeat is waiting for one."""
+        self.published = self.hold() if self.wanted else None
+        self.wanted = False
+
+    def report_nowait(self, input_wm: int) -> int | None:
+        """This range's low watermark, min(input watermark, oldest pending work), without
+        waiting for the lock; None (report nothing this time) if a batch holds the lock
+        and pending work changed since the last snapshot. A snapshot is a valid bound
+        while a batch runs: the batch's own records are still held by its sender."""
+        if self.lock.acquire(blocking=False):
+            try:
+                self.published = self.hold()
+                self.wanted = False
+            finally:
+                self.lock.release()
+        hold = self.published
+        if hold is None:
+            self.wanted = True
+            return None
+        return hold if self.worker is None else min(input_wm, hold)
 
     def sendable(self, limit: int) -> list[Production]:
         """Up to ``limit`` outbox entries, oldest first, that are not in flight."""

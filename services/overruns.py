@@ -1,0 +1,80 @@
+"""Batches that overran their deadline, recorded durably, and how a range isolates them.
+
+When user code overruns ``options.max_batch_seconds`` the worker's watchdog kills the
+worker and records, in the store's metadata under ``overrun/<computation>/<range>``,
+the IDs of the batch's records: ``{record_id: {"overruns": n, "alone": bool}}``,
+``alone`` when the batch was that one record. The batch's sender still holds the
+records (they were never acked) and resends them to whoever owns the range next.
+
+That owner (:class:`~services.worker_units.OwnedRange` loads the entry when it takes
+the range) processes a batch containing such records in order, in segments: each
+suspect record alone (its own batch, its own deadline), the records between them
+together. A record that already overran alone is not run again: it fails with
+:class:`~millwheel.errors.DeadlineExceeded` (:func:`exceeded` is the one place that
+decides what happens to it), after the rest of the batch is committed.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Iterable
+
+from millwheel.errors import DeadlineExceeded
+from millwheel.record import Record
+from millwheel.state.protocol import StateStore
+
+PREFIX = "overrun/"
+Overruns = dict[str, dict[str, Any]]
+
+
+def _key(computation: str, range_id: int) -> str:
+    return f"{PREFIX}{computation}/{range_id}"
+
+
+def load(store: StateStore, computation: str, range_id: int) -> Overruns:
+    raw = store.get_meta(_key(computation, range_id))
+    return json.loads(raw) if raw else {}
+
+
+def record(store: StateStore, computation: str, range_id: int, ids: Iterable[str], alone: bool) -> Overruns:
+    """Count one more overrun for each of ``ids`` (the range's only writer of this key
+    is the watchdog of its current owner, and that owner is dead by now)."""
+    entry = load(store, computation, range_id)
+    for rid in ids:
+        seen = entry.setdefault(rid, {"overruns": 0, "alone": False})
+        seen["overruns"] += 1
+        seen["alone"] = bool(seen["alone"] or alone)
+    store.put_meta(_key(computation, range_id), json.dumps(entry).encode())
+    return entry
+
+
+def plan(records: list[Record], overruns: Overruns) -> tuple[list[list[Record]], list[Record]]:
+    """(segments to process in order, records that overran alone and are not run)."""
+    segments: list[list[Record]] = []
+    current: list[Record] = []
+    refused: list[Record] = []
+    for r in records:
+        seen = overruns.get(r.record_id)
+        if seen is None:
+            current.append(r)
+            continue
+        if current:
+            segments.append(current)
+            current = []
+        if seen["alone"]:
+            refused.append(r)
+        else:
+            segments.append([r])
+    if current:
+        segments.append(current)
+    return segments, refused
+
+
+def exceeded(computation: str, range_id: int, record: Record, overruns: Overruns) -> DeadlineExceeded:
+    """The cause for a record that overran its deadline alone. The seam to the error
+    policy: today the batch is answered FAILED with this cause (and retried)."""
+    n = overruns.get(record.record_id, {}).get("overruns", 1)
+    return DeadlineExceeded(
+        f"computation {computation!r} range {range_id}: record {record.record_id} (key "
+        f"{record.key!r}) overran max_batch_seconds alone ({n} overrun(s) in all); "
+        f"its worker was killed and it is not run again")
