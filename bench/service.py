@@ -78,8 +78,8 @@ def _children(pid: int) -> list[int]:
 class Service:
     """``millwheel up --workers N`` on ``store_url``, stopped by SIGINT like Ctrl-C."""
 
-    def __init__(self, store_url: str, workers: int, tmp: Path, extra_env: dict[str, str] | None = None
-                 ) -> None:
+    def __init__(self, store_url: str, workers: int, tmp: Path, extra_env: dict[str, str] | None = None,
+                 extra_args: tuple[str, ...] = ()) -> None:
         self.port = _free_port()
         self.address = f"127.0.0.1:{self.port}"
         self.log_path = tmp / "up.log"
@@ -87,7 +87,7 @@ class Service:
         env = dict(os.environ, PYTHONPATH=str(ROOT), **(extra_env or {}))
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "services.cli", "up", "--workers", str(workers), "--store", store_url,
-             "--port", str(self.port), "--log-level", "WARNING"],
+             "--port", str(self.port), "--log-level", "WARNING", *extra_args],
             cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
         self.client = ControllerClient(self.address, timeout_s=30)
         deadline = time.monotonic() + 60
@@ -181,13 +181,14 @@ def _store(kind: str, tmp: Path) -> tuple[str, Any]:
 
 
 @contextlib.contextmanager
-def _running_service(store: str, workers: int, productions: str) -> Iterator[Service]:
+def _running_service(store: str, workers: int, productions: str, extra_args: tuple[str, ...] = ()
+                     ) -> Iterator[Service]:
     """A controller and ``workers`` workers on a fresh store, the pipeline registered and
     balanced; everything (a private Redis too) stopped on the way out."""
     with tempfile.TemporaryDirectory(prefix="mw-bench-svc-") as tmpdir:
         tmp = Path(tmpdir)
         url, redis = _store(store, tmp)
-        svc = Service(url, workers, tmp)
+        svc = Service(url, workers, tmp, extra_args=extra_args)
         try:
             _register(svc.client, productions)
             svc.wait_balanced()
@@ -199,12 +200,13 @@ def _running_service(store: str, workers: int, productions: str) -> Iterator[Ser
 
 
 def backlog(n: int, store: str = "sqlite", workers: int = 2, batch: int = 1000,
-            productions: str = "strong", timeout_s: float = 600) -> dict[str, Any]:
-    """Backlog throughput of the three-stage pipeline across ``workers`` workers."""
+            productions: str = "strong", timeout_s: float = 600, watchdog: bool = True) -> dict[str, Any]:
+    """Backlog throughput of the three-stage pipeline across ``workers`` workers
+    (``watchdog=False``: workers without their watchdog process, to measure its cost)."""
     w = workload.generate(n, late_fraction=0.0)
     expected = workload.expected_counts(w)
     records = pipelines.injected(w.records, "three")
-    with _running_service(store, workers, productions) as svc:
+    with _running_service(store, workers, productions, () if watchdog else ("--no-watchdog",)) as svc:
         pids = svc.pids()
         msgs = list(inject_messages(INJECTOR, INJECTOR, records, batch, DISORDER_US, done=True))
         reader = SinkReader(ControllerClient(svc.address))
@@ -222,7 +224,7 @@ def backlog(n: int, store: str = "sqlite", workers: int = 2, batch: int = 1000,
         reader.client.close()
     return {
         "records": n, "accepted": resp.accepted, "store": store, "workers": workers,
-        "productions": productions, "inject_batch": batch,
+        "productions": productions, "inject_batch": batch, "watchdog": watchdog,
         "records_per_s": n / elapsed if complete else None,
         "inject_records_per_s": n / injected_s, "elapsed_s": elapsed, "complete": complete,
         "cpu_s": cpu, "records_per_cpu_s": n / max(1e-9, sum(cpu.values())),
@@ -375,6 +377,25 @@ def markdown(entries: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def _watchdog_ab(n: int, store: str, batch: int, repeat: int) -> int:
+    import json
+
+    got: dict[bool, list[float]] = {True: [], False: []}
+    for i in range(repeat):
+        for on in ((True, False) if i % 2 == 0 else (False, True)):
+            r = backlog(n, store, batch=batch, watchdog=on)
+            if not r["correct"]["ok"]:
+                raise SystemExit(f"watchdog={on}: output wrong: {r['correct']['detail']}")
+            got[on].append(r["records_per_s"] or 0.0)
+            print(json.dumps({"watchdog": on, "records_per_s": round(r["records_per_s"] or 0),
+                              "cpu_s": r["cpu_s"]}), flush=True)
+    on, off = statistics.median(got[True]), statistics.median(got[False])
+    print(json.dumps({"records": n, "store": store, "repeats": repeat,
+                      "median_records_per_s": {"watchdog": round(on), "no_watchdog": round(off)},
+                      "drop_pct": round(100 * (off - on) / off, 1)}), flush=True)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     import argparse
     import json
@@ -386,7 +407,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=1000, help="records per Inject message")
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--latency", action="store_true", help="also the latency at 50%% of the rate")
+    ap.add_argument("--watchdog-ab", action="store_true",
+                    help="each repeat runs the backlog twice, workers with and without their "
+                         "watchdog process, in alternating order; prints both medians and the drop")
     args = ap.parse_args(argv)
+    if args.watchdog_ab:
+        return _watchdog_ab(args.records, args.store, args.batch, args.repeat)
     rates = []
     for _ in range(args.repeat):
         r = backlog(args.records, args.store, batch=args.batch)

@@ -43,6 +43,7 @@ def add_commands(sub: Any) -> None:
                         "machine, sharing one store (embedded SQLite by default, or --store "
                         "redis://HOST:PORT/DB). Ctrl-C drains the workers and stops everything.")
     up.add_argument("--workers", type=int, default=2, help="number of workers (default 2)")
+    up.add_argument("--no-watchdog", action="store_true", help="start the workers with --no-watchdog")
     _server_args(up, port=7070)
     up.set_defaults(func=cmd_up)
 
@@ -279,7 +280,8 @@ def cmd_up(args: argparse.Namespace) -> int:
                 time.sleep(0.1)
         def worker() -> subprocess.Popen[bytes]:
             return subprocess.Popen([*base, "worker", *common, "--controller", controller,
-                                     "--port", "0", "--metrics-port", "0"], start_new_session=True)
+                                     "--port", "0", "--metrics-port", "0",
+                                     *(["--no-watchdog"] if args.no_watchdog else [])], start_new_session=True)
 
         procs += [worker() for _ in range(args.workers)]
         deadline = time.monotonic() + 20
