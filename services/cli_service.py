@@ -24,8 +24,8 @@ from millwheel.errors import InvalidSpecError
 from millwheel.record import MAX_TIMESTAMP, MIN_TIMESTAMP, Record
 from millwheel.sources import parse_json_record
 from millwheel.spec import load_spec_file
-from services.restarter import Restarter
 from services.client import DEFAULT_CONTROLLER, ControllerClient, controller_address, inject_messages
+from services.restarter import Restarter
 
 DEFAULT_STORE = "sqlite:///millwheel-data/service.db"
 

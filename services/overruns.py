@@ -12,16 +12,27 @@ suspect record alone (its own batch, its own deadline), the records between them
 together. A record that already overran alone is not run again: it fails with
 :class:`~millwheel.errors.DeadlineExceeded` (:func:`exceeded` is the one place that
 decides what happens to it), after the rest of the batch is committed.
+
+Timers the same way (:func:`fire_timers`), named by their cause
+(``timer\x1fKEY\x1fTAG\x1fTIME``): while a range has a timer that overran in company,
+its due timers fire one at a time; a timer that overran alone is deleted without
+running and logged with its DeadlineExceeded cause.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any, Iterable
 
 from millwheel.errors import DeadlineExceeded
-from millwheel.record import Record
+from millwheel.record import Record, Timer, timer_cause
+from millwheel.runtime.context import RangeTransaction
+from millwheel.runtime.range_worker import MAX_TIMERS_PER_BATCH, RangeWorker, Watch
 from millwheel.state.protocol import StateStore
+
+log = logging.getLogger("millwheel.worker")
+TIMER = "timer\x1f"
 
 PREFIX = "overrun/"
 Overruns = dict[str, dict[str, Any]]
@@ -78,3 +89,29 @@ def exceeded(computation: str, range_id: int, record: Record, overruns: Overruns
         f"computation {computation!r} range {range_id}: record {record.record_id} (key "
         f"{record.key!r}) overran max_batch_seconds alone ({n} overrun(s) in all); "
         f"its worker was killed and it is not run again")
+
+
+def fire_timers(rw: RangeWorker, seen: Overruns, watch: Watch, input_wm: int) -> RangeTransaction | None:
+    """``rw.fire_timers`` under ``watch``, isolating timers that overran before."""
+    if not seen:
+        return rw.fire_timers(input_wm, watch)
+    refused = {c for c, v in seen.items() if c.startswith(TIMER) and v["alone"]}
+    suspects = {c for c, v in seen.items() if c.startswith(TIMER) and not v["alone"]}
+    txn = rw.fire_timers(input_wm, watch, refused, 1 if suspects else MAX_TIMERS_PER_BATCH)
+    if txn is not None:
+        for t in txn.refused_timers:  # the seam to the error policy
+            log.error("%s", timer_exceeded(rw.name, rw.range_id, t, seen))
+        for cause in suspects:  # fired (alone, within the deadline) or cleared: done with
+            key, tag, when = cause[len(TIMER):].rsplit("\x1f", 2)
+            pending = rw.timers.get(key, tag)
+            if pending is None or str(pending.time) != when:
+                seen.pop(cause, None)
+    return txn
+
+
+def timer_exceeded(computation: str, range_id: int, timer: Timer, overruns: Overruns) -> DeadlineExceeded:
+    n = overruns.get(timer_cause(timer), {}).get("overruns", 1)
+    return DeadlineExceeded(
+        f"computation {computation!r} range {range_id}: timer {timer.tag!r} at {timer.time} of key "
+        f"{timer.key!r} overran max_batch_seconds alone ({n} overrun(s) in all); its worker was "
+        f"killed and it is deleted without running")

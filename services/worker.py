@@ -436,9 +436,9 @@ class WorkerProcess:
             self._check_overdue(owned)
             rw = owned.worker
             if rw is not None:
-                with self.progress.batch(owned.node, owned.range_id, owned.token,
-                                         rw.spec.options.max_batch_seconds, ()):
-                    txn = rw.fire_timers(self.input_wms.get(owned.node, MIN_TIMESTAMP))
+                txn = overruns.fire_timers(rw, owned.overruns, lambda ids, o=owned, r=rw: self.progress.batch(
+                    o.node, o.range_id, o.token, r.spec.options.max_batch_seconds, ids=ids),
+                    self.input_wms.get(owned.node, MIN_TIMESTAMP))
                 if txn is not None:
                     self._commit(owned, txn)
                     self._hb_wake.set()

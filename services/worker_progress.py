@@ -31,6 +31,7 @@ SLOTS = 48
 MAX_IDS = 5000
 IDS_BYTES = 256 * 1024
 NAME_BYTES = 256
+SEP = "\x00"  # between IDs (record IDs and timer causes may hold newlines)
 _HEADER = struct.Struct("<d")  # last successful heartbeat (monotonic seconds)
 _HEADER_SIZE = 64
 _SLOT = struct.Struct("<QBddqiII")  # seq, active, start, deadline_s, token, range, n_ids, ids_len
@@ -70,8 +71,9 @@ class ProgressBlock:
 
     @contextmanager
     def batch(self, computation: str, range_id: int, token: int, deadline_s: float,
-              records: Sequence[Record]) -> Iterator[None]:
-        """Mark user code running on ``records`` for the duration of the block."""
+              records: Sequence[Record] = (), ids: Sequence[str] = ()) -> Iterator[None]:
+        """Mark user code running on ``records`` (or on what ``ids`` name: timers) for
+        the duration of the block."""
         with self._lock:
             slot = self._free.pop() if self._free else -1
         if slot < 0:  # more concurrent batches than slots: not watched (never expected)
@@ -80,14 +82,16 @@ class ProgressBlock:
         base = _HEADER_SIZE + slot * _SLOT_SIZE
         mm = self.mm
         seq = _SLOT.unpack_from(mm, base)[0]
-        ids = "\n".join(r.record_id for r in records[:MAX_IDS]).encode()[:IDS_BYTES]
+        n = len(records) or len(ids)
+        joined = SEP.join(r.record_id for r in records[:MAX_IDS]) if records else SEP.join(ids[:MAX_IDS])
+        raw = joined.encode()[:IDS_BYTES]
         name = computation.encode()[:NAME_BYTES]
         _SLOT.pack_into(mm, base, seq + 1, 0, 0.0, 0.0, 0, 0, 0, 0)  # odd: being written
         head = base + _SLOT.size
         mm[head:head + len(name)] = name
-        mm[head + NAME_BYTES:head + NAME_BYTES + len(ids)] = ids
+        mm[head + NAME_BYTES:head + NAME_BYTES + len(raw)] = raw
         _SLOT.pack_into(mm, base, seq + 2, 1, time.monotonic(), deadline_s, token, range_id,
-                        len(records), len(ids) | (len(name) << 20))
+                        n, len(raw) | (len(name) << 20))
         try:
             yield
         finally:
@@ -124,7 +128,7 @@ class ProgressBlock:
         raw = bytes(self.mm[start:start + (lens & 0xFFFFF)])
         if _SLOT.unpack_from(self.mm, base)[0] != r.seq:
             return []
-        return raw.decode(errors="replace").split("\n") if raw else []
+        return raw.decode(errors="replace").split(SEP) if raw else []
 
     def close(self) -> None:
         self.mm.close()
@@ -139,7 +143,7 @@ class NoProgress:
 
     @contextmanager
     def batch(self, computation: str, range_id: int, token: int, deadline_s: float,
-              records: Sequence[Record]) -> Iterator[None]:
+              records: Sequence[Record] = (), ids: Sequence[str] = ()) -> Iterator[None]:
         yield
 
     def close(self) -> None:

@@ -27,6 +27,7 @@ from millwheel.runtime.range_worker import RangeWorker
 from millwheel.runtime.routing import Router
 from millwheel.state.protocol import Checkpoint, Production, StateStore
 from services import overruns
+from services.generated import millwheel_pb2 as pb
 from services.overruns import Overruns
 
 INJ_WM_KEY = "__watermark__"
@@ -56,10 +57,15 @@ class Slice:
     units: set[tuple[str, int]] = field(default_factory=set)  # consumer ranges of ``remote``
 
     def busy(self) -> set[tuple[str, int]]:
-        """Consumer ranges this slice still has a batch in flight to."""
+        """Consumer ranges this slice still has a batch in flight to, or a failed batch
+        not yet finished (its records go again before anything newer goes there: a link
+        reset fails a batch the moment before a newer slice is sent)."""
         if not self.sent:
             return set(self.units)
-        return self.units if any(not fut.done() for fut, _, _ in self.remote) else set()
+        for fut, _, _ in self.remote:
+            if not fut.done() or fut.exception() is not None or fut.result().status != pb.DeliverAck.OK:
+                return self.units
+        return set()
 
     def ready(self) -> bool:
         return self.sent and all(fut.done() for fut, _, _ in self.remote)

@@ -27,6 +27,7 @@ class RangeTransaction:
         self.consumed_ids: list[str] = []
         self.records_in = 0
         self.records_out = 0
+        self.refused_timers: list[Timer] = []  # due, deleted without running (fire_timers)
 
     def to_checkpoint(self, token: int, now_us: int, include_productions: bool) -> Checkpoint:
         w = self.worker

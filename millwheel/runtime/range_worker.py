@@ -21,7 +21,8 @@ Processing a batch, as numbered in ARCHITECTURE.md:
 from __future__ import annotations
 
 import time
-from typing import Callable, Iterable, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from typing import Callable, Collection, Iterable, Sequence
 
 from millwheel.clock import Clock
 from millwheel.computation import Computation
@@ -37,6 +38,7 @@ from millwheel.timers import TimerQueue
 from millwheel.topology import ComputationSpec, LatePolicy
 
 CrashHook = Callable[[str], None]
+Watch = Callable[[Sequence[str]], AbstractContextManager[None]]
 MAX_TIMERS_PER_BATCH = 10_000
 
 
@@ -206,17 +208,21 @@ class RangeWorker:
         txn.productions.extend(self.router.fan_out(stream, late))
         txn.records_out += 1
 
-    def fire_timers(self, input_watermark: int) -> RangeTransaction | None:
+    def fire_timers(self, input_watermark: int, watch: Watch | None = None,
+                    refused: Collection[str] = (), max_timers: int = MAX_TIMERS_PER_BATCH,
+                    ) -> RangeTransaction | None:
         """Step 2 for due timers: event time below the input watermark, processing time
         at or before the clock; in timestamp order, all in one transaction.
 
         Code with a ``process_timer_batch(items)`` hook gets every due timer of the
         range at once as ``(ctx, timer)`` pairs (a Spark stage runs one job for them).
+        ``watch(causes)`` wraps the user code (the service's deadline); due timers whose
+        cause is in ``refused`` are deleted without running (``txn.refused_timers``).
         """
         txn = RangeTransaction(self)
         now = self.clock.now_us()
         due: list[Timer] = []
-        while len(due) < MAX_TIMERS_PER_BATCH:
+        while len(due) < max_timers:
             timer = self.timers.pop_due_event(input_watermark) or self.timers.pop_due_processing(now)
             if timer is None:
                 break
@@ -224,17 +230,23 @@ class RangeWorker:
             txn.timer_ops[(timer.key, timer.tag)] = None
         if not due:
             return None
+        if refused:
+            txn.refused_timers = [t for t in due if timer_cause(t) in refused]
+            due = [t for t in due if timer_cause(t) not in refused]
+            if not due:
+                return txn
         self._prefetch(t.key for t in due)
         items = [
             (KeyContext(txn, t.key, timer_cause(t), input_watermark, False), t) for t in due
         ]
         batch_hook = getattr(self.code, "process_timer_batch", None)
         try:
-            if batch_hook is not None:
-                batch_hook(items)
-            else:
-                for ctx, timer in items:
-                    self.code.process_timer(ctx, timer)
+            with watch([timer_cause(t) for t in due]) if watch is not None else nullcontext():
+                if batch_hook is not None:
+                    batch_hook(items)
+                else:
+                    for ctx, timer in items:
+                        self.code.process_timer(ctx, timer)
         except Exception as exc:
             raise UserCodeError(
                 f"computation {self.name!r} failed firing {len(due)} timer(s) of range "

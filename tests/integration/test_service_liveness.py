@@ -161,6 +161,27 @@ def test_record_overrunning_its_deadline_is_isolated(cluster: Cluster, tmp_path:
     assert f"record {spin.record_id} (key {spin.key!r}) overran max_batch_seconds alone" in logs
 
 
+def test_timer_overrunning_its_deadline_is_deleted_unrun(cluster: Cluster, tmp_path: Path) -> None:
+    """The only due timer overruns alone -> worker killed; the next owner deletes it
+    without running it, and the computation's watermark moves on to the end."""
+    records = events(60, keys=3, spin_at=None)
+    records[30] = Record(records[30].key, b"spin-timer", records[30].timestamp, records[30].record_id)
+    cluster.register(topology(exponent=3 * 999_999, max_batch_seconds=2.0))
+    workers = [cluster.start_worker() for _ in range(2)]
+    cluster.wait_balanced()
+    sampler = StatusSampler(cluster.client)
+    with ControllerClient(cluster.address, timeout_s=60) as client:
+        client.inject([one_message(records)])
+    cluster.wait_watermark("count", timeout=120)
+    sampler.stop()
+    want = [o for o in expected(tmp_path, topology(exponent=1), records) if b'"timer"' not in o[1]]
+    assert cluster.outputs("out") == want
+    assert [p.returncode for p in workers if p.poll() is not None] == [-9]
+    assert sampler.fewest_alive is not None and sampler.fewest_alive >= 1
+    logs = "".join(cluster.log(f"worker{i}") for i in range(2))
+    assert "timer 'spin' at" in logs and "deleted without running" in logs
+
+
 def _health(address: str) -> int:
     with channel(address) as ch:
         try:
