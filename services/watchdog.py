@@ -12,11 +12,10 @@ runs in its own interpreter, reads the worker's progress block
   watchdog sends liveness-only heartbeats (``HeartbeatRequest.liveness_only``) for it.
   A stopped, dead or idle-but-silent worker gets none: silence still means dead.
 * **deadline**: when a batch overruns ``options.max_batch_seconds`` (time the worker
-  spent stopped does not count), the watchdog SIGKILLs the worker, then records the
-  batch's record IDs in the store (:mod:`services.overruns`). Kill first: the stuck
-  worker may hold the store's writer lock. The ranges move (or the restarted worker
-  takes them back), senders resend the unacked batch, and the new owner isolates the
-  recorded records.
+  spent stopped does not count), the watchdog records the batch's record IDs in the
+  store (:mod:`services.overruns`) and SIGKILLs the worker (see :meth:`_Loop.overrun`
+  for the order). The ranges move (or the restarted worker takes them back), senders
+  resend the unacked batch, and the new owner isolates the recorded records.
 * **the worker died**: the watchdog holds the read end of a pipe whose write end only
   the worker has; end-of-file means the worker is gone, and the watchdog exits.
 
@@ -33,6 +32,7 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -41,6 +41,7 @@ from services import overruns
 from services.store_lock import open_service_store
 
 log = logging.getLogger("millwheel.watchdog")
+RECORD_FIRST_S = 1.0  # how long recording an overrun may delay the kill
 
 
 @dataclass
@@ -135,21 +136,33 @@ class _Loop:
             self.liveness()
 
     def overrun(self, over: list[Any]) -> None:
+        """Record the overdue batches in the store, then kill the worker. The record
+        goes first, so the range's next owner sees it when the batch is resent; but
+        the stuck worker may hold the store's writer lock (a thread of it waiting for
+        the interpreter inside a write), so after ``RECORD_FIRST_S`` it is killed
+        anyway and the record completes once the lock is free."""
         batches = [(r, self.block.record_ids(r)) for r in over]
-        os.kill(self.pid, signal.SIGKILL)
-        for r, _ in batches:
-            log.error("worker %s: a batch of %d record(s) of %s/%d has run %.1f s, over its "
-                      "deadline of %.1f s: killed the worker", self.cfg["worker_id"], r.n_ids,
-                      r.computation, r.range_id, time.monotonic() - r.start, r.deadline_s)
         # Which batch holds the interpreter is known only when one alone is overdue.
         alone = len(batches) == 1 and batches[0][0].n_ids == 1
-        store = open_service_store(self.cfg["store"])
-        try:
-            for r, ids in batches:
-                if ids:
-                    overruns.record(store, r.computation, r.range_id, ids, alone)
-        finally:
-            store.close()
+
+        def record() -> None:
+            store = open_service_store(self.cfg["store"])
+            try:
+                for r, ids in batches:
+                    if ids:
+                        overruns.record(store, r.computation, r.range_id, ids, alone)
+            finally:
+                store.close()
+
+        recording = threading.Thread(target=record, name="record-overrun")
+        recording.start()
+        recording.join(RECORD_FIRST_S)
+        os.kill(self.pid, signal.SIGKILL)
+        for r, _ in batches:
+            log.error("worker %s: a batch of %d record(s) or timer(s) of %s/%d has run %.1f s, over its "
+                      "deadline of %.1f s: killed the worker", self.cfg["worker_id"], r.n_ids,
+                      r.computation, r.range_id, time.monotonic() - r.start, r.deadline_s)
+        recording.join(60.0)
         raise SystemExit(0)
 
     def liveness(self) -> None:

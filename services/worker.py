@@ -380,14 +380,15 @@ class WorkerProcess:
             rw = owned.worker
             try:
                 # Records that overran their deadline before run alone; see services/overruns.py.
-                segments, refused = overruns.plan(records, owned.overruns) if owned.overruns else ([records], [])
+                seen = owned.fresh_overruns()
+                segments, refused = overruns.plan(records, seen) if seen else ([records], [])
                 for segment in segments:
                     with self.progress.batch(computation, range_id, owned.token,
                                              rw.spec.options.max_batch_seconds, segment):
                         txn = rw.process_records(segment, self.input_wms.get(computation, MIN_TIMESTAMP))
                     self._commit(owned, txn)
                 if refused:  # the seam to the error policy
-                    raise overruns.exceeded(computation, range_id, refused[0], owned.overruns)
+                    raise overruns.exceeded(computation, range_id, refused[0], seen)
             except FencedError as exc:
                 self._fenced(owned, exc)
                 return pb.DeliverAck(status=pb.DeliverAck.NOT_OWNER, message=str(exc))
@@ -436,8 +437,9 @@ class WorkerProcess:
             self._check_overdue(owned)
             rw = owned.worker
             if rw is not None:
-                txn = overruns.fire_timers(rw, owned.overruns, lambda ids, o=owned, r=rw: self.progress.batch(
-                    o.node, o.range_id, o.token, r.spec.options.max_batch_seconds, ids=ids),
+                deadline = rw.spec.options.max_batch_seconds
+                txn = overruns.fire_timers(rw, owned.fresh_overruns(0.5), lambda ids: self.progress.batch(
+                    owned.node, owned.range_id, owned.token, deadline, ids=ids),  # noqa: B023 - called at once
                     self.input_wms.get(owned.node, MIN_TIMESTAMP))
                 if txn is not None:
                     self._commit(owned, txn)

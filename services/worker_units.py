@@ -92,6 +92,8 @@ class OwnedRange:
     published: int | None = None  # hold() snapshot taken under the lock; None once changed
     wanted: bool = False  # the heartbeat found the lock busy and no valid snapshot
     overruns: Overruns = field(default_factory=dict)  # records that overran their deadline
+    taken_at: float = field(default_factory=time.monotonic)
+    _overruns_read: float = 0.0
 
     def __post_init__(self) -> None:
         if self.worker is not None:
@@ -101,6 +103,19 @@ class OwnedRange:
             raw = self.store.read_state(self.node, [INJ_WM_KEY]).get(INJ_WM_KEY)
             self.injector_wm = int(raw) if raw is not None else MIN_TIMESTAMP
             self.outbox = Outbox(self.store, self.node, 0)
+
+    def fresh_overruns(self, min_age_s: float = 0.0) -> Overruns:
+        """The range's recorded overruns. Read again (if older than ``min_age_s``) while
+        the range is new here: the previous owner may still overrun a batch for up to
+        its deadline after the move, and its watchdog records that just before the
+        batch is resent to us. Later, the map read at take time stays current."""
+        assert self.worker is not None
+        now = time.monotonic()
+        if now - self.taken_at < self.worker.spec.options.max_batch_seconds + 10 and \
+                now - self._overruns_read >= min_age_s:
+            self.overruns = overruns.load(self.store, self.node, self.range_id)
+            self._overruns_read = now
+        return self.overruns
 
     @property
     def is_injector(self) -> bool:
