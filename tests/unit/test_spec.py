@@ -33,6 +33,8 @@ def test_spec_round_trips() -> None:
     ({"options": {"late_policy": "route"}}, "needs a late_stream"),
     ({"options": {"exactly_twice": True}}, r"unknown options \['exactly_twice'\]"),
     ({"colour": "red"}, r"unknown fields \['colour'\]"),
+    ({"options": {"max_batch_seconds": 0}}, "max_batch_seconds must be > 0"),
+    ({"options": {"max_batch_seconds": "60"}}, "max_batch_seconds: must be a number of seconds"),
 ])
 def test_malformed_specs_name_the_computation_and_field(change: dict[str, object], message: str) -> None:
     bad = {**GOOD, **change}
