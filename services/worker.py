@@ -380,7 +380,7 @@ class WorkerProcess:
             rw = owned.worker
             try:
                 # Records that overran their deadline before run alone; see services/overruns.py.
-                seen = owned.fresh_overruns()
+                seen = owned.fresh_overruns() if self.watchdog else owned.overruns
                 segments, refused = overruns.plan(records, seen) if seen else ([records], [])
                 for segment in segments:
                     with self.progress.batch(computation, range_id, owned.token,
@@ -438,7 +438,7 @@ class WorkerProcess:
             rw = owned.worker
             if rw is not None:
                 deadline = rw.spec.options.max_batch_seconds
-                txn = overruns.fire_timers(rw, owned.fresh_overruns(0.5), lambda ids: self.progress.batch(
+                txn = overruns.fire_timers(rw, owned.fresh_overruns(0.5) if self.watchdog else owned.overruns, lambda ids: self.progress.batch(
                     owned.node, owned.range_id, owned.token, deadline, ids=ids),  # noqa: B023 - called at once
                     self.input_wms.get(owned.node, MIN_TIMESTAMP))
                 if txn is not None:
