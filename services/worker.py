@@ -438,7 +438,8 @@ class WorkerProcess:
             rw = owned.worker
             if rw is not None:
                 deadline = rw.spec.options.max_batch_seconds
-                txn = overruns.fire_timers(rw, owned.fresh_overruns(0.5) if self.watchdog else owned.overruns, lambda ids: self.progress.batch(
+                seen = owned.fresh_overruns(0.5) if self.watchdog else owned.overruns
+                txn = overruns.fire_timers(rw, seen, lambda ids: self.progress.batch(
                     owned.node, owned.range_id, owned.token, deadline, ids=ids),  # noqa: B023 - called at once
                     self.input_wms.get(owned.node, MIN_TIMESTAMP))
                 if txn is not None:
