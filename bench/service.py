@@ -107,6 +107,9 @@ class Service:
         for pid in _children(self.proc.pid):
             if pid not in workers:
                 roles["controller"] = pid
+        for i, pid in enumerate(workers):
+            for child in _children(pid):  # the worker's watchdog process
+                roles[f"watchdog{i}"] = child
         return roles
 
     def wait_balanced(self, timeout_s: float = 30) -> None:
@@ -381,18 +384,24 @@ def _watchdog_ab(n: int, store: str, batch: int, repeat: int) -> int:
     import json
 
     got: dict[bool, list[float]] = {True: [], False: []}
+    per_cpu: dict[bool, list[float]] = {True: [], False: []}  # records per CPU s of workers + watchdogs
     for i in range(repeat):
         for on in ((True, False) if i % 2 == 0 else (False, True)):
             r = backlog(n, store, batch=batch, watchdog=on)
             if not r["correct"]["ok"]:
                 raise SystemExit(f"watchdog={on}: output wrong: {r['correct']['detail']}")
             got[on].append(r["records_per_s"] or 0.0)
+            cpu = sum(v for k, v in r["cpu_s"].items() if k.startswith(("worker", "watchdog")))
+            per_cpu[on].append(n / max(cpu, 1e-9))
             print(json.dumps({"watchdog": on, "records_per_s": round(r["records_per_s"] or 0),
                               "cpu_s": r["cpu_s"]}), flush=True)
     on, off = statistics.median(got[True]), statistics.median(got[False])
+    con, coff = statistics.median(per_cpu[True]), statistics.median(per_cpu[False])
     print(json.dumps({"records": n, "store": store, "repeats": repeat,
                       "median_records_per_s": {"watchdog": round(on), "no_watchdog": round(off)},
-                      "drop_pct": round(100 * (off - on) / off, 1)}), flush=True)
+                      "drop_pct": round(100 * (off - on) / off, 1),
+                      "median_records_per_worker_cpu_s": {"watchdog": round(con), "no_watchdog": round(coff)},
+                      "cpu_drop_pct": round(100 * (coff - con) / coff, 1)}), flush=True)
     return 0
 
 
