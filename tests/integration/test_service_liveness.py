@@ -11,7 +11,9 @@ gRPC. A background thread samples ClusterStatus throughout each test.
 * a record that overruns ``max_batch_seconds``: its worker is killed by its watchdog,
   then the record is run alone (killed again), then it is not run any more; the other
   records of its batch are processed exactly once and a live worker remains;
-* health: NOT_SERVING while the store (redis-server) is down, SERVING once it is back.
+* health: NOT_SERVING while the store (redis-server) is down, or (a worker) while its
+  controller is, SERVING once it is back;
+* Inject messages larger than --inject-batch keep their order and accepted counts.
 """
 
 from __future__ import annotations
@@ -211,6 +213,23 @@ def test_health_follows_the_store(tmp_path: Path) -> None:
     finally:
         cluster.stop()
         redis.stop()
+
+
+def test_worker_health_follows_its_controller(cluster: Cluster) -> None:
+    """A worker whose heartbeats fail for longer than its grace (10 s) is NOT_SERVING;
+    SERVING again once the controller is back (restarted on the same port)."""
+    cluster.start_worker()
+    worker = next(w.address for w in cluster.client.status().workers)
+    serving, not_serving = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
+    assert _health(worker) == serving
+    assert cluster.controller is not None
+    cluster.controller.kill()
+    cluster.controller.wait(10)
+    time.sleep(5)
+    assert _health(worker) == serving  # a short outage is within the grace
+    wait_for(lambda: _health(worker) == not_serving, 20, "worker NOT_SERVING")
+    cluster.start_controller()
+    wait_for(lambda: _health(worker) == serving, 20, "worker SERVING again")
 
 
 def test_inject_split_keeps_message_semantics(cluster: Cluster, tmp_path: Path) -> None:
