@@ -11,6 +11,7 @@ gRPC. A background thread samples ClusterStatus throughout each test.
 * a record that overruns ``max_batch_seconds``: its worker is killed by its watchdog,
   then the record is run alone (killed again), then it is not run any more; the other
   records of its batch are processed exactly once and a live worker remains;
+* a timer that overruns alone: its worker is killed, the next owner deletes it unrun;
 * health: NOT_SERVING while the store (redis-server) is down, or (a worker) while its
   controller is, SERVING once it is back;
 * Inject messages larger than --inject-batch keep their order and accepted counts.
