@@ -85,7 +85,7 @@ class Service:
     """``millwheel up --workers N`` on ``store_url``, stopped by SIGINT like Ctrl-C."""
 
     def __init__(self, store_url: str, workers: int, tmp: Path, extra_env: dict[str, str] | None = None,
-                 secure: bool = False) -> None:
+                 secure: bool = False, extra_args: tuple[str, ...] = ()) -> None:
         self.port = _free_port()
         self.address = f"127.0.0.1:{self.port}"
         self.log_path = tmp / "up.log"
@@ -97,7 +97,7 @@ class Service:
             [sys.executable, "-m", "services.cli", "up", "--workers", str(workers), "--store", store_url,
              "--port", str(self.port), "--log-level", "WARNING",
              "--allow-code", "bench.pipelines",  # the three-stage pipeline's map functions
-             *([] if secure else ["--no-auth"])],
+             *([] if secure else ["--no-auth"]), *extra_args],
             cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
         self.client = self.new_client()
         deadline = time.monotonic() + 60
@@ -120,6 +120,9 @@ class Service:
         for pid in _children(self.proc.pid):
             if pid not in workers:
                 roles["controller"] = pid
+        for i, pid in enumerate(workers):
+            for child in _children(pid):  # the worker's watchdog process
+                roles[f"watchdog{i}"] = child
         return roles
 
     def wait_balanced(self, timeout_s: float = 30) -> None:
@@ -209,13 +212,14 @@ def _security(tmp: Path) -> tuple[Security, dict[str, str]]:
 
 
 @contextlib.contextmanager
-def _running_service(store: str, workers: int, productions: str, secure: bool = False) -> Iterator[Service]:
+def _running_service(store: str, workers: int, productions: str, secure: bool = False,
+                     extra_args: tuple[str, ...] = ()) -> Iterator[Service]:
     """A controller and ``workers`` workers on a fresh store, the pipeline registered and
     balanced; everything (a private Redis too) stopped on the way out."""
     with tempfile.TemporaryDirectory(prefix="mw-bench-svc-") as tmpdir:
         tmp = Path(tmpdir)
         url, redis = _store(store, tmp)
-        svc = Service(url, workers, tmp, secure=secure)
+        svc = Service(url, workers, tmp, secure=secure, extra_args=extra_args)
         try:
             _register(svc.client, productions)
             svc.wait_balanced()
@@ -227,12 +231,15 @@ def _running_service(store: str, workers: int, productions: str, secure: bool = 
 
 
 def backlog(n: int, store: str = "sqlite", workers: int = 2, batch: int = 1000,
-            productions: str = "strong", timeout_s: float = 600, secure: bool = False) -> dict[str, Any]:
-    """Backlog throughput of the three-stage pipeline across ``workers`` workers."""
+            productions: str = "strong", timeout_s: float = 600, secure: bool = False,
+            watchdog: bool = True) -> dict[str, Any]:
+    """Backlog throughput of the three-stage pipeline across ``workers`` workers
+    (``watchdog=False``: workers without their watchdog process, to measure its cost)."""
     w = workload.generate(n, late_fraction=0.0)
     expected = workload.expected_counts(w)
     records = pipelines.injected(w.records, "three")
-    with _running_service(store, workers, productions, secure) as svc:
+    with _running_service(store, workers, productions, secure,
+                          () if watchdog else ("--no-watchdog",)) as svc:
         pids = svc.pids()
         msgs = list(inject_messages(INJECTOR, INJECTOR, records, batch, DISORDER_US, done=True))
         reader = SinkReader(svc.new_client())
@@ -250,7 +257,7 @@ def backlog(n: int, store: str = "sqlite", workers: int = 2, batch: int = 1000,
         reader.client.close()
     return {
         "records": n, "accepted": resp.accepted, "store": store, "workers": workers,
-        "productions": productions, "inject_batch": batch, "secure": secure,
+        "productions": productions, "inject_batch": batch, "secure": secure, "watchdog": watchdog,
         "records_per_s": n / elapsed if complete else None,
         "inject_records_per_s": n / injected_s, "elapsed_s": elapsed, "complete": complete,
         "cpu_s": cpu, "records_per_cpu_s": n / max(1e-9, sum(cpu.values())),
@@ -403,6 +410,31 @@ def markdown(entries: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def _watchdog_ab(n: int, store: str, batch: int, repeat: int) -> int:
+    import json
+
+    got: dict[bool, list[float]] = {True: [], False: []}
+    per_cpu: dict[bool, list[float]] = {True: [], False: []}  # records per CPU s of workers + watchdogs
+    for i in range(repeat):
+        for on in ((True, False) if i % 2 == 0 else (False, True)):
+            r = backlog(n, store, batch=batch, watchdog=on)
+            if not r["correct"]["ok"]:
+                raise SystemExit(f"watchdog={on}: output wrong: {r['correct']['detail']}")
+            got[on].append(r["records_per_s"] or 0.0)
+            cpu = sum(v for k, v in r["cpu_s"].items() if k.startswith(("worker", "watchdog")))
+            per_cpu[on].append(n / max(cpu, 1e-9))
+            print(json.dumps({"watchdog": on, "records_per_s": round(r["records_per_s"] or 0),
+                              "cpu_s": r["cpu_s"]}), flush=True)
+    on, off = statistics.median(got[True]), statistics.median(got[False])
+    con, coff = statistics.median(per_cpu[True]), statistics.median(per_cpu[False])
+    print(json.dumps({"records": n, "store": store, "repeats": repeat,
+                      "median_records_per_s": {"watchdog": round(on), "no_watchdog": round(off)},
+                      "drop_pct": round(100 * (off - on) / off, 1),
+                      "median_records_per_worker_cpu_s": {"watchdog": round(con), "no_watchdog": round(coff)},
+                      "cpu_drop_pct": round(100 * (coff - con) / coff, 1)}), flush=True)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     import argparse
     import json
@@ -418,7 +450,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="client token + cluster secret + TLS + mTLS on every call and connection")
     ap.add_argument("--compare-security", action="store_true",
                     help="interleave --repeat rounds without and with --security")
+    ap.add_argument("--watchdog-ab", action="store_true",
+                    help="each repeat runs the backlog twice, workers with and without their "
+                         "watchdog process, in alternating order; prints both medians and the drop")
     args = ap.parse_args(argv)
+    if args.watchdog_ab:
+        return _watchdog_ab(args.records, args.store, args.batch, args.repeat)
     modes = [False, True] if args.compare_security else [args.security]
     rates: dict[bool, list[float]] = {m: [] for m in modes}
     for _ in range(args.repeat):

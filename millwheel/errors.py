@@ -80,3 +80,11 @@ class UserCodeError(MillWheelError):
         self.exc_message = exc_message
         self.frames = frames
         self.final = final
+
+
+class DeadlineExceeded(UserCodeError):
+    """User code overran its deadline (``options.max_batch_seconds``) on a record alone.
+
+    The worker's watchdog killed the worker when it happened; the record is not run
+    again. The message names computation, range and record.
+    """

@@ -88,6 +88,11 @@ def _options(data: Any, where: str) -> Options:
     for field in ("key_ranges", "allowed_lateness_us", "record_id_retention_us", "max_attempts"):
         if field in values and (isinstance(values[field], bool) or not isinstance(values[field], int)):
             raise InvalidSpecError(f"{where}.options.{field}: must be an integer")
+    seconds = values.get("max_batch_seconds")
+    if seconds is not None:
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+            raise InvalidSpecError(f"{where}.options.max_batch_seconds: must be a number of seconds")
+        values["max_batch_seconds"] = float(seconds)
     options = Options(**values)
     options.validate(where)
     return options

@@ -56,6 +56,7 @@ class Options:
     on_error: ErrorPolicy = ErrorPolicy.DEAD_LETTER
     max_attempts: int = 3
     dead_letter_stream: str | None = None  # None: "<computation>.dead_letters"
+    max_batch_seconds: float = 60.0  # deadline on user code per batch (services/watchdog.py)
 
     def validate(self, where: str) -> None:
         if not 1 <= self.key_ranges <= MAX_KEY_RANGES:
@@ -66,6 +67,9 @@ class Options:
             raise InvalidSpecError(f"{where}: allowed_lateness_us must be >= 0")
         if self.record_id_retention_us <= 0:
             raise InvalidSpecError(f"{where}: record_id_retention_us must be > 0")
+        if not 0 < self.max_batch_seconds <= 86_400:
+            raise InvalidSpecError(
+                f"{where}: max_batch_seconds must be > 0 and <= 86400, got {self.max_batch_seconds}")
         if self.late_policy is LatePolicy.ROUTE and not self.late_stream:
             raise InvalidSpecError(f"{where}: late_policy 'route' needs a late_stream")
         if not isinstance(self.on_error, ErrorPolicy):

@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from millwheel.errors import InvalidSpecError
 from millwheel.record import MAX_TIMESTAMP, MIN_TIMESTAMP, Record
@@ -29,6 +29,7 @@ from millwheel.state.url import describe_store
 from services import security
 from services.client import DEFAULT_CONTROLLER, ControllerClient, controller_address, inject_messages
 from services.limits import InjectLimits
+from services.restarter import Restarter
 
 DEFAULT_STORE = "sqlite:///millwheel-data/service.db"
 
@@ -47,6 +48,7 @@ def add_commands(sub: Any) -> None:
                         "machine, sharing one store (embedded SQLite by default, or --store "
                         "redis://HOST:PORT/DB). Ctrl-C drains the workers and stops everything.")
     up.add_argument("--workers", type=int, default=2, help="number of workers (default 2)")
+    up.add_argument("--no-watchdog", action="store_true", help="start the workers with --no-watchdog")
     _server_args(up, port=7070, up=True)
     _allow_code_arg(up)
     up.set_defaults(func=cmd_up)
@@ -68,6 +70,8 @@ def add_commands(sub: Any) -> None:
     ctl.add_argument("--max-future-us", type=int, default=InjectLimits.max_future_us, metavar="US",
                      help="refuse record timestamps and watermarks further ahead of the clock "
                           "(default one day; 0 = no limit)")
+    ctl.add_argument("--inject-batch", type=int, default=5000, metavar="N",
+                     help="Inject messages larger than N records go to the worker in pieces of N")
     ctl.set_defaults(func=cmd_controller)
 
     wk = sub.add_parser("worker", help="run a worker",
@@ -94,6 +98,10 @@ def add_commands(sub: Any) -> None:
                     help="heartbeat interval (default 0.1)")
     wk.add_argument("--delivery-timeout", type=float, default=5.0, metavar="SECONDS",
                     help="a batch unacked this long is resent (default 5)")
+    wk.add_argument("--no-watchdog", action="store_true",
+                    help="run without the watchdog process: no deadline on user code, and a "
+                         "batch holding the interpreter past the heartbeat timeout gets the worker "
+                         "declared dead (for measurements)")
     wk.set_defaults(func=cmd_worker)
 
     reg = client_parser("register", "register computations (and injectors) from a spec file",
@@ -217,11 +225,13 @@ def _logging(level: str) -> None:
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
 
-def _wait_for_signal() -> None:
+def _wait_for_signal(tick: Callable[[], None] | None = None) -> None:
+    """Until SIGTERM or SIGINT; meanwhile ``tick()`` every half second if given."""
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    stop.wait()
+    while not stop.wait(None if tick is None else 0.5):
+        tick()  # type: ignore[misc]
 
 
 def cmd_controller(args: argparse.Namespace) -> int:
@@ -232,9 +242,9 @@ def cmd_controller(args: argparse.Namespace) -> int:
     server, port, mport, service = serve(
         args.store, args.host, args.port, None if args.metrics_port < 0 else args.metrics_port,
         heartbeat_timeout_s=args.heartbeat_timeout, max_value_bytes=args.max_value_bytes,
-        inject_wait_s=args.inject_wait, allow_code=args.allow_code, limits=InjectLimits(
-            max_records=args.max_inject_records, max_value_bytes=args.max_value_bytes,
-            max_future_us=args.max_future_us))
+        inject_wait_s=args.inject_wait, inject_batch=args.inject_batch, allow_code=args.allow_code,
+        limits=InjectLimits(max_records=args.max_inject_records, max_value_bytes=args.max_value_bytes,
+                            max_future_us=args.max_future_us))
     print(f"millwheel controller listening on {args.host}:{port} (metrics port {mport}, "
           f"store {describe_store(args.store)})", file=sys.stderr, flush=True)
     _wait_for_signal()
@@ -256,7 +266,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         worker_id=args.worker_id, batch_size=args.batch_size, max_inflight=args.max_inflight,
         max_injector_outbox=args.max_injector_outbox, weak_wait_s=args.weak_wait,
         heartbeat_s=args.heartbeat, delivery_timeout_s=args.delivery_timeout,
-        allow_code=args.allow_code)
+        allow_code=args.allow_code, use_watchdog=not args.no_watchdog)
     print(f"millwheel worker {worker.worker_id} listening on {worker.address} (metrics port "
           f"{worker.metrics_port}, store {describe_store(args.store)})", file=sys.stderr, flush=True)
     _wait_for_signal()
@@ -296,10 +306,12 @@ def cmd_up(args: argparse.Namespace) -> int:
                     print("millwheel up: the controller did not start", file=sys.stderr)
                     return 1
                 time.sleep(0.1)
-        for _ in range(args.workers):
-            procs.append(subprocess.Popen([*base, "worker", *common, "--controller", controller,
-                                           "--port", "0", "--metrics-port", "0"],
-                                          start_new_session=True))
+        def worker() -> subprocess.Popen[bytes]:
+            return subprocess.Popen([*base, "worker", *common, "--controller", controller,
+                                     "--port", "0", "--metrics-port", "0",
+                                     *(["--no-watchdog"] if args.no_watchdog else [])], start_new_session=True)
+
+        procs += [worker() for _ in range(args.workers)]
         deadline = time.monotonic() + 20
         while len([w for w in client.status().workers if w.alive]) < args.workers:
             if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
@@ -311,7 +323,7 @@ def cmd_up(args: argparse.Namespace) -> int:
           f"  try: millwheel status --controller {controller}\n  Ctrl-C stops everything.",
           file=sys.stderr, flush=True)
     try:
-        _wait_for_signal()
+        _wait_for_signal(Restarter(procs, 1, worker).check)  # a dead worker is restarted
     finally:
         print("millwheel up: stopping workers, then the controller", file=sys.stderr, flush=True)
         for p in procs[1:]:

@@ -36,6 +36,8 @@ from services.controller_errors import Replayer, error_info
 from services.controller_registry import Registry
 from services.generated import millwheel_pb2 as pb
 from services.grpc_server import check, start_server
+from services.health_monitor import HealthMonitor
+from services.inject_split import split
 from services.limits import InjectLimits
 from services.metrics import PrometheusSensors
 from services.status import BusyError, UnavailableError, code_for, rpc, rpc_stream
@@ -48,16 +50,18 @@ Ctx = grpc.ServicerContext
 DEFAULT_MAX_VALUE_BYTES = 1024 * 1024
 INJECT_WINDOW = 4  # messages of one Inject call in flight to the injector's owner
 BUSY_RETRY_MS = 500  # the retry hint of an Inject refused for backpressure
+INJECT_BATCH = 5000  # larger Inject messages go to the injector's owner in pieces this big
 
 
 class ControllerService:
     def __init__(
         self, store: StateStore, *, heartbeat_timeout_s: float = 3.0,
         max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES, sensors: PrometheusSensors | None = None,
-        inject_timeout_s: float = 15.0, inject_wait_s: float = 10.0,
+        inject_timeout_s: float = 15.0, inject_wait_s: float = 10.0, inject_batch: int = INJECT_BATCH,
         limits: InjectLimits | None = None, allow_code: AllowList | None = None,
     ) -> None:
         self.limits = limits or InjectLimits(max_value_bytes=max_value_bytes)
+        self.inject_batch = inject_batch
         self.inject_timeout_s = inject_timeout_s
         self.inject_wait_s = inject_wait_s
         self.store = store
@@ -74,8 +78,12 @@ class ControllerService:
         self._reaper = threading.Thread(target=self._reap_loop, name="reaper", daemon=True)
         self._reaper.start()
 
+    health_monitor: HealthMonitor | None = None
+
     def close(self) -> None:
         self._stop.set()
+        if self.health_monitor is not None:
+            self.health_monitor.stop()
 
     # -- internals -------------------------------------------------------------------
     def _reap_loop(self) -> None:
@@ -442,6 +450,9 @@ class ControllerService:
         check(request)
         if not request.worker_id or not request.address:
             raise InvalidSpecError("Heartbeat: worker_id and address are required")
+        if request.liveness_only:  # a busy worker's watchdog: last-seen only (services/watchdog.py)
+            self.assigner.touch(request.worker_id)
+            return pb.HeartbeatResponse()
         fenced = []
         with self.lock:
             a = self.assigner
@@ -472,17 +483,19 @@ class ControllerService:
 def serve(
     store_url: str, host: str = "127.0.0.1", port: int = 7070, metrics_port: int | None = 0,
     heartbeat_timeout_s: float = 3.0, max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
-    inject_wait_s: float = 10.0, limits: InjectLimits | None = None, allow_code: str | None = None,
+    inject_wait_s: float = 10.0, inject_batch: int = INJECT_BATCH, limits: InjectLimits | None = None,
+    allow_code: str | None = None,
 ) -> tuple[grpc.Server, int, int, ControllerService]:
     """Start a controller; returns (server, port, metrics port or 0, service)."""
     store = open_service_store(store_url)
     sensors = PrometheusSensors("controller")
     service = ControllerService(store, heartbeat_timeout_s=heartbeat_timeout_s,
                                 max_value_bytes=max_value_bytes, sensors=sensors,
-                                inject_wait_s=inject_wait_s, limits=limits,
+                                inject_wait_s=inject_wait_s, inject_batch=inject_batch, limits=limits,
                                 allow_code=AllowList.parse(allow_code))
-    server, bound, _health = start_server(
+    server, bound, health = start_server(
         f"{host}:{port}", {"Controller": service, "Cluster": service}, max_workers=32)
+    service.health_monitor = HealthMonitor(health, store)
     mport = sensors.serve(host, metrics_port) if metrics_port is not None else 0
     log.info("controller listening on %s:%d (store %s, metrics port %d)", host, bound, store_url, mport)
     return server, bound, mport, service
@@ -495,44 +508,52 @@ class _InjectCall:
         self.controller = controller
         self.session = session
         self.accepted = 0  # records of the messages accepted, a prefix of the call
-        self.messages = 0
+        self.messages = 0  # whole messages accepted (a large one goes in several pieces)
+        self.seq = 0  # of the pieces sent: the worker takes them in this order
+        self._piece_records = 0
         self.watermark = MIN_TIMESTAMP
-        self.inflight: deque[tuple[str, pb.DeliverBatch, Future[Any]]] = deque()
+        self.inflight: deque[tuple[str, pb.DeliverBatch, Future[Any], bool]] = deque()
 
-    def send(self, node: str, batch: pb.DeliverBatch) -> None:
-        address = self.controller._owner_address(node)
-        fut = self.controller._link(address).try_send(batch) if address else None
-        if fut is None:  # no owner yet, or no room: the careful path
-            self.settle(0)
-            self._count(batch, self.controller._hand_over(node, batch))
-            return
-        self.inflight.append((node, batch, fut))
-        self.settle(INJECT_WINDOW - 1)
+    def send(self, node: str, message: pb.DeliverBatch) -> None:
+        for batch, ends in split(message, self.controller.inject_batch):
+            self.seq += 1
+            batch.inject_seq = self.seq
+            address = self.controller._owner_address(node)
+            fut = self.controller._link(address).try_send(batch) if address else None
+            if fut is None:  # no owner yet, or no room: the careful path
+                self.settle(0)
+                self._count(batch, self.controller._hand_over(node, batch), ends)
+                continue
+            self.inflight.append((node, batch, fut, ends))
+            self.settle(INJECT_WINDOW - 1)
 
     def settle(self, limit: int) -> None:
         """Take acks in order until at most ``limit`` messages are in flight (and any
         already answered); after a refusal, hand the rest over one by one."""
         while self.inflight and (len(self.inflight) > limit or self.inflight[0][2].done()):
-            node, batch, fut = self.inflight[0]
+            node, batch, fut, ends = self.inflight[0]
             try:
                 ack = fut.result(timeout=10)
             except (LinkError, FutureTimeout):
                 ack = None
             if ack is not None and ack.status == pb.DeliverAck.OK:
                 self.inflight.popleft()
-                self._count(batch, ack)
+                self._count(batch, ack, ends)
                 continue
             rest = list(self.inflight)
             self.inflight.clear()
-            for _, _, later in rest:  # the worker refuses those after a refused one
+            for _, _, later, _ in rest:  # the worker refuses those after a refused one
                 try:
                     later.result(timeout=10)
                 except Exception:  # noqa: BLE001 - resent below in any case
                     pass
-            for n, b, _ in rest:
-                self._count(b, self.controller._hand_over(n, b))
+            for n, b, _, e in rest:
+                self._count(b, self.controller._hand_over(n, b), e)
 
-    def _count(self, batch: pb.DeliverBatch, ack: pb.DeliverAck) -> None:
-        self.accepted += len(batch.records)
-        self.messages += 1
+    def _count(self, batch: pb.DeliverBatch, ack: pb.DeliverAck, ends_message: bool) -> None:
+        self._piece_records += len(batch.records)
         self.watermark = ack.watermark
+        if ends_message:  # only whole client messages count as accepted
+            self.accepted += self._piece_records
+            self.messages += 1
+            self._piece_records = 0

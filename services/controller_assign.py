@@ -78,6 +78,13 @@ class Assigner:
         w.alive, w.draining, w.last_seen = True, draining, time.monotonic()
         return changed
 
+    def touch(self, worker_id: str) -> None:
+        """A liveness-only heartbeat (from a busy worker's watchdog): a live worker's
+        last-seen time moves; nothing else changes, and a dead worker stays dead."""
+        w = self.workers.get(worker_id)
+        if w is not None and w.alive:
+            w.last_seen = time.monotonic()
+
     def reap(self) -> bool:
         """Declare workers silent past the timeout dead; True if any changed."""
         now = time.monotonic()

@@ -40,7 +40,8 @@ def spec_dict_from_proto(msg: pb.ComputationSpec) -> dict[str, Any]:
     for name in ("productions", "late_policy", "late_stream", "on_error", "dead_letter_stream"):
         if getattr(o, name):
             options[name] = getattr(o, name)
-    for name in ("allowed_lateness_us", "key_ranges", "record_id_retention_us", "max_attempts"):
+    for name in ("allowed_lateness_us", "key_ranges", "record_id_retention_us", "max_attempts",
+                 "max_batch_seconds"):
         if o.HasField(name):
             options[name] = getattr(o, name)
     return {
@@ -69,6 +70,7 @@ def spec_to_proto(spec: ComputationSpec) -> pb.ComputationSpec:
             record_id_retention_us=opts["record_id_retention_us"],
             on_error=opts["on_error"], max_attempts=opts["max_attempts"],
             dead_letter_stream=opts["dead_letter_stream"] or "",
+            max_batch_seconds=opts["max_batch_seconds"],
         ),
     )
 

@@ -43,13 +43,15 @@ from millwheel.runtime.range_worker import RangeWorker
 from millwheel.runtime.routing import LOG_PREFIX, Router
 from millwheel.state.protocol import Production
 from millwheel.topology import Productions, Topology
-from services import convert
+from services import convert, overruns, watchdog
 from services.generated import millwheel_pb2 as pb
 from services.generated import millwheel_pb2_grpc as pb_grpc
 from services.grpc_server import Malformed, channel, start_server
+from services.health_monitor import HealthMonitor
 from services.metrics import PrometheusSensors
 from services.store_lock import open_service_store
 from services.worker_link import PeerLink
+from services.worker_progress import NoProgress, ProgressBlock
 from services.worker_units import OwnedRange, Slice
 
 log = logging.getLogger("millwheel.worker")
@@ -70,7 +72,7 @@ class WorkerProcess:
         batch_size: int = 5000,
         max_inflight: int = 8, max_slices: int = 4, max_injector_outbox: int = 50_000,
         heartbeat_s: float = 0.1, delivery_timeout_s: float = 5.0, weak_wait_s: float = 1.0,
-        min_heartbeat_s: float = 0.025, allow_code: str | None = None,
+        min_heartbeat_s: float = 0.025, allow_code: str | None = None, use_watchdog: bool = True,
     ) -> None:
         self.allow_code = AllowList.parse(allow_code)
         self.store = open_service_store(store_url)
@@ -113,6 +115,15 @@ class WorkerProcess:
         self.metrics_address = f"{advertise}:{self.metrics_port}" if self.metrics_port else ""
         self._controller_channel = channel(controller)
         self.controller = pb_grpc.ClusterStub(self._controller_channel)
+        # User code runs under a deadline kept by a watchdog process (services/watchdog.py).
+        self.progress = ProgressBlock() if use_watchdog else NoProgress()
+        self.watchdog = watchdog.start(
+            self.progress.fd, controller=controller, store_url=store_url, worker_id=self.worker_id,
+            address=self.address, metrics_address=self.metrics_address, heartbeat_s=heartbeat_s,
+        ) if isinstance(self.progress, ProgressBlock) else None
+        self._hb_failing_since: float | None = None
+        self.health_monitor = HealthMonitor(self.health, self.store, controller_failing_s=lambda: (
+            0.0 if self._hb_failing_since is None else time.monotonic() - self._hb_failing_since))
         self._threads = [
             threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True),
             threading.Thread(target=self._pump_loop, name="pump", daemon=True),
@@ -143,6 +154,9 @@ class WorkerProcess:
         for link in self.links.values():
             link.close()
         self._controller_channel.close()
+        self.health_monitor.stop()
+        if self.watchdog is not None:
+            self.watchdog.stop()
         self.store.close()
         log.info("worker %s stopped", self.worker_id)
 
@@ -159,7 +173,10 @@ class WorkerProcess:
             started = time.monotonic()
             try:
                 self._heartbeat_once()
+                self.progress.heartbeat_ok()
+                self._hb_failing_since = None
             except grpc.RpcError as exc:
+                self._hb_failing_since = self._hb_failing_since or time.monotonic()
                 if time.monotonic() - last_error > 5.0:
                     last_error = time.monotonic()
                     log.warning("heartbeat to controller failed: %s: %s; working on with "
@@ -172,10 +189,9 @@ class WorkerProcess:
         reports = []
         draining = self.draining.is_set()
         for owned in list(self.units.values()):
-            with owned.lock:
-                if owned.dropped:
-                    continue
-                wm = owned.report(self.input_wms.get(owned.node, MIN_TIMESTAMP))
+            wm = owned.report_nowait(self.input_wms.get(owned.node, MIN_TIMESTAMP))  # never waits
+            if owned.dropped or wm is None:
+                continue
             reports.append(pb.WatermarkReport(node=owned.node, range_id=owned.range_id,
                                               token=owned.token, watermark=wm))
         fenced, self._fenced_unreported = self._fenced_unreported, []
@@ -242,8 +258,7 @@ class WorkerProcess:
         log.info("took %s/%d (token %d)", node, range_id, token)
 
     def _drop(self, owned: OwnedRange, reason: str) -> None:
-        with owned.lock:
-            owned.dropped = True
+        owned.dropped = True  # without the lock: a batch may hold it (its writes are fenced)
         with self._units_lock:
             if self.units.get((owned.node, owned.range_id)) is owned:
                 del self.units[(owned.node, owned.range_id)]
@@ -325,6 +340,7 @@ class WorkerProcess:
             txn.productions = self._deliver_weak(owned.node, txn.productions)
             self.crash("after_weak_send")
         rw.commit(txn)
+        owned.changed()
 
     def _deliver_weak(self, producer: str, productions: list[Production]) -> list[Production]:
         """Deliver ``productions`` now; returns those not acked in time (to checkpoint)."""
@@ -367,9 +383,21 @@ class WorkerProcess:
             if owned.dropped or owned.worker is None:
                 return pb.DeliverAck(status=pb.DeliverAck.NOT_OWNER, message="range moved")
             rw = owned.worker
-            try:  # the error policy isolates failing records (on_error fail: raises)
-                poison.process_batch(rw, records, self.input_wms.get(computation, MIN_TIMESTAMP),
-                                     lambda txn: self._commit(owned, txn))
+            try:
+                # Records that overran their deadline before run alone; see services/overruns.py.
+                seen = owned.fresh_overruns() if self.watchdog else owned.overruns
+                segments, refused = overruns.plan(records, seen) if seen else ([records], [])
+                if refused:  # overran alone: the error policy gives them up without running
+                    refused = overruns.hand_to_policy(rw, refused, seen)
+                    if not refused:  # they go in line with the rest; suspects still run alone
+                        segments = overruns.plan(records, {i: v for i, v in seen.items() if not v["alone"]})[0]
+                wm = self.input_wms.get(computation, MIN_TIMESTAMP)
+                for segment in segments:  # the error policy isolates failing records (fail: raises)
+                    with self.progress.batch(computation, range_id, owned.token,
+                                             rw.spec.options.max_batch_seconds, segment):
+                        poison.process_batch(rw, segment, wm, lambda txn: self._commit(owned, txn))
+                if refused:  # on_error "fail": refused, visibly, never run again
+                    raise overruns.exceeded(computation, range_id, refused[0], seen)
             except FencedError as exc:
                 self._fenced(owned, exc)
                 return pb.DeliverAck(status=pb.DeliverAck.NOT_OWNER, message=str(exc))
@@ -381,6 +409,7 @@ class WorkerProcess:
                 owned.worker = self._new_range_worker(computation, range_id, owned.token)
                 owned.outbox = owned.worker.outbox
                 owned.reset_slices()
+                owned.changed()
                 return pb.DeliverAck(status=pb.DeliverAck.FAILED, message=str(exc))
         self._wake.set()
         return pb.DeliverAck(status=pb.DeliverAck.OK)
@@ -421,8 +450,11 @@ class WorkerProcess:
             self._check_overdue(owned)
             rw = owned.worker
             if rw is not None:
-                if poison.fire_timers(rw, self.input_wms.get(owned.node, MIN_TIMESTAMP),
-                                      lambda txn: self._commit(owned, txn)):
+                deadline = rw.spec.options.max_batch_seconds
+                seen = owned.fresh_overruns(0.5) if self.watchdog else owned.overruns
+                if overruns.fire_timers(rw, seen, lambda ids: self.progress.batch(
+                        owned.node, owned.range_id, owned.token, deadline, ids=ids),  # noqa: B023 - called at once
+                        self.input_wms.get(owned.node, MIN_TIMESTAMP), lambda txn: self._commit(owned, txn)):
                     self._hb_wake.set()
                     moved += 1
                 rw.expire_record_ids()
@@ -541,6 +573,7 @@ class WorkerProcess:
         owned.inflight.difference_update(s.keys())
         if acked:
             owned.outbox.ack(owned.token, acked)
+            owned.changed()
             self.crash("after_ack")
             self._hb_wake.set()
         if failed:

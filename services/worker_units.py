@@ -3,7 +3,13 @@
 Each owned range carries the sequencer token the controller issued with it; every
 write for the range goes through the store under that token, so when the range is
 moved the old owner's writes are fenced. A lock serialises everything done to one
-range (deliveries, timers, sends, acks, watermark reports).
+range (deliveries, timers, sends, acks).
+
+Watermark reports never wait on that lock (a batch may hold it for a long time): the
+heartbeat takes a snapshot of the range's pending-work hold only when the lock is
+free, and otherwise reports the last snapshot if nothing changed since it was taken
+(:meth:`OwnedRange.report_nowait`). A change (checkpoint, ack, injection) discards the
+snapshot; when the heartbeat found it discarded, the next change leaves a fresh one.
 """
 
 from __future__ import annotations
@@ -20,6 +26,9 @@ from millwheel.runtime.outbox import Outbox
 from millwheel.runtime.range_worker import RangeWorker
 from millwheel.runtime.routing import Router
 from millwheel.state.protocol import Checkpoint, Production, StateStore
+from services import overruns
+from services.generated import millwheel_pb2 as pb
+from services.overruns import Overruns
 
 INJ_WM_KEY = "__watermark__"
 
@@ -48,10 +57,15 @@ class Slice:
     units: set[tuple[str, int]] = field(default_factory=set)  # consumer ranges of ``remote``
 
     def busy(self) -> set[tuple[str, int]]:
-        """Consumer ranges this slice still has a batch in flight to."""
+        """Consumer ranges this slice still has a batch in flight to, or a failed batch
+        not yet finished (its records go again before anything newer goes there: a link
+        reset fails a batch the moment before a newer slice is sent)."""
         if not self.sent:
             return set(self.units)
-        return self.units if any(not fut.done() for fut, _, _ in self.remote) else set()
+        for fut, _, _ in self.remote:
+            if not fut.done() or fut.exception() is not None or fut.result().status != pb.DeliverAck.OK:
+                return self.units
+        return set()
 
     def ready(self) -> bool:
         return self.sent and all(fut.done() for fut, _, _ in self.remote)
@@ -75,14 +89,33 @@ class OwnedRange:
     retry_at: float = 0.0
     failures: int = 0
     dropped: bool = False
+    published: int | None = None  # hold() snapshot taken under the lock; None once changed
+    wanted: bool = False  # the heartbeat found the lock busy and no valid snapshot
+    overruns: Overruns = field(default_factory=dict)  # records that overran their deadline
+    taken_at: float = field(default_factory=time.monotonic)
+    _overruns_read: float = 0.0
 
     def __post_init__(self) -> None:
         if self.worker is not None:
             self.outbox = self.worker.outbox
+            self.overruns = overruns.load(self.store, self.node, self.range_id)
         else:
             raw = self.store.read_state(self.node, [INJ_WM_KEY]).get(INJ_WM_KEY)
             self.injector_wm = int(raw) if raw is not None else MIN_TIMESTAMP
             self.outbox = Outbox(self.store, self.node, 0)
+
+    def fresh_overruns(self, min_age_s: float = 0.0) -> Overruns:
+        """The range's recorded overruns. Read again (if older than ``min_age_s``) while
+        the range is new here: the previous owner may still overrun a batch for up to
+        its deadline after the move, and its watchdog records that just before the
+        batch is resent to us. Later, the map read at take time stays current."""
+        assert self.worker is not None
+        now = time.monotonic()
+        if now - self.taken_at < self.worker.spec.options.max_batch_seconds + 10 and \
+                now - self._overruns_read >= min_age_s:
+            self.overruns = overruns.load(self.store, self.node, self.range_id)
+            self._overruns_read = now
+        return self.overruns
 
     @property
     def is_injector(self) -> bool:
@@ -101,13 +134,37 @@ class OwnedRange:
         assert self.outbox is not None
         self.outbox.add(productions)
         self.injector_wm = wm
+        self.changed()
 
-    def report(self, input_wm: int) -> int:
-        """This range's low watermark: min(input watermark, oldest pending work)."""
+    def hold(self) -> int:
+        """Oldest pending work (an injector: also its own watermark); caller holds the lock."""
         assert self.outbox is not None
         if self.worker is None:
             return min(self.injector_wm, self.outbox.hold())
-        return min(input_wm, self.worker.hold())
+        return self.worker.hold()
+
+    def changed(self) -> None:
+        """After a change to pending work (caller holds the lock): the snapshot is stale;
+        take a fresh one now if the heartbeat is waiting for one."""
+        self.published = self.hold() if self.wanted else None
+        self.wanted = False
+
+    def report_nowait(self, input_wm: int) -> int | None:
+        """This range's low watermark, min(input watermark, oldest pending work), without
+        waiting for the lock; None (report nothing this time) if a batch holds the lock
+        and pending work changed since the last snapshot. A snapshot is a valid bound
+        while a batch runs: the batch's own records are still held by its sender."""
+        if self.lock.acquire(blocking=False):
+            try:
+                self.published = self.hold()
+                self.wanted = False
+            finally:
+                self.lock.release()
+        hold = self.published
+        if hold is None:
+            self.wanted = True
+            return None
+        return hold if self.worker is None else min(input_wm, hold)
 
     def sendable(self, limit: int) -> list[Production]:
         """Up to ``limit`` outbox entries, oldest first, that are not in flight."""

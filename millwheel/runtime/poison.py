@@ -40,7 +40,7 @@ from typing import Any, Callable, Sequence
 from millwheel.errors import UserCodeError
 from millwheel.record import MAX_TIMESTAMP, MIN_TIMESTAMP, Record, Timer, derive_record_id, timer_cause
 from millwheel.runtime.context import RangeTransaction
-from millwheel.runtime.range_worker import RangeWorker
+from millwheel.runtime.range_worker import MAX_TIMERS_PER_BATCH, RangeWorker, Watch
 from millwheel.state.protocol import StateStore
 from millwheel.topology import ErrorPolicy
 
@@ -150,21 +150,26 @@ def process_batch(rw: RangeWorker, records: Sequence[Record], input_watermark: i
     _commit(rw, txn, records, commit)
 
 
-def fire_timers(rw: RangeWorker, input_watermark: int, commit: Commit) -> bool:
+def fire_timers(rw: RangeWorker, input_watermark: int, commit: Commit, *,
+                watch: Watch | None = None, given_up: Callable[[str], bool] | None = None,
+                limit: int = MAX_TIMERS_PER_BATCH) -> bool:
     """Fire the range's due timers under the error policy; True if any fired (or was
-    given up). Under ``fail`` a failing timer raises, and is tried again after a backoff."""
+    given up). Under ``fail`` a failing timer raises, and is tried again after a backoff.
+    ``watch`` wraps user code (the service's deadline); timers ``given_up`` accepts (e.g.
+    one that overran its deadline alone) are given up without running; ``limit`` caps
+    the timers fired together."""
     opts = rw.spec.options
     if opts.on_error is ErrorPolicy.FAIL and time.monotonic() < rw.fail_until:
         return False
     try:
-        txn = rw.fire_timers(input_watermark)
+        txn = rw.fire_timers(input_watermark, limit, given_up, watch)
     except UserCodeError as err:
         rw.rollback()
         if opts.on_error is ErrorPolicy.FAIL:
             n = _count(rw, err, err.item_id, outcome="failing")
             rw.fail_until = time.monotonic() + min(FAIL_BACKOFF_CAP_S, 0.05 * 2 ** min(n, 10))
             raise
-        _isolate_timers(rw, input_watermark, commit, err)
+        _isolate_timers(rw, input_watermark, commit, err, watch, given_up)
         return True
     if txn is None:
         return False
@@ -283,7 +288,8 @@ class _Isolation:
             return
 
 
-def _isolate_timers(rw: RangeWorker, input_watermark: int, commit: Commit, err: UserCodeError) -> None:
+def _isolate_timers(rw: RangeWorker, input_watermark: int, commit: Commit, err: UserCodeError,
+                    watch: Watch | None = None, given_up: Callable[[str], bool] | None = None) -> None:
     """Fire due timers one at a time; a timer failing ``max_attempts`` times is given up."""
     given: dict[str, tuple[UserCodeError, int]] = {}
     failed: UserCodeError | None = err
@@ -294,7 +300,8 @@ def _isolate_timers(rw: RangeWorker, input_watermark: int, commit: Commit, err: 
                 given[failed.item_id] = (failed, n)
         failed = None
         try:
-            txn = rw.fire_timers(input_watermark, limit=1, given_up=given.__contains__)
+            txn = rw.fire_timers(input_watermark, 1, lambda c: c in given or (  # noqa: B023
+                given_up is not None and given_up(c)), watch)
         except UserCodeError as again:
             rw.rollback()
             failed = again

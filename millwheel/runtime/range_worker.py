@@ -23,6 +23,7 @@ from __future__ import annotations
 import sys
 import time
 import traceback
+from contextlib import AbstractContextManager, nullcontext
 from typing import Callable, Iterable, Sequence
 
 from millwheel.clock import Clock
@@ -39,6 +40,7 @@ from millwheel.timers import TimerQueue
 from millwheel.topology import ComputationSpec, ErrorPolicy, LatePolicy
 
 CrashHook = Callable[[str], None]
+Watch = Callable[[Sequence[str]], AbstractContextManager[None]]
 MAX_TIMERS_PER_BATCH = 10_000
 TRACEBACK_FRAMES = 5  # the last frames of a user-code traceback kept with its error
 
@@ -263,7 +265,7 @@ class RangeWorker:
 
     def fire_timers(
         self, input_watermark: int, limit: int = MAX_TIMERS_PER_BATCH,
-        given_up: Callable[[str], bool] | None = None,
+        given_up: Callable[[str], bool] | None = None, watch: Watch | None = None,
     ) -> RangeTransaction | None:
         """Step 2 for due timers: event time below the input watermark, processing time
         at or before the clock; in timestamp order, all in one transaction.
@@ -271,7 +273,9 @@ class RangeWorker:
         Code with a ``process_timer_batch(items)`` hook gets every due timer of the
         range at once as ``(ctx, timer)`` pairs (a Spark stage runs one job for them).
         Timers whose identity ``given_up`` accepts (or that used up their attempts) are
-        cleared without running, listed in ``txn.given_up_timers`` for the error policy.
+        cleared without running, listed in ``txn.given_up_timers`` for the error policy
+        (a timer that overran its deadline alone is one of them). ``watch(causes)`` wraps
+        the user code (the service's deadline, services/watchdog.py).
         """
         txn = RangeTransaction(self)
         now = self.clock.now_us()
@@ -298,12 +302,13 @@ class RangeWorker:
         batch_hook = getattr(self.code, "process_timer_batch", None)
         current = due[0] if len(due) == 1 else None  # the timer to blame, when known
         try:
-            if batch_hook is not None:
-                batch_hook(items)
-            else:
-                for ctx, timer in items:
-                    current = timer
-                    self.code.process_timer(ctx, timer)
+            with watch([timer_cause(t) for t in due]) if watch is not None else nullcontext():
+                if batch_hook is not None:
+                    batch_hook(items)
+                else:
+                    for ctx, timer in items:
+                        current = timer
+                        self.code.process_timer(ctx, timer)
         except Exception as exc:
             blame = current or due[0]
             raise UserCodeError(

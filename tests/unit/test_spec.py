@@ -47,6 +47,8 @@ def test_error_options_round_trip_and_the_dead_letter_stream_is_written() -> Non
     ({"options": {"max_attempts": "3"}}, "max_attempts: must be an integer"),
     ({"options": {"dead_letter_stream": ""}}, "dead_letter_stream must be a non-empty stream name"),
     ({"colour": "red"}, r"unknown fields \['colour'\]"),
+    ({"options": {"max_batch_seconds": 0}}, "max_batch_seconds must be > 0"),
+    ({"options": {"max_batch_seconds": "60"}}, "max_batch_seconds: must be a number of seconds"),
 ])
 def test_malformed_specs_name_the_computation_and_field(change: dict[str, object], message: str) -> None:
     bad = {**GOOD, **change}
