@@ -42,7 +42,10 @@ def descriptor_set() -> descriptor_pb2.FileDescriptorSet:
 
 
 def _comment(comments: dict[tuple[int, ...], str], path: tuple[int, ...]) -> str:
-    return " ".join(comments.get(path, "").split())
+    """The element's comment on one line, as Markdown text that also fits in a table
+    cell: a ``|`` would end the cell and ``<name>`` would vanish as an HTML tag."""
+    text = " ".join(comments.get(path, "").split())
+    return text.replace("\\", "\\\\").replace("|", "\\|").replace("<", "&lt;")
 
 
 def _type(field: descriptor_pb2.FieldDescriptorProto, maps: dict[str, str]) -> str:
@@ -99,9 +102,11 @@ def render(fds: descriptor_pb2.FileDescriptorSet) -> str:
                                  f"{_comment(comments, (4, i, 2, j))} |")
                 lines.append("")
             for ei, enum in enumerate(msg.enum_type):
-                lines += [f"Enum `{msg.name}.{enum.name}`: " + ", ".join(
-                    f"`{v.name}` ({v.number}) {_comment(comments, (4, i, 4, ei, 2, vi))}".rstrip()
-                    for vi, v in enumerate(enum.value)), ""]
+                doc = _comment(comments, (4, i, 4, ei))
+                lines += [f"Enum `{msg.name}.{enum.name}`" + (f": {doc}" if doc else ""), ""]
+                lines += [f"- `{v.name}` ({v.number}) {_comment(comments, (4, i, 4, ei, 2, vi))}".rstrip()
+                          for vi, v in enumerate(enum.value)]
+                lines.append("")
     return "\n".join(lines).rstrip() + "\n"
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from millwheel.record import MAX_TIMESTAMP
-from tests.integration.service_cluster import Cluster
+from tests.integration.service_cluster import PIPELINE_CODE, Cluster
 from tests.support import pipelines
 
 pytestmark = pytest.mark.timeout(120)
@@ -67,6 +67,8 @@ for raw in resp.file_descriptor_response.file_descriptor_proto:
 # path 6.0 = the first service; 4.i.2.j = field j of message i
 record = next(i for i, m in enumerate(fdp.message_type) if m.name == "InputStream")
 extractor = next(j for j, f in enumerate(fdp.message_type[record].field) if f.name == "key_extractor")
+controller = next(i for i, s in enumerate(fdp.service) if s.name == "Controller")
+inject = next(j for j, m in enumerate(fdp.service[controller].method) if m.name == "Inject")
 method = pool.FindServiceByName("millwheel.v1.Controller").FindMethodByName("GetWatermark")
 req_cls = message_factory.GetMessageClass(method.input_type)
 resp_cls = message_factory.GetMessageClass(method.output_type)
@@ -76,12 +78,13 @@ wm = call(req_cls(computation="totals"), timeout=10)
 assert not any(m.startswith(("services", "millwheel")) for m in sys.modules), "must not import our code"
 print(json.dumps({"services": services, "watermarks": [[w.node, w.low_watermark] for w in wm.watermarks],
                   "extractor_doc": comments.get(f"4.{record}.2.{extractor}", ""),
+                  "inject_doc": comments.get(f"6.{controller}.2.{inject}", ""),
                   "documented": len(comments)}))
 '''
 
 
 def test_a_v1_reflection_client_discovers_and_calls(tmp_path: Path) -> None:
-    cluster = Cluster(tmp_path)
+    cluster = Cluster(tmp_path, allow_code=PIPELINE_CODE)
     try:
         cluster.start_controller()
         cluster.start_worker()
@@ -99,4 +102,5 @@ def test_a_v1_reflection_client_discovers_and_calls(tmp_path: Path) -> None:
     assert "millwheel.v1.Controller" in out["services"]
     assert out["watermarks"] == [["totals", MAX_TIMESTAMP]]
     assert "json:FIELD" in out["extractor_doc"]  # the field's comment travels with its descriptor
+    assert "retry-after-ms" in out["inject_doc"]  # and an RPC's: Inject's backpressure trailers
     assert out["documented"] > 50
