@@ -29,6 +29,7 @@ from millwheel.importing import AllowList
 from millwheel.keys import key_range
 from millwheel.record import MAX_TIMESTAMP, MIN_TIMESTAMP
 from millwheel.state.protocol import StateStore
+from millwheel.state.url import redact
 from millwheel.topology import InjectorSpec, injector_node
 from services import convert
 from services.controller_assign import Assigner
@@ -284,7 +285,7 @@ class ControllerService:
             return pb.ClusterStatusResponse(
                 workers=workers, ranges=self._ranges(),
                 watermarks=[self._node_wm_proto(n, out, inputs) for n in sorted(out)],
-                store_url=self.store.url)
+                store_url=redact(self.store.url))  # never the password
 
     # -- data in and out -------------------------------------------------------------
     def _injector_for(self, msg: Any, index: int) -> InjectorSpec:
@@ -497,7 +498,7 @@ def serve(
         f"{host}:{port}", {"Controller": service, "Cluster": service}, max_workers=32)
     service.health_monitor = HealthMonitor(health, store)
     mport = sensors.serve(host, metrics_port) if metrics_port is not None else 0
-    log.info("controller listening on %s:%d (store %s, metrics port %d)", host, bound, store_url, mport)
+    log.info("controller listening on %s:%d (store %s, metrics port %d)", host, bound, redact(store_url), mport)
     return server, bound, mport, service
 
 

@@ -93,6 +93,7 @@ from millwheel.state.redis_cluster import (
     replicated,
 )
 from millwheel.state.redis_lua import ACK, APPEND_LOG, BUMP_ATTEMPTS, CHECKPOINT, EXPIRE, WATERMARK
+from millwheel.state.url import redact
 
 T = TypeVar("T")
 
@@ -830,9 +831,4 @@ def _show(raw: bytes | str) -> str:
 
 def _redact(url: str) -> str:
     """The URL without its password, for messages."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rsplit("@", 1)[1]
-    user = parts.username or ""
-    return parts._replace(netloc=f"{user}:***@{netloc}").geturl()
+    return redact(url)

@@ -39,10 +39,21 @@ def open_store(url: str) -> StateStore:
     )
 
 
+def redact(url: str) -> str:
+    """The URL without its password: what logs, start-up lines and ClusterStatus show."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)[1]
+    user = parts.username or ""
+    return parts._replace(netloc=f"{user}:***@{netloc}").geturl()
+
+
 def describe_store(url: str) -> str:
     """``url`` as a person should read it at start-up: a SQLite URL with the absolute
-    file it resolves to from here (``sqlite:///tmp/x.db`` is ``./tmp/x.db``)."""
+    file it resolves to from here (``sqlite:///tmp/x.db`` is ``./tmp/x.db``), any
+    password replaced by ``***``."""
     if url.startswith("sqlite:///"):
         path = url[len("sqlite:///"):].split("?", 1)[0]
         return f"{url} (file {Path(path).resolve()})"
-    return url
+    return redact(url)

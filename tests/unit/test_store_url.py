@@ -26,3 +26,12 @@ def test_relative_and_absolute_sqlite_urls(tmp_path: Path, monkeypatch: pytest.M
     assert describe_store(f"sqlite:///{absolute}?synchronous=FULL").endswith(f"(file {absolute})")
     assert describe_store("redis://127.0.0.1:6379/0") == "redis://127.0.0.1:6379/0"
     assert os.getcwd() == str(tmp_path)
+
+
+def test_passwords_never_shown() -> None:
+    from millwheel.state.url import redact
+
+    assert redact("redis://user:s3cret@10.0.0.5:6379/0") == "redis://user:***@10.0.0.5:6379/0"
+    assert redact("rediss://:s3cret@h:6380/1?cluster=yes") == "rediss://:***@h:6380/1?cluster=yes"
+    assert "s3cret" not in describe_store("redis://:s3cret@h:6379/0")
+    assert redact("redis://h:6379/0") == "redis://h:6379/0"
