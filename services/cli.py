@@ -11,7 +11,7 @@ import sys
 from millwheel import __version__
 from millwheel.errors import MillWheelError
 
-COMMAND_MODULES = ("services.cli_local", "services.cli_service", "services.cli_errors", "services.cli_spark")
+COMMAND_MODULES = tuple(f"{__package__}.{m}" for m in ("cli_local", "cli_service", "cli_errors", "cli_spark"))
 
 
 def build_parser() -> argparse.ArgumentParser:

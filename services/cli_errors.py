@@ -7,9 +7,9 @@ import argparse
 import json
 from typing import Any
 
-from services.cli_service import DEFAULT_CONTROLLER, fmt_ts, table
-from services.client import ControllerClient
-from services.generated import millwheel_pb2 as pb
+from .cli_service import DEFAULT_CONTROLLER, fmt_ts, table
+from .client import ControllerClient
+from .generated import millwheel_pb2 as pb
 
 
 def add_commands(sub: Any) -> None:

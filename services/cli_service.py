@@ -26,10 +26,11 @@ from millwheel.record import MAX_TIMESTAMP, MIN_TIMESTAMP, Record
 from millwheel.sources import parse_json_record
 from millwheel.spec import load_spec_file
 from millwheel.state.url import describe_store
-from services import security
-from services.client import DEFAULT_CONTROLLER, ControllerClient, controller_address, inject_messages
-from services.limits import InjectLimits
-from services.restarter import Restarter
+
+from . import security
+from .client import DEFAULT_CONTROLLER, ControllerClient, controller_address, inject_messages
+from .limits import InjectLimits
+from .restarter import Restarter
 
 DEFAULT_STORE = "sqlite:///millwheel-data/service.db"
 
@@ -235,7 +236,7 @@ def _wait_for_signal(tick: Callable[[], None] | None = None) -> None:
 
 
 def cmd_controller(args: argparse.Namespace) -> int:
-    from services.controller import serve
+    from .controller import serve
 
     _logging(args.log_level)
     security.setup_server(args, "controller")
@@ -255,7 +256,7 @@ def cmd_controller(args: argparse.Namespace) -> int:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from services.worker import WorkerProcess
+    from .worker import WorkerProcess
 
     _logging(args.log_level)
     security.setup_server(args, "worker")
@@ -286,7 +287,7 @@ def cmd_up(args: argparse.Namespace) -> int:
             raise InvalidSpecError(
                 f"port {args.port} on {args.host} is in use (another millwheel controller?); "
                 "choose another with --port")
-    base = [sys.executable, "-m", "services.cli"]
+    base = [sys.executable, "-m", f"{__package__}.cli"]
     client_sec, secure_args, how = security.up_credentials(args)
     common = ["--store", args.store, "--host", args.host, "--log-level", args.log_level,
               "--allow-code", args.allow_code, *secure_args]
@@ -349,7 +350,7 @@ def _client(args: argparse.Namespace) -> ControllerClient:
 
 
 def cmd_register(args: argparse.Namespace) -> int:
-    from services.convert import spec_dict_to_proto
+    from .convert import spec_dict_to_proto
 
     data = load_spec_file(args.spec)
     if "computations" in data or "injectors" in data:
@@ -449,7 +450,7 @@ def cmd_keys(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from services.cli_errors import status_lines
+    from .cli_errors import status_lines
 
     with _client(args) as client:
         s = client.status()

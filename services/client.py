@@ -29,11 +29,12 @@ import grpc
 from millwheel.errors import MillWheelError
 from millwheel.record import MIN_TIMESTAMP, Record
 from millwheel.topology import Topology
-from services.generated import millwheel_pb2 as pb
-from services.generated import millwheel_pb2_grpc as pb_grpc
-from services.grpc_server import channel
-from services.security import Security, client_security
-from services.status import UnavailableError, error_class
+
+from .generated import millwheel_pb2 as pb
+from .generated import millwheel_pb2_grpc as pb_grpc
+from .grpc_server import channel
+from .security import Security, client_security
+from .status import UnavailableError, error_class
 
 DEFAULT_CONTROLLER = "127.0.0.1:7070"
 T = TypeVar("T")
@@ -86,7 +87,7 @@ class ControllerClient:
     def register(self, topology: Topology) -> pb.RegisterTopologyResponse:
         """Register a :class:`~millwheel.topology.Topology` (computations, injectors and
         log streams) all or nothing."""
-        from services.convert import spec_to_proto
+        from .convert import spec_to_proto
 
         return self.register_topology([spec_to_proto(c) for c in topology.computations],
                                       [(i.name, i.stream) for i in topology.injectors],

@@ -31,19 +31,20 @@ from millwheel.record import MAX_TIMESTAMP, MIN_TIMESTAMP
 from millwheel.state.protocol import StateStore
 from millwheel.state.url import redact
 from millwheel.topology import InjectorSpec, injector_node
-from services import convert
-from services.controller_assign import Assigner
-from services.controller_errors import Replayer, error_info
-from services.controller_registry import Registry
-from services.generated import millwheel_pb2 as pb
-from services.grpc_server import check, start_server
-from services.health_monitor import HealthMonitor
-from services.inject_split import split
-from services.limits import InjectLimits
-from services.metrics import PrometheusSensors
-from services.status import BusyError, UnavailableError, code_for, rpc, rpc_stream
-from services.store_lock import open_service_store
-from services.worker_link import LinkError, PeerLink
+
+from . import convert
+from .controller_assign import Assigner
+from .controller_errors import Replayer, error_info
+from .controller_registry import Registry
+from .generated import millwheel_pb2 as pb
+from .grpc_server import check, start_server
+from .health_monitor import HealthMonitor
+from .inject_split import split
+from .limits import InjectLimits
+from .metrics import PrometheusSensors
+from .status import BusyError, UnavailableError, code_for, rpc, rpc_stream
+from .store_lock import open_service_store
+from .worker_link import LinkError, PeerLink
 
 log = logging.getLogger("millwheel.controller")
 Ctx = grpc.ServicerContext

@@ -25,13 +25,14 @@ from millwheel.record import Record, derive_record_id
 from millwheel.runtime.poison import letter_record
 from millwheel.state.protocol import StateStore
 from millwheel.topology import ComputationSpec, ErrorPolicy
-from services import convert
-from services.generated import millwheel_pb2 as pb
-from services.status import UnavailableError
-from services.worker_link import LinkError
+
+from . import convert
+from .generated import millwheel_pb2 as pb
+from .status import UnavailableError
+from .worker_link import LinkError
 
 if TYPE_CHECKING:
-    from services.controller import ControllerService
+    from .controller import ControllerService
 
 REPLAY_CURSOR = "replay-cursor:"  # + computation: last dead-letter log seq replayed
 REPLAY_CHUNK = 500

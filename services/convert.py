@@ -15,7 +15,8 @@ from millwheel.limits import MAX_PARAMS_BYTES, check_name
 from millwheel.record import Record, Timer
 from millwheel.spec import computation_from_dict, computation_to_dict, topology_from_dict
 from millwheel.topology import ComputationSpec, InjectorSpec, Topology
-from services.generated import millwheel_pb2 as pb
+
+from .generated import millwheel_pb2 as pb
 
 
 # -- computation specs ---------------------------------------------------------------

@@ -19,9 +19,10 @@ from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from millwheel.errors import InvalidSpecError, MillWheelError
-from services import reflection
-from services.generated import millwheel_pb2 as pb
-from services.security import Security, process
+
+from . import reflection
+from .generated import millwheel_pb2 as pb
+from .security import Security, process
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 

@@ -109,7 +109,7 @@ class Security:
     def server_interceptors(self) -> list[grpc.ServerInterceptor]:
         if not (self.client_token or self.cluster_secret):
             return []
-        from services.auth import AuthInterceptor
+        from .auth import AuthInterceptor
 
         return [AuthInterceptor(self.client_token, self.cluster_secret)]
 

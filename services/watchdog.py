@@ -38,8 +38,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from services import overruns, security
-from services.store_lock import open_service_store
+from . import overruns, security
+from .store_lock import open_service_store
 
 log = logging.getLogger("millwheel.watchdog")
 SECURITY_ENV = "MILLWHEEL_WATCHDOG_SECURITY"  # the worker's Security, as JSON
@@ -89,9 +89,9 @@ def _state(pid: int) -> str | None:
 
 class _Loop:
     def __init__(self, cfg: dict[str, Any]) -> None:
-        from services.generated import millwheel_pb2_grpc as pb_grpc
-        from services.grpc_server import channel
-        from services.worker_progress import ProgressBlock
+        from .generated import millwheel_pb2_grpc as pb_grpc
+        from .grpc_server import channel
+        from .worker_progress import ProgressBlock
 
         self.cfg = cfg
         self.pid = int(cfg["pid"])
@@ -172,7 +172,7 @@ class _Loop:
         raise SystemExit(0)
 
     def liveness(self) -> None:
-        from services.generated import millwheel_pb2 as pb
+        from .generated import millwheel_pb2 as pb
 
         try:
             self.stub.Heartbeat(pb.HeartbeatRequest(

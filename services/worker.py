@@ -43,16 +43,17 @@ from millwheel.runtime.range_worker import RangeWorker
 from millwheel.runtime.routing import LOG_PREFIX, Router
 from millwheel.state.protocol import Production
 from millwheel.topology import Productions, Topology
-from services import convert, overruns, watchdog
-from services.generated import millwheel_pb2 as pb
-from services.generated import millwheel_pb2_grpc as pb_grpc
-from services.grpc_server import Malformed, channel, start_server
-from services.health_monitor import HealthMonitor
-from services.metrics import PrometheusSensors
-from services.store_lock import open_service_store
-from services.worker_link import PeerLink
-from services.worker_progress import NoProgress, ProgressBlock
-from services.worker_units import OwnedRange, Slice
+
+from . import convert, overruns, watchdog
+from .generated import millwheel_pb2 as pb
+from .generated import millwheel_pb2_grpc as pb_grpc
+from .grpc_server import Malformed, channel, start_server
+from .health_monitor import HealthMonitor
+from .metrics import PrometheusSensors
+from .store_lock import open_service_store
+from .worker_link import PeerLink
+from .worker_progress import NoProgress, ProgressBlock
+from .worker_units import OwnedRange, Slice
 
 log = logging.getLogger("millwheel.worker")
 Unit = tuple[str, int]

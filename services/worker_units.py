@@ -26,9 +26,10 @@ from millwheel.runtime.outbox import Outbox
 from millwheel.runtime.range_worker import RangeWorker
 from millwheel.runtime.routing import Router
 from millwheel.state.protocol import Checkpoint, Production, StateStore
-from services import overruns
-from services.generated import millwheel_pb2 as pb
-from services.overruns import Overruns
+
+from . import overruns
+from .generated import millwheel_pb2 as pb
+from .overruns import Overruns
 
 INJ_WM_KEY = "__watermark__"
 

@@ -56,9 +56,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "MILLWHEEL_"))}
-    env["MILLWHEEL_AUTH_TOKEN"] = "package-test-token"  # ignored by a build without auth
-    return env
+    return {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "MILLWHEEL_"))}
 
 
 def run(bin_dir: Path, *args: str, cwd: Path, stdin: str | None = None, timeout: float = 120
@@ -92,8 +90,10 @@ def test_demo_from_the_install(installed: Path, tmp_path: Path) -> None:
 def test_service_round_trip_from_the_install(installed: Path, tmp_path: Path) -> None:
     port = free_port()
     controller = f"127.0.0.1:{port}"
+    # As the README's quickstart: the default store and credentials in ./millwheel-data,
+    # which the client commands started in the same directory find.
     up = subprocess.Popen([str(installed / "millwheel"), "up", "--workers", "2", "--port", str(port),
-                           "--store", f"sqlite:///{tmp_path}/service.db", "--metrics-port", "-1"],
+                           "--metrics-port", "-1"],
                           cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           start_new_session=True)
     try:
@@ -123,8 +123,10 @@ def test_service_round_trip_from_the_install(installed: Path, tmp_path: Path) ->
             got = {(r["key"], r["start"]): r["value"] for r in rows}
             time.sleep(0.5)
         assert got == dict(expected)
+        assert (tmp_path / "millwheel-data" / "client-token").exists()  # the calls above were authenticated
     finally:
-        os.killpg(up.pid, signal.SIGINT)
+        if up.poll() is None:
+            os.killpg(up.pid, signal.SIGINT)
         try:
             up.wait(60)
         except subprocess.TimeoutExpired:
