@@ -293,46 +293,51 @@ def cmd_up(args: argparse.Namespace) -> int:
               "--allow-code", args.allow_code, *secure_args]
     procs: list[subprocess.Popen[bytes]] = []
     controller = f"{'127.0.0.1' if args.host == '0.0.0.0' else args.host}:{args.port}"
-    procs.append(subprocess.Popen([*base, "controller", *common, "--port", str(args.port),
-                                   "--metrics-port", str(args.metrics_port)],
-                                  start_new_session=True))
-    with ControllerClient(controller, security=client_sec) as client:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                client.status()
-                break
-            except Exception:
-                if procs[0].poll() is not None or time.monotonic() > deadline:
-                    print("millwheel up: the controller did not start", file=sys.stderr)
-                    return 1
-                time.sleep(0.1)
-        def worker() -> subprocess.Popen[bytes]:
-            return subprocess.Popen([*base, "worker", *common, "--controller", controller,
-                                     "--port", "0", "--metrics-port", "0",
-                                     *(["--no-watchdog"] if args.no_watchdog else [])], start_new_session=True)
 
-        procs += [worker() for _ in range(args.workers)]
-        deadline = time.monotonic() + 20
-        while len([w for w in client.status().workers if w.alive]) < args.workers:
-            if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
-                break
-            time.sleep(0.1)
-    print(f"millwheel is up: controller {controller}, {args.workers} workers, "
-          f"store {describe_store(args.store)}\n"
-          + "".join(f"{line}\n" for line in how) +
-          f"  try: millwheel status --controller {controller}\n  Ctrl-C stops everything.",
-          file=sys.stderr, flush=True)
+    def worker() -> subprocess.Popen[bytes]:
+        return subprocess.Popen([*base, "worker", *common, "--controller", controller,
+                                 "--port", "0", "--metrics-port", "0",
+                                 *(["--no-watchdog"] if args.no_watchdog else [])], start_new_session=True)
+
+    # Every child is stopped on the way out, whatever the way: a controller that never
+    # answers, Ctrl-C while starting, an error, or the end of a normal run.
     try:
+        procs.append(subprocess.Popen([*base, "controller", *common, "--port", str(args.port),
+                                       "--metrics-port", str(args.metrics_port)],
+                                      start_new_session=True))
+        with ControllerClient(controller, security=client_sec) as client:
+            deadline = time.monotonic() + 20
+            while True:
+                try:
+                    client.status()
+                    break
+                except Exception:
+                    if procs[0].poll() is not None or time.monotonic() > deadline:
+                        print("millwheel up: the controller did not start", file=sys.stderr)
+                        return 1
+                    time.sleep(0.1)
+            procs += [worker() for _ in range(args.workers)]
+            deadline = time.monotonic() + 20
+            while len([w for w in client.status().workers if w.alive]) < args.workers:
+                if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
+                    break
+                time.sleep(0.1)
+        print(f"millwheel is up: controller {controller}, {args.workers} workers, "
+              f"store {describe_store(args.store)}\n"
+              + "".join(f"{line}\n" for line in how) +
+              f"  try: millwheel status --controller {controller}\n  Ctrl-C stops everything.",
+              file=sys.stderr, flush=True)
         _wait_for_signal(Restarter(procs, 1, worker).check)  # a dead worker is restarted
     finally:
-        print("millwheel up: stopping workers, then the controller", file=sys.stderr, flush=True)
+        if procs:
+            print("millwheel up: stopping workers, then the controller", file=sys.stderr, flush=True)
         for p in procs[1:]:
             p.send_signal(signal.SIGTERM)
         for p in procs[1:]:
             _reap(p, 20)
-        procs[0].send_signal(signal.SIGTERM)
-        _reap(procs[0], 10)
+        if procs:
+            procs[0].send_signal(signal.SIGTERM)
+            _reap(procs[0], 10)
     return 0
 
 
