@@ -18,6 +18,7 @@ import grpc
 from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from millwheel import __version__
 from millwheel.errors import InvalidSpecError, MillWheelError
 
 from . import reflection
@@ -64,6 +65,24 @@ def _lenient(cls: Any) -> Callable[[bytes], Any]:
     return parse
 
 
+VERSION_METADATA = (("millwheel-version", __version__),)
+
+
+def _versioned(fn: Callable[[Any, Any], Any], streaming: bool) -> Callable[[Any, Any], Any]:
+    """``fn`` answering with the server's version in its initial metadata
+    (``millwheel-version``), so any client can tell what it talks to."""
+    if streaming:
+        def stream(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+            context.send_initial_metadata(VERSION_METADATA)
+            yield from fn(request, context)
+        return stream
+
+    def unary(request: Any, context: grpc.ServicerContext) -> Any:
+        context.send_initial_metadata(VERSION_METADATA)
+        return fn(request, context)
+    return unary
+
+
 def add_service(server: grpc.Server, service_name: str, servicer: Any) -> str:
     """Register ``servicer`` for ``millwheel.v1.<service_name>`` with lenient parsing."""
     service = pb.DESCRIPTOR.services_by_name[service_name]
@@ -78,7 +97,7 @@ def add_service(server: grpc.Server, service_name: str, servicer: Any) -> str:
             (True, True): grpc.stream_stream_rpc_method_handler,
         }[(method.client_streaming, method.server_streaming)]
         handlers[method.name] = kind(
-            getattr(servicer, method.name),
+            _versioned(getattr(servicer, method.name), method.server_streaming),
             request_deserializer=_lenient(req_cls),
             response_serializer=resp_cls.SerializeToString,
         )

@@ -9,10 +9,12 @@ from pathlib import Path
 import grpc
 import pytest
 
+import millwheel
 from millwheel.errors import AlreadyExistsError, NotFoundError
 from millwheel.record import MAX_TIMESTAMP
 from millwheel.topology import Topology
 from services.client import ControllerClient
+from services.generated import millwheel_pb2 as pb
 from tests.integration.service_cluster import PIPELINE_CODE, Cluster, expected_outputs
 from tests.support import pipelines
 
@@ -49,6 +51,8 @@ def test_register_inject_subscribe_with_core_types(tmp_path: Path) -> None:
                 mw.state("nope", "k")
             assert missing.value.status == grpc.StatusCode.NOT_FOUND  # type: ignore[attr-defined]
             assert "no computation named 'nope'" in str(missing.value)
+            _resp, call = mw.stub.ClusterStatus.with_call(pb.ClusterStatusRequest(), timeout=10)
+            assert ("millwheel-version", millwheel.__version__) in call.initial_metadata()
         want = expected_outputs(tmp_path, topology, pipelines.sources(records), ["totals"])
         assert got == want["totals"]
     finally:
