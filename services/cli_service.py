@@ -28,6 +28,8 @@ from millwheel.spec import load_spec_file
 from services import security
 from services.client import DEFAULT_CONTROLLER, ControllerClient, controller_address, inject_messages
 from services.limits import InjectLimits
+from services.ui.server import add_args as console_args
+from services.ui.server import free_port, start_console
 
 DEFAULT_STORE = "sqlite:///millwheel-data/service.db"
 
@@ -48,6 +50,7 @@ def add_commands(sub: Any) -> None:
     up.add_argument("--workers", type=int, default=2, help="number of workers (default 2)")
     _server_args(up, port=7070, up=True)
     _allow_code_arg(up)
+    console_args(up, up=True)
     up.set_defaults(func=cmd_up)
 
     ctl = sub.add_parser("controller", help="run the controller",
@@ -55,6 +58,7 @@ def add_commands(sub: Any) -> None:
                          "watermark authority, state queries, Inject and Subscribe.")
     _server_args(ctl, port=7070)
     _allow_code_arg(ctl)
+    console_args(ctl)
     ctl.add_argument("--heartbeat-timeout", type=float, default=3.0, metavar="SECONDS",
                      help="a worker silent this long is dead and its ranges move (default 3)")
     ctl.add_argument("--max-value-bytes", type=int, default=1024 * 1024,
@@ -236,6 +240,7 @@ def cmd_controller(args: argparse.Namespace) -> int:
             max_future_us=args.max_future_us))
     print(f"millwheel controller listening on {args.host}:{port} (metrics port {mport}, "
           f"store {args.store})", file=sys.stderr, flush=True)
+    start_console(service, args)
     _wait_for_signal()
     service.close()
     server.stop(grace=1.0).wait(2.0)
@@ -281,8 +286,9 @@ def cmd_up(args: argparse.Namespace) -> int:
               "--allow-code", args.allow_code, *secure_args]
     procs: list[subprocess.Popen[bytes]] = []
     controller = f"{'127.0.0.1' if args.host == '0.0.0.0' else args.host}:{args.port}"
+    ui_port = free_port(args.host) if args.ui_port == 0 else args.ui_port
     procs.append(subprocess.Popen([*base, "controller", *common, "--port", str(args.port),
-                                   "--metrics-port", str(args.metrics_port)],
+                                   "--metrics-port", str(args.metrics_port), "--ui-port", str(ui_port)],
                                   start_new_session=True))
     with ControllerClient(controller, security=client_sec) as client:
         deadline = time.monotonic() + 20
@@ -305,7 +311,9 @@ def cmd_up(args: argparse.Namespace) -> int:
                 break
             time.sleep(0.1)
     print(f"millwheel is up: controller {controller}, {args.workers} workers, store {args.store}\n"
-          + "".join(f"{line}\n" for line in how) +
+          + "".join(f"{line}\n" for line in how) + (f"  console: {'https' if client_sec.tls_cert else 'http'}"
+                                                     f"://{controller.rpartition(':')[0]}:{ui_port}/\n"
+                                                     if ui_port >= 0 else "") +
           f"  try: millwheel status --controller {controller}\n  Ctrl-C stops everything.",
           file=sys.stderr, flush=True)
     try:

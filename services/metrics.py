@@ -7,6 +7,8 @@ backpressure time). Each process exposes them over HTTP at ``/metrics``.
 
 from __future__ import annotations
 
+import urllib.request
+
 from prometheus_client import (
     CollectorRegistry,
     Counter,
@@ -14,6 +16,10 @@ from prometheus_client import (
     Histogram,
     start_http_server,
 )
+from prometheus_client.parser import text_string_to_metric_families
+
+#: A scraped sample: (sample name, sorted label pairs) -> value.
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
 class PrometheusSensors:
@@ -58,6 +64,12 @@ class PrometheusSensors:
                                       "Windows whose results a Spark job produced", ["computation"],
                                       registry=r)
         self._ranges = Gauge("millwheel_owned_ranges", "Key ranges this process owns", registry=r)
+        # The controller's view (set by its console's snapshot thread, services/ui).
+        self._errors = Gauge("millwheel_error_records", "Records whose user code failed, by outcome "
+                             "(dead_lettered, skipped, late_dropped: durable totals; retrying: now)",
+                             ["computation", "outcome"], registry=r)
+        self._worker_up = Gauge("millwheel_worker_up", "1 while the worker heartbeats, 0 once "
+                                "declared dead", ["worker"], registry=r)
         self._up = Gauge("millwheel_process_info", "Which millwheel process this is", ["process"],
                          registry=r)
         self._up.labels(process).set(1)
@@ -106,13 +118,25 @@ class PrometheusSensors:
     def owned_ranges(self, count: int) -> None:
         self._ranges.set(count)
 
+    def error_counts(self, computation: str, counts: dict[str, int]) -> None:
+        for outcome, n in counts.items():
+            self._errors.labels(computation, outcome).set(n)
+
+    def workers_up(self, alive: dict[str, bool]) -> None:
+        """One series per known worker (forgotten workers lose theirs)."""
+        for labels in list(getattr(self._worker_up, "_metrics", {})):
+            if labels[0] not in alive:
+                self._worker_up.remove(*labels)
+        for wid, up in alive.items():
+            self._worker_up.labels(wid).set(1 if up else 0)
+
     def keep_nodes(self, nodes: set[str]) -> None:
         """Drop every series labelled with a computation or node not in ``nodes`` (the
         registered ones): a label exists only while its name is registered, so neither
         an unregistered name nor a refused request leaves series behind."""
         for metric in (self._in, self._out, self._dups, self._late, self._cp, self._fenced,
                        self._wm, self._lag, self._spark_jobs, self._spark_seconds,
-                       self._spark_windows):
+                       self._spark_windows, self._errors):
             for labels in list(getattr(metric, "_metrics", {})):
                 if labels[0] not in nodes:
                     metric.remove(*labels)
@@ -121,7 +145,23 @@ class PrometheusSensors:
                 if labels[0].startswith("injector:") and labels[0] not in nodes:
                     metric.remove(*labels)
 
+    def sample(self, name: str, labels: dict[str, str]) -> float | None:
+        """This process's current value of one sample (None if it has none)."""
+        return self.registry.get_sample_value(name, labels)
+
     def serve(self, host: str, port: int) -> int:
         """Expose ``/metrics`` over HTTP; ``port`` 0 picks a free port. Returns the port."""
         server, _thread = start_http_server(port, addr=host, registry=self.registry)
         return int(server.server_port)
+
+
+def scrape(address: str, timeout_s: float = 0.5) -> Samples:
+    """The samples another process serves at ``http://ADDRESS/metrics`` (the console
+    reads workers' throughput this way); an unreachable process raises OSError."""
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=timeout_s) as resp:  # noqa: S310
+        text = resp.read(4 * 1024 * 1024).decode("utf-8", "replace")
+    out: Samples = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = float(s.value)
+    return out
