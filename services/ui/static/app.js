@@ -75,7 +75,7 @@
       maxRows = Math.max(maxRows, layers[layer].length);
     });
     const width = 20 + keys.length * (W + GX) - GX, height = 20 + maxRows * (H + GY) - GY;
-    const root = svg("svg", { viewBox: `0 0 ${Math.max(width, 200)} ${height}`, "aria-label": "topology graph" });
+    const root = svg("svg", { viewBox: `0 0 ${Math.max(width, 200)} ${height}`, width: Math.max(width, 200), height: height, "aria-label": "topology graph" });
     const defs = svg("defs");
     const marker = svg("marker", { id: "arrow", viewBox: "0 0 10 10", refX: 10, refY: 5, markerWidth: 6, markerHeight: 6, orient: "auto-start-reverse" });
     marker.appendChild(svg("path", { d: "M 0 0 L 10 5 L 0 10 z", fill: "#6b7785" }));
@@ -154,7 +154,7 @@
     sparkline($("lag-spark"), c.history.lag);
     sparkline($("rate-spark"), c.history.in);
     const errs = [...c.retrying, ...c.recent_errors];
-    fillRows($("errors"), errs.map((e) => [e.time ? new Date(e.time / 1000).toISOString().slice(11, 23) : "", e.key, `${e.type}: ${e.message}`, `${e.outcome}${e.attempts ? " after " + e.attempts + " attempt(s)" : ""}`]));
+    fillRows($("errors"), errs.map((e) => [e.time ? new Date(e.time / 1000).toISOString().slice(11, 23) : "", e.record_id ? `${e.key} (record ${e.record_id})` : e.key, `${e.type}: ${e.message}`, `${e.outcome}${e.attempts ? " after " + e.attempts + " attempt(s)" : ""}`]));
     $("errors-none").hidden = errs.length > 0;
     fillRows($("ranges"), c.ranges.map((r) => [r.range, r.worker ? `${r.worker} (${r.address})` : "(unassigned)", r.token, fmtWm(r.watermark)]));
   }
