@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
 
 from services import security
+from services.grpc_server import ListenError
 from services.ui.snapshot import Snapshotter
 from services.ui.tracker import BadRequest, Tracker
 
@@ -131,14 +132,21 @@ def start_console(controller: ControllerService, args: argparse.Namespace) -> Co
     if getattr(args, "ui_port", -1) < 0:
         return None
     sec = security.process()
-    if sec.client_token is None:
-        # No token to log in with: only where gRPC without a token may listen.
-        security.check_listen(security.Security(), args.host, args.insecure)
+    if sec.client_token is None and not args.insecure and not security.is_loopback(args.host):
+        # No token to log in with (mTLS cannot authenticate a browser): loopback only.
+        raise security.SecurityConfigError(
+            f"refusing to serve the console (--ui-port) on {args.host} without a client token: "
+            "set one ($MILLWHEEL_AUTH_TOKEN / --auth-token-file), listen on loopback, "
+            "pass --ui-port -1 (no console), or --insecure if the network is trusted")
     tls = None
     if sec.tls_cert and sec.tls_key:
         tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         tls.load_cert_chain(sec.tls_cert, sec.tls_key)
-    console = Console(controller, args.host, args.ui_port, sec.client_token, tls)
+    try:
+        console = Console(controller, args.host, args.ui_port, sec.client_token, tls)
+    except OSError as exc:
+        raise ListenError(f"cannot serve the console on {args.host}:{args.ui_port} (--ui-port): "
+                          f"{exc.strerror or exc}") from None
     host = "127.0.0.1" if args.host == "0.0.0.0" else args.host
     print(f"millwheel controller: console at {'https' if tls else 'http'}://{host}:{console.port}/"
           + (" (log in with the client token)" if sec.client_token else ""), file=sys.stderr, flush=True)

@@ -76,11 +76,16 @@ class Snapshotter:
         self._stop.set()
 
     def _loop(self) -> None:
-        while not self._stop.wait(self.interval_s):
+        took = 0.0
+        # A refresh that takes long (a big registry, a slow store) spaces the next one
+        # out: the console never keeps the store or the lock busy more than a third of the time.
+        while not self._stop.wait(max(self.interval_s, 2 * took)):
+            started = time.monotonic()
             try:
                 self.refresh()
             except Exception:
                 log.exception("console snapshot failed")
+            took = time.monotonic() - started
 
     # -- one refresh ---------------------------------------------------------------------
     def refresh(self) -> None:

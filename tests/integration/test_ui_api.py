@@ -9,9 +9,14 @@ security headers; a poison record shows up as dead-lettered with its error.
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
+import subprocess
+import sys
 import urllib.parse
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import yaml
@@ -19,8 +24,10 @@ import yaml
 from millwheel.record import MAX_TIMESTAMP, MIN_TIMESTAMP, Record
 from millwheel.spec import computation_to_dict
 from services.convert import spec_from_proto
-from tests.integration.service_cluster import wait_for
+from tests.integration.service_cluster import ROOT, wait_for
 from tests.integration.ui_cluster import T0, Console, clicks, readme_pipeline, start_console
+from tests.support.certs import CertificateAuthority
+from tests.support.redis_server import free_port
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -194,3 +201,46 @@ def test_a_poison_record_is_dead_lettered_and_shown_with_its_error(console: Cons
     assert [n["health"] for n in graph["nodes"] if n["id"] == "c:by_user"] == ["dead-lettering"]
     assert any(n["name"] == "by_user.dead_letters" for n in graph["nodes"])  # now it has some
     assert re.search("json", json.dumps(info["recent_errors"]), re.I)
+
+
+def test_millwheel_up_serves_the_console_and_prints_its_url(tmp_path: Path) -> None:
+    port = free_port()
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("MILLWHEEL_")},
+           "PYTHONPATH": str(ROOT)}
+    log = tmp_path / "up.log"
+    with open(log, "wb") as out:
+        up = subprocess.Popen([sys.executable, "-m", "services.cli", "up", "--workers", "1", "--port", str(port)],
+                              env=env, cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT,
+                              start_new_session=True)
+    try:
+        wait_for(lambda: "millwheel is up" in log.read_text(), 60, f"millwheel up ({log})")
+        m = re.search(r"  console: (http://127\.0\.0\.1:(\d+)/)\n", log.read_text())
+        assert m, log.read_text()
+        token = (tmp_path / "millwheel-data" / "client-token").read_text().strip()
+        con = Console(None, int(m.group(2)), token)  # type: ignore[arg-type]
+        assert con.get("/api/v1/overview", None)[0] == 401
+        workers = wait_for(lambda: con.api("/api/v1/workers")["workers"], 10, "the worker in the console")
+        assert [w["state"] for w in workers] == ["alive"]
+    finally:
+        up.send_signal(signal.SIGINT)
+        try:
+            up.wait(40)
+        except subprocess.TimeoutExpired:
+            os.killpg(up.pid, signal.SIGKILL)
+            up.wait()
+
+
+def test_without_a_token_the_console_is_loopback_only(tmp_path: Path) -> None:
+    """mTLS authenticates gRPC callers, not a browser: the console still needs a token
+    to listen on a non-loopback address (or --insecure)."""
+    ca = CertificateAuthority(tmp_path / "ca")
+    node = ca.issue("node")
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("MILLWHEEL_")},
+           "PYTHONPATH": str(ROOT), "MILLWHEEL_TLS_CERT": str(node.cert), "MILLWHEEL_TLS_KEY": str(node.key),
+           "MILLWHEEL_TLS_CA": str(ca.pem)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "services.cli", "controller", "--store", f"sqlite:///{tmp_path}/s.db",
+         "--host", "0.0.0.0", "--port", str(free_port()), "--ui-port", str(free_port())],
+        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert "refusing to serve the console (--ui-port) on 0.0.0.0 without a client token" in proc.stderr

@@ -65,7 +65,9 @@ class Console:
         finally:
             conn.close()
 
-    def get(self, path: str, token: str | None = TOKEN) -> tuple[int, Any]:
+    def get(self, path: str, token: str | None = "") -> tuple[int, Any]:
+        """GET with ``token`` (default: the console's own; None: no Authorization)."""
+        token = self.token if token == "" else token
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         status, _, body = self.request("GET", path, headers)
         return status, json.loads(body)
