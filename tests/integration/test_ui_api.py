@@ -23,7 +23,7 @@ import yaml
 
 from millwheel.record import MAX_TIMESTAMP, MIN_TIMESTAMP, Record
 from millwheel.spec import computation_to_dict
-from services.convert import spec_from_proto
+from services.convert import spec_dict_to_proto, spec_from_proto
 from tests.integration.service_cluster import ROOT, wait_for
 from tests.integration.ui_cluster import T0, Console, clicks, readme_pipeline, start_console
 from tests.support.certs import CertificateAuthority
@@ -187,6 +187,14 @@ def test_keys_page_through_every_key_once(console: Console) -> None:
 
 
 def test_a_poison_record_is_dead_lettered_and_shown_with_its_error(console: Console) -> None:
+    # a second consumer of the clicks that fails (and is retried) instead of dead-lettering
+    strict = {"name": "strict", "inputs": [{"stream": "clicks", "key": "key"}], "outputs": ["users"],
+              "code": {"name": "map", "params": {"value": "json['user']"}},
+              "options": {"on_error": "fail", "key_ranges": 1}}
+    console.cluster.client.register_topology([spec_dict_to_proto(strict)], [], [])
+    wait_for(lambda: "strict" in {c["name"] for c in console.api("/api/v1/overview")["computations"]},
+             10, "the console to show the new computation")
+    console.cluster.wait_balanced()
     poison = Record("poison-1", b"this is not json", T0 + 50_000_000, "poison-1")
     console.inject([poison])
 
@@ -244,3 +252,14 @@ def test_without_a_token_the_console_is_loopback_only(tmp_path: Path) -> None:
         env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2, proc.stderr
     assert "refusing to serve the console (--ui-port) on 0.0.0.0 without a client token" in proc.stderr
+
+
+def test_code_failing_under_on_error_fail_shows_as_retrying(console: Console) -> None:
+    def retrying() -> dict[str, object] | None:
+        info = console.api("/api/v1/computation?" + q(computation="strict"))
+        return info if info["retrying"] else None
+
+    info = wait_for(retrying, 30, "strict to retry the poison record")
+    assert info["health"] == "retrying" and info["dead_lettered"] == 0
+    [e] = info["retrying"]  # type: ignore[misc]
+    assert (e["record_id"], e["outcome"]) == ("poison-1", "failing") and e["attempts"] >= 1
