@@ -150,12 +150,9 @@ def test_graph_shows_every_computation_and_watermarks_advance(
     second = shown_watermark(tab.text("#in-wm"))
     assert second == datetime.fromtimestamp(max(r.timestamp for r in console.injected) / 1e6, UTC)
     assert tab.fits()
-    tab.page.wait_for_timeout(1500)  # one more refresh: rates and sparklines filled in
-    tab.page.screenshot(path=str(shots / "console.png"))
-    tab.page.screenshot(path=str(shots / "console-full.png"), full_page=True)
 
 
-def test_state_lookup_shows_the_count_of_the_open_window(tab: Page, console: Console) -> None:
+def test_state_lookup_shows_the_count_of_the_open_window(tab: Page, console: Console, shots: Path) -> None:
     tab.login(console, console.token)
     tab.page.locator("#graph svg").wait_for()
     tab.select("counts")
@@ -171,6 +168,9 @@ def test_state_lookup_shows_the_count_of_the_open_window(tab: Page, console: Con
     state = json.loads(re.search(r"state: (\{.*?\n\})", text, re.S).group(1))  # type: ignore[union-attr]
     assert state[str(start)][0] == expected and expected > 0, text
     assert "timers:" in text and f"at {start + WINDOW_US - 1} (event, holds the watermark)" in text
+    assert tab.fits()
+    tab.page.screenshot(path=str(shots / "console.png"))
+    tab.page.screenshot(path=str(shots / "console-full.png"), full_page=True)
     # the key list pages through the keys with state; a click looks the key up
     keys = tab.page.locator("#keys li a")
     keys.first.wait_for()

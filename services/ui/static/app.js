@@ -203,7 +203,7 @@
     if (stream === null || !logged.includes(stream)) stream = logged[0];
     fillSelect($("stream-select"), logged, stream);
     const r = await api("/api/v1/records", { stream: stream, n: 20 });
-    fillRows($("records"), r.records.slice().reverse().map((x) => [x.seq, x.timestamp, x.key, x.value]));
+    fillRows($("records"), r.records.slice().reverse().map((x) => [x.seq, fmtWm(x.timestamp), x.key, x.value]));
   }
 
   async function refresh() {
@@ -227,7 +227,7 @@
         await refreshComputation();
       }
       const w = await api("/api/v1/workers");
-      fillRows($("workers"), w.workers.map((x) => [x.id, x.address, x.state, x.last_heartbeat_s.toFixed(1) + " s ago", x.ranges.join(", ")]));
+      fillRows($("workers"), w.workers.map((x) => [x.id, x.address, x.state, x.last_heartbeat_s.toFixed(1) + " s ago", x.ranges.join(" ")]));
       await refreshRecords(o.logged_streams);
     } catch (e) {
       if (e.message !== "unauthorized") { $("fatal").hidden = false; $("fatal").textContent = "cannot reach the console API: " + e.message; }
