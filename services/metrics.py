@@ -8,6 +8,7 @@ backpressure time). Each process exposes them over HTTP at ``/metrics``.
 from __future__ import annotations
 
 import urllib.request
+from typing import Callable, Iterator
 
 from prometheus_client import (
     CollectorRegistry,
@@ -16,10 +17,14 @@ from prometheus_client import (
     Histogram,
     start_http_server,
 )
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import Collector
 
 #: A scraped sample: (sample name, sorted label pairs) -> value.
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+#: (computation -> outcome -> count, worker id -> alive)
+ControllerView = tuple[dict[str, dict[str, int]], dict[str, bool]]
 
 
 class PrometheusSensors:
@@ -64,12 +69,6 @@ class PrometheusSensors:
                                       "Windows whose results a Spark job produced", ["computation"],
                                       registry=r)
         self._ranges = Gauge("millwheel_owned_ranges", "Key ranges this process owns", registry=r)
-        # The controller's view (set by its console's snapshot thread, services/ui).
-        self._errors = Gauge("millwheel_error_records", "Records whose user code failed, by outcome "
-                             "(dead_lettered, skipped, late_dropped: durable totals; retrying: now)",
-                             ["computation", "outcome"], registry=r)
-        self._worker_up = Gauge("millwheel_worker_up", "1 while the worker heartbeats, 0 once "
-                                "declared dead", ["worker"], registry=r)
         self._up = Gauge("millwheel_process_info", "Which millwheel process this is", ["process"],
                          registry=r)
         self._up.labels(process).set(1)
@@ -118,17 +117,12 @@ class PrometheusSensors:
     def owned_ranges(self, count: int) -> None:
         self._ranges.set(count)
 
-    def error_counts(self, computation: str, counts: dict[str, int]) -> None:
-        for outcome, n in counts.items():
-            self._errors.labels(computation, outcome).set(n)
-
-    def workers_up(self, alive: dict[str, bool]) -> None:
-        """One series per known worker (forgotten workers lose theirs)."""
-        for labels in list(getattr(self._worker_up, "_metrics", {})):
-            if labels[0] not in alive:
-                self._worker_up.remove(*labels)
-        for wid, up in alive.items():
-            self._worker_up.labels(wid).set(1 if up else 0)
+    def controller_view(self, view: Callable[[], ControllerView]) -> None:
+        """Series computed when scraped, from the controller's state (``view`` returns
+        per computation its error counts by outcome, and per known worker whether it is
+        alive): ``millwheel_error_records`` and ``millwheel_worker_up``. Only what is
+        registered and known has a series, and nothing is computed unless scraped."""
+        self.registry.register(_ControllerCollector(view))
 
     def keep_nodes(self, nodes: set[str]) -> None:
         """Drop every series labelled with a computation or node not in ``nodes`` (the
@@ -136,7 +130,7 @@ class PrometheusSensors:
         an unregistered name nor a refused request leaves series behind."""
         for metric in (self._in, self._out, self._dups, self._late, self._cp, self._fenced,
                        self._wm, self._lag, self._spark_jobs, self._spark_seconds,
-                       self._spark_windows, self._errors):
+                       self._spark_windows):
             for labels in list(getattr(metric, "_metrics", {})):
                 if labels[0] not in nodes:
                     metric.remove(*labels)
@@ -165,3 +159,28 @@ def scrape(address: str, timeout_s: float = 0.5) -> Samples:
         for s in family.samples:
             out[(s.name, tuple(sorted(s.labels.items())))] = float(s.value)
     return out
+
+
+class _ControllerCollector(Collector):
+    def __init__(self, view: Callable[[], ControllerView]) -> None:
+        self.view = view
+
+    def _families(self) -> tuple[GaugeMetricFamily, GaugeMetricFamily]:
+        return (GaugeMetricFamily("millwheel_error_records", "Records whose user code failed, by "
+                                  "outcome (dead_lettered, skipped, late_dropped: durable totals; "
+                                  "retrying: items being retried now)", labels=["computation", "outcome"]),
+                GaugeMetricFamily("millwheel_worker_up", "1 while the worker heartbeats, 0 once the "
+                                  "controller declared it dead", labels=["worker"]))
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(self._families())
+
+    def collect(self) -> Iterator[Metric]:
+        errors, workers = self.view()
+        err, up = self._families()
+        for computation, counts in sorted(errors.items()):
+            for outcome, n in sorted(counts.items()):
+                err.add_metric([computation, outcome], n)
+        for worker, alive in sorted(workers.items()):
+            up.add_metric([worker], 1 if alive else 0)
+        return iter((err, up))

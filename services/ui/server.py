@@ -34,7 +34,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from services import security
 from services.grpc_server import ListenError
-from services.ui.snapshot import Snapshotter
+from services.ui.snapshot import Snapshotter, controller_view
 from services.ui.tracker import BadRequest, Tracker
 
 if TYPE_CHECKING:
@@ -128,7 +128,10 @@ class Console:
 
 def start_console(controller: ControllerService, args: argparse.Namespace) -> Console | None:
     """Start the console if ``--ui-port`` asks for it (same host and security as the
-    controller's gRPC); prints its URL."""
+    controller's gRPC); prints its URL. Either way, add the controller's scrape-time
+    series (error records, worker liveness) to its /metrics: dashboards need them."""
+    if controller.sensors is not None:
+        controller.sensors.controller_view(controller_view(controller))
     if getattr(args, "ui_port", -1) < 0:
         return None
     sec = security.process()

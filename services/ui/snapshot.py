@@ -23,12 +23,12 @@ import logging
 import threading
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from millwheel.record import MAX_TIMESTAMP, MIN_TIMESTAMP
 from millwheel.topology import Topology, injector_node
 from services.controller_errors import error_info
-from services.metrics import Samples, scrape
+from services.metrics import ControllerView, Samples, scrape
 from services.ui.history import History
 
 if TYPE_CHECKING:
@@ -129,10 +129,6 @@ class Snapshotter:
             info["health"], info["health_reason"] = self._health(
                 spec.name, info, out[spec.name], inputs[spec.name], mono)
             comps[spec.name] = info
-            if c.sensors is not None:
-                c.sensors.error_counts(spec.name, {
-                    "dead_lettered": errs["dead_lettered"], "skipped": errs["skipped"],
-                    "late_dropped": errs["late_dropped"], "retrying": len(errs["retrying"])})
             for kind, value in (("lag", info["lag_s"]), ("input_lag", info["input_lag_s"]),
                                 ("in", info["in_per_s"]), ("out", info["out_per_s"]),
                                 ("dead", info["dead_lettered"])):
@@ -151,8 +147,6 @@ class Snapshotter:
                 "token": owner[1], "outbox": outbox, "backpressure_s_total": waited or 0.0,
                 **rates.get(node, _no_rates())}
             self.history.add("outbox", node, t, outbox)
-        if c.sensors is not None:
-            c.sensors.workers_up({w[0]: w[3] for w in workers})
         worker_rows = [{"id": w[0], "address": w[1], "metrics": w[2],
                         "state": "draining" if w[4] else "alive" if w[3] else "dead",
                         "last_heartbeat_s": round(w[5], 2),
@@ -308,3 +302,21 @@ def _at_least(layer: dict[str, int], node: str, depth: int) -> bool:
         layer[node] = depth
         return True
     return False
+
+
+def controller_view(controller: ControllerService) -> Callable[[], ControllerView]:
+    """What the controller's ``millwheel_error_records`` and ``millwheel_worker_up``
+    series are computed from at scrape time (:meth:`PrometheusSensors.controller_view`):
+    the registry and workers read without the lock (both are replaced or added to whole,
+    and copied here first), the error counts from the store."""
+    def view() -> ControllerView:
+        topo = controller.registry.topology
+        workers = {w.worker_id: w.alive for w in list(controller.assigner.workers.values())}
+        errors = {}
+        for spec in topo.computations:
+            e = error_info(controller.store, spec)
+            errors[spec.name] = {"dead_lettered": e["dead_lettered"], "skipped": e["skipped"],
+                                 "late_dropped": e["late_dropped"], "retrying": len(e["retrying"])}
+        return errors, workers
+
+    return view

@@ -82,12 +82,12 @@ def exported(text: str) -> set[str]:
 
 @pytest.fixture(scope="module")
 def metrics(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, set[str]]]:
-    con: Console = start_console(tmp_path_factory.mktemp("dash"), workers=1)
+    con: Console = start_console(tmp_path_factory.mktemp("dash"), workers=1, ui=False)  # no console needed
     try:
         con.inject(clicks(60))
         con.inject([Record("poison", b"not json", T0 + 30_000_000, "poison")])
         con.cluster.wait_watermark("counts", T0 + 29_500_000)
-        wait_for(lambda: con.api("/api/v1/computation?computation=by_user")["dead_lettered"], 30,
+        wait_for(lambda: con.cluster.client.describe("by_user").dead_lettered, 30,
                  "the dead letter to be counted")
         port = re.search(r"metrics port (\d+)", con.cluster.log("controller")).group(1)  # type: ignore[union-attr]
         worker = con.cluster.client.status().workers[0].metrics_address
@@ -96,8 +96,10 @@ def metrics(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, set[
             with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as resp:
                 return str(resp.read().decode())
 
-        # the console's snapshot sets the controller's error gauges once a second
-        wait_for(lambda: 'outcome="dead_lettered"' in scrape(f"127.0.0.1:{port}"), 10, "error gauges")
+        # computed when scraped, from the store
+        assert 'millwheel_error_records{computation="by_user",outcome="dead_lettered"} 1.0' \
+            in scrape(f"127.0.0.1:{port}")
+        assert re.search(r'millwheel_worker_up\{worker="[^"]+"\} 1\.0', scrape(f"127.0.0.1:{port}"))
         yield {"controller": exported(scrape(f"127.0.0.1:{port}")), "worker": exported(scrape(worker))}
     finally:
         con.cluster.stop()

@@ -82,12 +82,12 @@ class Console:
         self.injected += records
 
 
-def start_console(tmp: Path, workers: int = 2) -> Console:
-    """Controller (with ``--ui-port``) and workers with a client token; the README's
-    pipeline registered (nothing injected yet)."""
+def start_console(tmp: Path, workers: int = 2, ui: bool = True) -> Console:
+    """Controller (with ``--ui-port`` unless not ``ui``) and workers with a client
+    token; the README's pipeline registered (nothing injected yet)."""
     port = free_port()
     c = Cluster(tmp, env={"MILLWHEEL_AUTH_TOKEN": TOKEN, "MILLWHEEL_CLUSTER_SECRET": SECRET},
-                security=Security(client_token=TOKEN), controller_args=["--ui-port", str(port)])
+                security=Security(client_token=TOKEN), controller_args=["--ui-port", str(port)] if ui else [])
     try:
         c.start_controller()
         for _ in range(workers):
@@ -98,6 +98,8 @@ def start_console(tmp: Path, workers: int = 2) -> Console:
                                    spec.get("log_streams", []))
         c.wait_balanced()
         console = Console(c, port)
+        if not ui:
+            return console
         wait_for(lambda: console.get("/healthz", None)[0] == 200, 20, "the console to answer")
         names = {s["name"] for s in spec["computations"]}
         wait_for(lambda: {x["name"] for x in console.api("/api/v1/overview")["computations"]} == names,
