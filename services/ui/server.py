@@ -95,10 +95,13 @@ class Console:
         self.sessions = Sessions()
         self.snap = Snapshotter(controller, interval_s)
         self.tracker = Tracker(self.snap)
-        self.httpd = ThreadingHTTPServer((host, port), _handler(self))
+        self.httpd = _Server((host, port), _handler(self))
         self.httpd.daemon_threads = True
         if tls is not None:
-            self.httpd.socket = tls.wrap_socket(self.httpd.socket, server_side=True)
+            # the handshake happens in the request's thread, not in accept(): a slow
+            # client cannot hold up the listener
+            self.httpd.socket = tls.wrap_socket(self.httpd.socket, server_side=True,
+                                                do_handshake_on_connect=False)
         self.port = int(self.httpd.server_address[1])
         self.snap.start()
         self._thread = threading.Thread(target=self.httpd.serve_forever, name="ui-http", daemon=True)
@@ -124,6 +127,14 @@ class Console:
 
     def check_token(self, presented: str) -> bool:
         return self.token is not None and hmac.compare_digest(presented.encode(), self.token.encode())
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that breaks off (or speaks plaintext to TLS) is not worth a traceback."""
+        log.debug("console connection from %s failed", client_address, exc_info=True)
 
 
 def start_console(controller: ControllerService, args: argparse.Namespace) -> Console | None:
@@ -165,6 +176,7 @@ def _handler(console: Console) -> type[BaseHTTPRequestHandler]:
         server_version = "millwheel-console"
         sys_version = ""
         protocol_version = "HTTP/1.1"
+        timeout = 30  # seconds a connection may sit idle or trickle a request
 
         def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base's name
             log.debug("%s %s", self.address_string(), format % args)

@@ -8,10 +8,12 @@ security headers; a poison record shows up as dead-lettered with its error.
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import re
 import signal
+import ssl
 import subprocess
 import sys
 import urllib.parse
@@ -24,8 +26,9 @@ import yaml
 from millwheel.record import MAX_TIMESTAMP, MIN_TIMESTAMP, Record
 from millwheel.spec import computation_to_dict
 from services.convert import spec_dict_to_proto, spec_from_proto
-from tests.integration.service_cluster import ROOT, wait_for
-from tests.integration.ui_cluster import T0, Console, clicks, readme_pipeline, start_console
+from services.security import Security
+from tests.integration.service_cluster import ROOT, Cluster, wait_for
+from tests.integration.ui_cluster import SECRET, T0, TOKEN, Console, clicks, readme_pipeline, start_console
 from tests.support.certs import CertificateAuthority
 from tests.support.redis_server import free_port
 
@@ -263,3 +266,35 @@ def test_code_failing_under_on_error_fail_shows_as_retrying(console: Console) ->
     assert info["health"] == "retrying" and info["dead_lettered"] == 0
     [e] = info["retrying"]  # type: ignore[misc]
     assert (e["record_id"], e["outcome"]) == ("poison-1", "failing") and e["attempts"] >= 1
+
+
+def test_under_tls_the_console_is_https_with_a_secure_cookie(tmp_path: Path) -> None:
+    ca = CertificateAuthority(tmp_path / "ca")
+    node = ca.issue("node")
+    port = free_port()
+    env = {"MILLWHEEL_AUTH_TOKEN": TOKEN, "MILLWHEEL_CLUSTER_SECRET": SECRET,
+           "MILLWHEEL_TLS_CERT": str(node.cert), "MILLWHEEL_TLS_KEY": str(node.key)}
+    c = Cluster(tmp_path, env=env, security=Security(client_token=TOKEN, tls_ca=str(ca.pem)),
+                controller_args=["--ui-port", str(port)])
+    try:
+        c.start_controller()
+        tls = ssl.create_default_context(cafile=str(ca.pem))
+
+        def get(path: str, method: str = "GET", body: bytes | None = None,
+                headers: dict[str, str] | None = None) -> http.client.HTTPResponse:
+            conn = http.client.HTTPSConnection("127.0.0.1", port, context=tls, timeout=10)
+            conn.request(method, path, body=body, headers=headers or {})
+            return conn.getresponse()
+
+        wait_for(lambda: get("/healthz").status == 200, 20, "the console over HTTPS")
+        assert get("/api/v1/workers", headers={"Authorization": f"Bearer {TOKEN}"}).status == 200
+        assert get("/api/v1/workers").status == 401
+        login = get("/login", "POST", f"token={TOKEN}".encode(),
+                    {"Content-Type": "application/x-www-form-urlencoded"})
+        assert login.status == 303 and "; Secure" in login.headers["Set-Cookie"]
+        with pytest.raises(http.client.RemoteDisconnected):  # plaintext HTTP gets nothing
+            plain = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+            plain.request("GET", "/healthz")
+            plain.getresponse()
+    finally:
+        c.stop()

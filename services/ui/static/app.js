@@ -242,6 +242,7 @@
     $("keys-first").addEventListener("click", () => { keysAfter = [""]; loadKeys(); });
     api("/api/v1/session").then((s) => {
       if (!s.authorized) { showLogin(); return; }
+      $("logout").hidden = !s.auth_required;
       refresh();
       timer = setInterval(refresh, REFRESH_MS);
     }).catch((e) => { $("fatal").hidden = false; $("fatal").textContent = "cannot reach the console API: " + e.message; });
