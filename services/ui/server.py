@@ -79,6 +79,10 @@ class Sessions:
             self._ids[sid] = now + SESSION_S
         return sid
 
+    def end(self, sid: str) -> None:
+        with self._lock:
+            self._ids.pop(sid, None)
+
     def valid(self, sid: str) -> bool:
         with self._lock:
             exp = self._ids.get(sid)
@@ -254,6 +258,10 @@ def _handler(console: Console) -> type[BaseHTTPRequestHandler]:
                 return
             form = parse_qs(self.rfile.read(length).decode("utf-8", "replace"), max_num_fields=5)
             if path == "/logout":
+                for part in self.headers.get("Cookie", "").split(";"):
+                    name, _, value = part.strip().partition("=")
+                    if name == COOKIE:
+                        console.sessions.end(value)  # the session is over, not just forgotten
                 self._send(303, b"", "text/plain", {"Location": "/", "Set-Cookie": _cookie("", 0)})
                 return
             if console.token is None:

@@ -86,6 +86,10 @@ def test_token_is_required_in_a_header_or_login_cookie_never_the_url(console: Co
     assert status == 200 and json.loads(body)["computations"]
     status, _, _ = console.request("GET", "/api/v1/overview", {"Cookie": session + "x"})
     assert status == 401
+    status, headers, _ = console.request("POST", "/logout", {**form, "Cookie": session}, b"")
+    assert status == 303 and "Max-Age=0" in headers["set-cookie"]
+    status, _, _ = console.request("GET", "/api/v1/overview", {"Cookie": session})
+    assert status == 401  # ended on the server, not only in the browser
     status, _, body = console.request("POST", "/api/v1/overview", form, b"")
     assert status == 405 and b"read-only" in body
 
