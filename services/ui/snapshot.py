@@ -173,10 +173,12 @@ class Snapshotter:
     def _rates(self, samples: dict[str, Samples], t: float) -> dict[str, dict[str, Any]]:
         """Per computation: records in/out per second, checkpoints per second and their
         mean latency since the last refresh, summed over workers (a worker restarted
-        since, whose counter went down, counts from its new value)."""
+        since, whose counter went down, counts from its new value); and the records
+        in/out the live workers counted in all."""
         wanted = {"millwheel_records_in_total": "in", "millwheel_records_out_total": "out",
                   "millwheel_checkpoint_seconds_count": "cp", "millwheel_checkpoint_seconds_sum": "cp_s"}
         delta: dict[str, dict[str, float]] = {}
+        totals: dict[str, dict[str, float]] = {}
         prev, self._prev = self._prev, {}
         for wid, got in samples.items():
             for (name, labels), value in got.items():
@@ -184,6 +186,9 @@ class Snapshotter:
                 if kind is None:
                     continue
                 comp = dict(labels).get("computation", "")
+                if kind in ("in", "out"):
+                    total = totals.setdefault(comp, {"in": 0.0, "out": 0.0})
+                    total[kind] += value
                 key = (wid, name, labels)
                 self._prev[key] = (t, value)
                 before = prev.get(key)
@@ -199,6 +204,9 @@ class Snapshotter:
             out[comp] = {"in_per_s": round(d["in"] / dt, 2), "out_per_s": round(d["out"] / dt, 2),
                          "checkpoints_per_s": round(d["cp"] / dt, 2),
                          "checkpoint_ms": round(1000 * d["cp_s"] / d["cp"], 3) if d["cp"] else None}
+        for comp, total in totals.items():  # what the live workers counted since they started
+            out.setdefault(comp, _no_rates()).update(
+                records_in_total=int(total["in"]), records_out_total=int(total["out"]))
         return out
 
     def _health(self, name: str, info: dict[str, Any], wm: int, in_wm: int, mono: float) -> tuple[str, str]:
@@ -239,7 +247,8 @@ class Snapshotter:
 
 
 def _no_rates() -> dict[str, Any]:
-    return {"in_per_s": None, "out_per_s": None, "checkpoints_per_s": None, "checkpoint_ms": None}
+    return {"in_per_s": None, "out_per_s": None, "checkpoints_per_s": None, "checkpoint_ms": None,
+            "records_in_total": None, "records_out_total": None}
 
 
 def _err(e: Any) -> dict[str, Any]:

@@ -149,6 +149,8 @@ def test_graph_shows_every_computation_and_watermarks_advance(
     wait_for(lambda: shown_watermark(tab.text("#in-wm")) > first, 30, "the page's watermark to move")
     second = shown_watermark(tab.text("#in-wm"))
     assert second == datetime.fromtimestamp(max(r.timestamp for r in console.injected) / 1e6, UTC)
+    # every click reached counts once (as the workers counted it)
+    tab.page.locator("#totals").filter(has_text=f"{len(console.injected)} in,").wait_for(timeout=10_000)
     assert tab.fits()
 
 

@@ -141,6 +141,9 @@ def test_answers_agree_with_the_grpc_api(console: Console) -> None:
     counts = wait_for(lambda: (x := console.api("/api/v1/computation?" + q(computation="counts")))
                       and len(x["history"]["input_lag"]) >= 3 and x, 10, "three refreshes of history")
     assert counts["input_low_watermark"] == T0 + 29_500_000
+    # every click went into by_user once and out of it once, re-keyed (as the workers counted)
+    by_user = console.api("/api/v1/computation?" + q(computation="by_user"))
+    assert by_user["records_in_total"] == by_user["records_out_total"] == len(console.injected) == 60
     lags = counts["history"]["input_lag"]  # (unix seconds, lag seconds), one a refresh
     assert [t for t, _ in lags] == sorted(t for t, _ in lags) and lags[-1][1] > lags[0][1]
     # the lag behind wall clock (a refresh may land between the two reads: 1 s apart)

@@ -148,6 +148,7 @@
     $("out-wm").textContent = fmtWm(c.low_watermark);
     $("out-lag").textContent = fmtLag(c.lag_s);
     $("rates").textContent = `${fmtRate(c.in_per_s)} · ${fmtRate(c.out_per_s)}`;
+    $("totals").textContent = c.records_in_total === null ? "" : `${c.records_in_total} in, ${c.records_out_total} out in all`;
     $("checkpoints").textContent = c.checkpoints_per_s === null ? "" : `${fmtRate(c.checkpoints_per_s)} checkpoints/s` + (c.checkpoint_ms === null ? "" : `, ${c.checkpoint_ms.toFixed(1)} ms each`);
     $("err-counts").textContent = `${c.dead_lettered} · ${c.skipped} · ${c.late_dropped}`;
     $("backpressure").textContent = c.backpressure.map((b) => `injector ${b.injector}: outbox ${b.outbox}, waited ${b.backpressure_s_total.toFixed(1)} s`).join("; ");
