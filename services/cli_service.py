@@ -28,8 +28,9 @@ from millwheel.spec import load_spec_file
 from services import security
 from services.client import DEFAULT_CONTROLLER, ControllerClient, controller_address, inject_messages
 from services.limits import InjectLimits
-from services.ui.server import add_args as console_args
-from services.ui.server import free_port, start_console
+
+from .ui.server import add_args as console_args
+from .ui.server import free_port, start_console
 
 DEFAULT_STORE = "sqlite:///millwheel-data/service.db"
 

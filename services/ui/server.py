@@ -32,13 +32,13 @@ from importlib import resources
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
 
-from services import security
-from services.grpc_server import ListenError
-from services.ui.snapshot import Snapshotter, controller_view
-from services.ui.tracker import BadRequest, Tracker
+from .. import security
+from ..grpc_server import ListenError
+from .snapshot import Snapshotter, controller_view
+from .tracker import BadRequest, Tracker
 
 if TYPE_CHECKING:
-    from services.controller import ControllerService
+    from ..controller import ControllerService
 
 log = logging.getLogger("millwheel.ui")
 
@@ -172,7 +172,7 @@ def start_console(controller: ControllerService, args: argparse.Namespace) -> Co
 
 
 def _static(name: str) -> bytes:
-    return resources.files("services.ui").joinpath("static", name).read_bytes()
+    return resources.files(__package__ or "services.ui").joinpath("static", name).read_bytes()
 
 
 def _handler(console: Console) -> type[BaseHTTPRequestHandler]:

@@ -27,12 +27,13 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from millwheel.record import MAX_TIMESTAMP, MIN_TIMESTAMP
 from millwheel.topology import Topology, injector_node
-from services.controller_errors import error_info
-from services.metrics import ControllerView, Samples, scrape
-from services.ui.history import History
+
+from ..controller_errors import error_info
+from ..metrics import ControllerView, Samples, scrape
+from .history import History
 
 if TYPE_CHECKING:
-    from services.controller import ControllerService
+    from ..controller import ControllerService
 
 log = logging.getLogger("millwheel.ui")
 

@@ -17,7 +17,8 @@ import yaml
 from millwheel.keys import key_range
 from millwheel.spec import computation_to_dict
 from millwheel.topology import ComputationSpec, injector_node
-from services.ui.snapshot import Snapshotter
+
+from .snapshot import Snapshotter
 
 MAX_NAME = 200
 MAX_KEY_BYTES = 4096
