@@ -112,6 +112,35 @@ def tab(browser: Any) -> Iterator[Page]:
         t.context.close()
 
 
+# WCAG contrast of every visible HTML element holding text against the first opaque
+# background behind it (the SVG graph is checked through its node colours instead).
+CONTRAST_JS = """
+() => {
+  const rgb = (c) => (c.match(/[\\d.]+/g) || []).map(Number);
+  const lum = ([r, g, b]) => {
+    const f = (v) => { v /= 255; return v <= 0.03928 ? v / 12.92 : Math.pow((v + 0.055) / 1.055, 2.4); };
+    return 0.2126 * f(r) + 0.7152 * f(g) + 0.0722 * f(b);
+  };
+  const bg = (el) => {
+    for (let e = el; e; e = e.parentElement) {
+      const c = rgb(getComputedStyle(e).backgroundColor);
+      if (c.length === 3 || c[3] > 0) return c.slice(0, 3);
+    }
+    return [255, 255, 255];
+  };
+  const worst = [];
+  for (const el of document.querySelectorAll("body *")) {
+    if (el.closest("svg") || !el.offsetParent) continue;
+    if (![...el.childNodes].some((n) => n.nodeType === 3 && n.textContent.trim())) continue;
+    const a = lum(rgb(getComputedStyle(el).color)), b = lum(bg(el));
+    const ratio = (Math.max(a, b) + 0.05) / (Math.min(a, b) + 0.05);
+    if (ratio < 4.5) worst.push(`${el.tagName}#${el.id}.${el.className}: ${ratio.toFixed(2)}`);
+  }
+  return worst;
+}
+"""
+
+
 def shown_watermark(text: str) -> datetime:
     return datetime.strptime(text.strip(), "%Y-%m-%d %H:%M:%S.%f").replace(tzinfo=UTC)
 
@@ -173,6 +202,7 @@ def test_state_lookup_shows_the_count_of_the_open_window(tab: Page, console: Con
     assert state[str(start)][0] == expected and expected > 0, text
     assert "timers:" in text and f"at {start + WINDOW_US - 1} (event, holds the watermark)" in text
     assert tab.fits()
+    assert tab.page.evaluate(CONTRAST_JS) == []  # every text at least 4.5:1 (WCAG AA)
     tab.page.screenshot(path=str(shots / "console.png"))
     tab.page.screenshot(path=str(shots / "console-full.png"), full_page=True)
     # the key list pages through the keys with state; a click looks the key up
