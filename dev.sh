@@ -13,6 +13,7 @@ log() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
 need_apt=()
 command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
 command -v java >/dev/null 2>&1 || need_apt+=(openjdk-17-jre-headless)
+command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)  # the console's browser tests
 
 setup() {
   if ((${#need_apt[@]})); then

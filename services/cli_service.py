@@ -31,6 +31,8 @@ from . import security
 from .client import DEFAULT_CONTROLLER, ControllerClient, controller_address, inject_messages
 from .limits import InjectLimits
 from .restarter import Restarter
+from .ui.server import add_args as console_args
+from .ui.server import free_port, start_console
 
 DEFAULT_STORE = "sqlite:///millwheel-data/service.db"
 
@@ -52,6 +54,7 @@ def add_commands(sub: Any) -> None:
     up.add_argument("--no-watchdog", action="store_true", help="start the workers with --no-watchdog")
     _server_args(up, port=7070, up=True)
     _allow_code_arg(up)
+    console_args(up, up=True)
     up.set_defaults(func=cmd_up)
 
     ctl = sub.add_parser("controller", help="run the controller",
@@ -59,6 +62,7 @@ def add_commands(sub: Any) -> None:
                          "watermark authority, state queries, Inject and Subscribe.")
     _server_args(ctl, port=7070)
     _allow_code_arg(ctl)
+    console_args(ctl)
     ctl.add_argument("--heartbeat-timeout", type=float, default=3.0, metavar="SECONDS",
                      help="a worker silent this long is dead and its ranges move (default 3)")
     ctl.add_argument("--max-value-bytes", type=int, default=1024 * 1024,
@@ -248,6 +252,7 @@ def cmd_controller(args: argparse.Namespace) -> int:
                             max_future_us=args.max_future_us))
     print(f"millwheel controller listening on {args.host}:{port} (metrics port {mport}, "
           f"store {describe_store(args.store)})", file=sys.stderr, flush=True)
+    start_console(service, args)
     _wait_for_signal()
     service.close()
     server.stop(grace=1.0).wait(2.0)
@@ -299,11 +304,12 @@ def cmd_up(args: argparse.Namespace) -> int:
                                  "--port", "0", "--metrics-port", "0",
                                  *(["--no-watchdog"] if args.no_watchdog else [])], start_new_session=True)
 
+    ui_port = free_port(args.host) if args.ui_port == 0 else args.ui_port
     # Every child is stopped on the way out, whatever the way: a controller that never
     # answers, Ctrl-C while starting, an error, or the end of a normal run.
     try:
         procs.append(subprocess.Popen([*base, "controller", *common, "--port", str(args.port),
-                                       "--metrics-port", str(args.metrics_port)],
+                                       "--metrics-port", str(args.metrics_port), "--ui-port", str(ui_port)],
                                       start_new_session=True))
         with ControllerClient(controller, security=client_sec) as client:
             deadline = time.monotonic() + 20
@@ -324,8 +330,10 @@ def cmd_up(args: argparse.Namespace) -> int:
                 time.sleep(0.1)
         print(f"millwheel is up: controller {controller}, {args.workers} workers, "
               f"store {describe_store(args.store)}\n"
-              + "".join(f"{line}\n" for line in how) +
-              f"  try: millwheel status --controller {controller}\n  Ctrl-C stops everything.",
+              + "".join(f"{line}\n" for line in how)
+              + (f"  console: {'https' if client_sec.tls_cert else 'http'}://{controller.rpartition(':')[0]}:"
+                 f"{ui_port}/\n" if ui_port >= 0 else "")
+              + f"  try: millwheel status --controller {controller}\n  Ctrl-C stops everything.",
               file=sys.stderr, flush=True)
         _wait_for_signal(Restarter(procs, 1, worker).check)  # a dead worker is restarted
     finally:

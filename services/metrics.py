@@ -7,6 +7,9 @@ backpressure time). Each process exposes them over HTTP at ``/metrics``.
 
 from __future__ import annotations
 
+import urllib.request
+from typing import Callable, Iterator
+
 from prometheus_client import (
     CollectorRegistry,
     Counter,
@@ -14,6 +17,14 @@ from prometheus_client import (
     Histogram,
     start_http_server,
 )
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import Collector
+
+#: A scraped sample: (sample name, sorted label pairs) -> value.
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+#: (computation -> outcome -> count, worker id -> alive)
+ControllerView = tuple[dict[str, dict[str, int]], dict[str, bool]]
 
 
 class PrometheusSensors:
@@ -106,6 +117,13 @@ class PrometheusSensors:
     def owned_ranges(self, count: int) -> None:
         self._ranges.set(count)
 
+    def controller_view(self, view: Callable[[], ControllerView]) -> None:
+        """Series computed when scraped, from the controller's state (``view`` returns
+        per computation its error counts by outcome, and per known worker whether it is
+        alive): ``millwheel_error_records`` and ``millwheel_worker_up``. Only what is
+        registered and known has a series, and nothing is computed unless scraped."""
+        self.registry.register(_ControllerCollector(view))
+
     def keep_nodes(self, nodes: set[str]) -> None:
         """Drop every series labelled with a computation or node not in ``nodes`` (the
         registered ones): a label exists only while its name is registered, so neither
@@ -121,7 +139,48 @@ class PrometheusSensors:
                 if labels[0].startswith("injector:") and labels[0] not in nodes:
                     metric.remove(*labels)
 
+    def sample(self, name: str, labels: dict[str, str]) -> float | None:
+        """This process's current value of one sample (None if it has none)."""
+        return self.registry.get_sample_value(name, labels)
+
     def serve(self, host: str, port: int) -> int:
         """Expose ``/metrics`` over HTTP; ``port`` 0 picks a free port. Returns the port."""
         server, _thread = start_http_server(port, addr=host, registry=self.registry)
         return int(server.server_port)
+
+
+def scrape(address: str, timeout_s: float = 0.5) -> Samples:
+    """The samples another process serves at ``http://ADDRESS/metrics`` (the console
+    reads workers' throughput this way); an unreachable process raises OSError."""
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=timeout_s) as resp:  # noqa: S310
+        text = resp.read(4 * 1024 * 1024).decode("utf-8", "replace")
+    out: Samples = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = float(s.value)
+    return out
+
+
+class _ControllerCollector(Collector):
+    def __init__(self, view: Callable[[], ControllerView]) -> None:
+        self.view = view
+
+    def _families(self) -> tuple[GaugeMetricFamily, GaugeMetricFamily]:
+        return (GaugeMetricFamily("millwheel_error_records", "Records whose user code failed, by "
+                                  "outcome (dead_lettered, skipped, late_dropped: durable totals; "
+                                  "retrying: items being retried now)", labels=["computation", "outcome"]),
+                GaugeMetricFamily("millwheel_worker_up", "1 while the worker heartbeats, 0 once the "
+                                  "controller declared it dead", labels=["worker"]))
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(self._families())
+
+    def collect(self) -> Iterator[Metric]:
+        errors, workers = self.view()
+        err, up = self._families()
+        for computation, counts in sorted(errors.items()):
+            for outcome, n in sorted(counts.items()):
+                err.add_metric([computation, outcome], n)
+        for worker, alive in sorted(workers.items()):
+            up.add_metric([worker], 1 if alive else 0)
+        return iter((err, up))

@@ -165,8 +165,11 @@ def test_record_overrunning_its_deadline_is_isolated(cluster: Cluster, tmp_path:
     spin = records[100]
     topo = topology(exponent=3 * 999_999, max_batch_seconds=2.0)
     cluster.register(topo)
-    workers = [cluster.start_worker("--batch-size", "1000") for _ in range(3)]
+    workers = [cluster.start_worker("--batch-size", "1000") for _ in range(4)]
     cluster.wait_balanced()
+    # Let every worker apply the final assignment: a worker that has not yet seen its
+    # range move would run the batch too (its writes fenced, but a third kill).
+    time.sleep(1.0)
     sampler = StatusSampler(cluster.client)
     with ControllerClient(cluster.address, timeout_s=60) as client:
         client.inject([one_message(records)])
@@ -174,16 +177,17 @@ def test_record_overrunning_its_deadline_is_isolated(cluster: Cluster, tmp_path:
     want = expected(tmp_path, topology(exponent=1), good)
 
     def done() -> bool:
-        return cluster.outputs("out") == want and sum(p.poll() is not None for p in workers) == 2
+        return cluster.outputs("out") == want and sum(p.poll() is not None for p in workers) >= 2
     wait_for(done, 120, "every other record's output, with two workers killed")
     time.sleep(3 * cluster.heartbeat_timeout_s)  # the refused record stays refused
     sampler.stop()
     assert cluster.outputs("out") == want
     killed = [p for p in workers if p.poll() is not None]
-    assert len(killed) == 2 and all(p.returncode == -9 for p in killed)
+    # Two kills: the batch, then the record alone (a third only if a stale owner ran it too).
+    assert 2 <= len(killed) <= 3 and all(p.returncode == -9 for p in killed)
     assert sampler.fewest_alive is not None and sampler.fewest_alive >= 1
-    logs = "".join(cluster.log(f"worker{i}") for i in range(3))
-    assert logs.count("over its deadline of 2.0 s: killed the worker") == 2
+    logs = "".join(cluster.log(f"worker{i}") for i in range(4))
+    assert logs.count("over its deadline of 2.0 s: killed the worker") == len(killed)
     letters = dead_letters(cluster)
     assert [(d["record_id"], d["key"], d["exception_type"]) for d in letters] == [
         (spin.record_id, spin.key, "DeadlineExceeded")]

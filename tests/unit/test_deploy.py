@@ -364,7 +364,7 @@ def test_supervisor_commands_are_accepted_by_the_cli_and_agree() -> None:
     root = DEPLOY.parent
     assert Path(ctl.auth_token_file).resolve() == root / "millwheel-data" / "client-token"
     assert Path(ctl.cluster_secret_file).resolve().parent == root / "millwheel-data"
-    ports = [a.port for a in [ctl, *workers]] + [a.metrics_port for a in [ctl, *workers]]
+    ports = [a.port for a in [ctl, *workers]] + [a.metrics_port for a in [ctl, *workers]] + [ctl.ui_port]
     assert len(set(ports)) == len(ports) and all(p > 0 for p in ports), "fixed, distinct ports"
     assert len({w.worker_id for w in workers}) == len(workers)
 

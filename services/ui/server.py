@@ -1,0 +1,289 @@
+"""The console's HTTP listener: the static page, the Tracker API and the login.
+
+Standard library only (:class:`http.server.ThreadingHTTPServer`): the console is a
+few read-only endpoints, not worth a web framework. Rules:
+
+* With a client token configured, every ``/api/`` request needs it, as an
+  ``Authorization: Bearer`` header or a session cookie set by the login form
+  (``POST /login``, HttpOnly, SameSite=Strict, Secure under TLS). The token is never
+  accepted in a URL. Wrong or missing: 401 with a JSON message. ``/healthz`` and the
+  static files (which hold no data) are open.
+* Without a client token the listener follows the gRPC rule: loopback only unless
+  ``--insecure``.
+* Every answer carries a Content-Security-Policy allowing only this origin's script
+  and style files (no inline script), ``X-Content-Type-Options: nosniff``,
+  ``X-Frame-Options: DENY`` and ``Cache-Control: no-store`` on data.
+* Under ``--tls-cert``/``--tls-key`` it serves HTTPS with the same certificate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hmac
+import json
+import logging
+import secrets
+import ssl
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from importlib import resources
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qs, urlsplit
+
+from .. import security
+from ..grpc_server import ListenError
+from .snapshot import Snapshotter, controller_view
+from .tracker import BadRequest, Tracker
+
+if TYPE_CHECKING:
+    from ..controller import ControllerService
+
+log = logging.getLogger("millwheel.ui")
+
+COOKIE = "millwheel_session"
+SESSION_S = 12 * 3600
+MAX_SESSIONS = 1000
+MAX_FORM_BYTES = 4096
+STATIC = {"/": ("index.html", "text/html; charset=utf-8"),
+          "/index.html": ("index.html", "text/html; charset=utf-8"),
+          "/app.js": ("app.js", "text/javascript; charset=utf-8"),
+          "/app.css": ("app.css", "text/css; charset=utf-8")}
+CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+       "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
+
+
+def add_args(p: argparse.ArgumentParser, up: bool = False) -> None:
+    p.add_argument("--ui-port", type=int, default=0 if up else -1, metavar="PORT",
+                   help="serve the operations console and its Tracker JSON API (docs/ui.md) on "
+                        + ("this port (default 0 = any free port; -1 = off)" if up else
+                           "this port (0 = any free; default -1 = off)"))
+
+
+class Sessions:
+    """Random session ids of logged-in browsers, bounded and expiring."""
+
+    def __init__(self) -> None:
+        self._ids: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def new(self) -> str:
+        sid = secrets.token_urlsafe(32)
+        now = time.monotonic()
+        with self._lock:
+            for old in [s for s, exp in self._ids.items() if exp < now]:
+                del self._ids[old]
+            while len(self._ids) >= MAX_SESSIONS:
+                del self._ids[min(self._ids, key=self._ids.__getitem__)]
+            self._ids[sid] = now + SESSION_S
+        return sid
+
+    def end(self, sid: str) -> None:
+        with self._lock:
+            self._ids.pop(sid, None)
+
+    def valid(self, sid: str) -> bool:
+        with self._lock:
+            exp = self._ids.get(sid)
+            return exp is not None and exp > time.monotonic()
+
+
+class Console:
+    """The running console of one controller."""
+
+    def __init__(self, controller: ControllerService, host: str, port: int, token: str | None,
+                 tls: ssl.SSLContext | None = None, interval_s: float = 1.0) -> None:
+        self.token = token
+        self.tls = tls is not None
+        self.sessions = Sessions()
+        self.snap = Snapshotter(controller, interval_s)
+        self.tracker = Tracker(self.snap)
+        self.httpd = _Server((host, port), _handler(self))
+        self.httpd.daemon_threads = True
+        if tls is not None:
+            # the handshake happens in the request's thread, not in accept(): a slow
+            # client cannot hold up the listener
+            self.httpd.socket = tls.wrap_socket(self.httpd.socket, server_side=True,
+                                                do_handshake_on_connect=False)
+        self.port = int(self.httpd.server_address[1])
+        self.snap.start()
+        self._thread = threading.Thread(target=self.httpd.serve_forever, name="ui-http", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self.snap.stop()
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    def authorized(self, headers: Any) -> bool:
+        if self.token is None:
+            return True
+        auth = headers.get("Authorization", "")
+        scheme, _, value = auth.strip().partition(" ")
+        if scheme.lower() == "bearer" and hmac.compare_digest(value.strip().encode(), self.token.encode()):
+            return True
+        for part in headers.get("Cookie", "").split(";"):
+            name, _, value = part.strip().partition("=")
+            if name == COOKIE and self.sessions.valid(value):
+                return True
+        return False
+
+    def check_token(self, presented: str) -> bool:
+        return self.token is not None and hmac.compare_digest(presented.encode(), self.token.encode())
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that breaks off (or speaks plaintext to TLS) is not worth a traceback."""
+        log.debug("console connection from %s failed", client_address, exc_info=True)
+
+
+def start_console(controller: ControllerService, args: argparse.Namespace) -> Console | None:
+    """Start the console if ``--ui-port`` asks for it (same host and security as the
+    controller's gRPC); prints its URL. Either way, add the controller's scrape-time
+    series (error records, worker liveness) to its /metrics: dashboards need them."""
+    if controller.sensors is not None:
+        controller.sensors.controller_view(controller_view(controller))
+    if getattr(args, "ui_port", -1) < 0:
+        return None
+    sec = security.process()
+    if sec.client_token is None and not args.insecure and not security.is_loopback(args.host):
+        # No token to log in with (mTLS cannot authenticate a browser): loopback only.
+        raise security.SecurityConfigError(
+            f"refusing to serve the console (--ui-port) on {args.host} without a client token: "
+            "set one ($MILLWHEEL_AUTH_TOKEN / --auth-token-file), listen on loopback, "
+            "pass --ui-port -1 (no console), or --insecure if the network is trusted")
+    tls = None
+    if sec.tls_cert and sec.tls_key:
+        tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        tls.load_cert_chain(sec.tls_cert, sec.tls_key)
+    try:
+        console = Console(controller, args.host, args.ui_port, sec.client_token, tls)
+    except OSError as exc:
+        raise ListenError(f"cannot serve the console on {args.host}:{args.ui_port} (--ui-port): "
+                          f"{exc.strerror or exc}") from None
+    host = "127.0.0.1" if args.host == "0.0.0.0" else args.host
+    print(f"millwheel controller: console at {'https' if tls else 'http'}://{host}:{console.port}/"
+          + (" (log in with the client token)" if sec.client_token else ""), file=sys.stderr, flush=True)
+    return console
+
+
+def _static(name: str) -> bytes:
+    return resources.files(__package__ or "services.ui").joinpath("static", name).read_bytes()
+
+
+def _handler(console: Console) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        server_version = "millwheel-console"
+        sys_version = ""
+        protocol_version = "HTTP/1.1"
+        timeout = 30  # seconds a connection may sit idle or trickle a request
+
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base's name
+            log.debug("%s %s", self.address_string(), format % args)
+
+        def _send(self, status: int, body: bytes, ctype: str, extra: dict[str, str] | None = None) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Content-Security-Policy", CSP)
+            self.send_header("X-Content-Type-Options", "nosniff")
+            self.send_header("X-Frame-Options", "DENY")
+            self.send_header("Referrer-Policy", "no-referrer")
+            self.send_header("Cache-Control", "no-store")
+            for k, v in (extra or {}).items():
+                self.send_header(k, v)
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(body)
+
+        def _json(self, status: int, data: Any, extra: dict[str, str] | None = None) -> None:
+            self._send(status, json.dumps(data, separators=(",", ":")).encode(),
+                       "application/json", extra)
+
+        def do_HEAD(self) -> None:  # noqa: N802 - http.server's naming
+            self.do_GET()
+
+        def do_GET(self) -> None:  # noqa: N802
+            url = urlsplit(self.path)
+            path = url.path
+            if len(self.path) > 16384:
+                self._json(414, {"error": "request URL over 16384 characters"})
+                return
+            if path == "/healthz":
+                self._json(200, {"ok": True})
+                return
+            if path in STATIC:
+                name, ctype = STATIC[path]
+                self._send(200, _static(name), ctype)
+                return
+            if not path.startswith("/api/"):
+                self._json(404, {"error": f"no such page {path[:100]!r}"})
+                return
+            if path == "/api/v1/session":  # open: lets the page ask before it gets a 401
+                self._json(200, {"auth_required": console.token is not None,
+                                 "authorized": console.authorized(self.headers)})
+                return
+            if not console.authorized(self.headers):
+                self._json(401, {"error": "log in with the client token (Authorization: Bearer "
+                                          "<token>, or the console's login form)"},
+                           {"WWW-Authenticate": 'Bearer realm="millwheel"'})
+                return
+            try:
+                query = parse_qs(url.query, keep_blank_values=True, strict_parsing=False,
+                                 max_num_fields=20)
+                self._json(200, console.tracker.handle(path, query))
+            except BadRequest as exc:
+                self._json(exc.status, {"error": str(exc)})
+            except ValueError as exc:  # parse_qs: too many fields
+                self._json(400, {"error": f"bad query string: {exc}"})
+            except Exception as exc:  # noqa: BLE001 - the console must answer, not hang
+                log.exception("console request %s failed", path)
+                self._json(500, {"error": f"{type(exc).__name__}: {exc}"[:500]})
+
+        def do_POST(self) -> None:  # noqa: N802
+            path = urlsplit(self.path).path
+            if path not in ("/login", "/logout"):
+                self._json(405, {"error": "the console is read-only; POST only to /login and /logout"})
+                return
+            try:
+                length = int(self.headers.get("Content-Length", "0"))
+            except ValueError:
+                length = -1
+            if not 0 <= length <= MAX_FORM_BYTES:
+                self._json(400, {"error": f"login form must be 0..{MAX_FORM_BYTES} bytes"})
+                return
+            form = parse_qs(self.rfile.read(length).decode("utf-8", "replace"), max_num_fields=5)
+            if path == "/logout":
+                for part in self.headers.get("Cookie", "").split(";"):
+                    name, _, value = part.strip().partition("=")
+                    if name == COOKIE:
+                        console.sessions.end(value)  # the session is over, not just forgotten
+                self._send(303, b"", "text/plain", {"Location": "/", "Set-Cookie": _cookie("", 0)})
+                return
+            if console.token is None:
+                self._send(303, b"", "text/plain", {"Location": "/"})
+                return
+            if not console.check_token((form.get("token") or [""])[0].strip()):
+                self._send(303, b"", "text/plain", {"Location": "/?login=failed"})
+                return
+            sid = console.sessions.new()
+            self._send(303, b"", "text/plain", {"Location": "/", "Set-Cookie": _cookie(sid, SESSION_S)})
+
+    def _cookie(value: str, max_age: int) -> str:
+        return (f"{COOKIE}={value}; Path=/; Max-Age={max_age}; HttpOnly; SameSite=Strict"
+                + ("; Secure" if console.tls else ""))
+
+    return Handler
+
+
+def free_port(host: str) -> int:
+    """A port free on ``host`` now (for ``millwheel up`` to hand its controller)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1" if host == "0.0.0.0" else host, 0))
+        return int(s.getsockname()[1])

@@ -1,0 +1,332 @@
+"""What the console shows, refreshed in its own thread from the controller.
+
+The Tracker API never reads the controller under its lock: a :class:`Snapshotter`
+thread copies what it needs under the lock (registry, owners and tokens, workers and
+the watermarks, exactly what ``ClusterStatus`` holds it for) and does everything slow
+without it: the error reports in the store, the workers' ``/metrics`` (throughput,
+checkpoints) and the tails of logged streams. Requests are then served from the last
+snapshot, a plain dict replaced whole (readers never see half of one).
+
+Health of a computation, worst first:
+
+* ``dead-lettering``: its dead-letter count rose within the last minute;
+* ``retrying``: user code is failing on items it still retries (or, under
+  ``on_error: fail``, is stuck on);
+* ``lagging``: its input watermark is ahead of its output watermark and the output
+  watermark has not moved for ``STUCK_S`` seconds (work is waiting, nothing completes);
+* ``ok`` otherwise.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Any, Callable
+
+from millwheel.record import MAX_TIMESTAMP, MIN_TIMESTAMP
+from millwheel.topology import Topology, injector_node
+
+from ..controller_errors import error_info
+from ..metrics import ControllerView, Samples, scrape
+from .history import History
+
+if TYPE_CHECKING:
+    from ..controller import ControllerService
+
+log = logging.getLogger("millwheel.ui")
+
+INTERVAL_S = 1.0
+STUCK_S = 30.0
+DEAD_LETTER_WINDOW_S = 60.0
+TAIL = 200  # records kept per logged stream
+TAIL_READ = 2000  # log entries read per stream per refresh (a long log is caught up gradually)
+
+
+def _lag_s(wm: int, now_us: int) -> float | None:
+    if wm <= MIN_TIMESTAMP or wm >= MAX_TIMESTAMP:
+        return None
+    return max(0.0, (now_us - wm) / 1e6)
+
+
+def _wm(wm: int) -> int | str:
+    """A watermark for JSON: microseconds, or "-inf" / "+inf" at the ends."""
+    return "-inf" if wm <= MIN_TIMESTAMP else "+inf" if wm >= MAX_TIMESTAMP else wm
+
+
+class Snapshotter:
+    def __init__(self, controller: ControllerService, interval_s: float = INTERVAL_S) -> None:
+        self.controller = controller
+        self.interval_s = interval_s
+        self.history = History(interval_s)
+        self.snapshot: dict[str, Any] = {"ready": False}
+        self.topology = Topology()
+        self._prev: dict[tuple[str, str, tuple[tuple[str, str], ...]], tuple[float, float]] = {}
+        self._dead_seen: dict[str, tuple[int, float]] = {}
+        self._wm_moved: dict[str, tuple[int, float]] = {}
+        self._tails: dict[str, tuple[int, deque[dict[str, Any]]]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="ui-snapshot", daemon=True)
+
+    def start(self) -> None:
+        self.refresh()
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _loop(self) -> None:
+        took = 0.0
+        # A refresh that takes long (a big registry, a slow store) spaces the next one
+        # out: the console never keeps the store or the lock busy more than a third of the time.
+        while not self._stop.wait(max(self.interval_s, 2 * took)):
+            started = time.monotonic()
+            try:
+                self.refresh()
+            except Exception:
+                log.exception("console snapshot failed")
+            took = time.monotonic() - started
+
+    # -- one refresh ---------------------------------------------------------------------
+    def refresh(self) -> None:
+        c = self.controller
+        mono = time.monotonic()
+        with c.lock:  # only what ClusterStatus reads under it, copied
+            topo = c.registry.topology
+            version = c.registry.version
+            out, inputs = c.watermarks()
+            units = {u: (o.worker_id, o.token) for u, o in c.assigner.units.items()}
+            workers = [(w.worker_id, w.address, w.metrics_address, w.alive, w.draining,
+                        mono - w.last_seen) for w in c.assigner.workers.values()]
+        now_us = c.clock.now_us()
+        t = time.time()
+        self.topology = topo
+        addr = {w[0]: w[1] for w in workers}
+        samples = self._scrape([(w[0], w[2]) for w in workers if w[3] and w[2]])
+        rates = self._rates(samples, t)
+        comps: dict[str, Any] = {}
+        for spec in topo.computations:
+            wms = c.store.read_watermarks(spec.name)
+            ranges = [{"range": r, "worker": units.get((spec.name, r), (None, 0))[0] or "",
+                       "address": addr.get(units.get((spec.name, r), (None, 0))[0] or "", ""),
+                       "token": units.get((spec.name, r), (None, 0))[1],
+                       "watermark": _wm(wms.get(r, MIN_TIMESTAMP))}
+                      for r in range(spec.options.key_ranges)]
+            errs = error_info(c.store, spec)
+            info = {
+                "name": spec.name, "inputs": [i.stream for i in spec.inputs],
+                "outputs": list(spec.written_streams()), "code": spec.code.name,
+                "on_error": spec.options.on_error.value,
+                "low_watermark": _wm(out[spec.name]), "input_low_watermark": _wm(inputs[spec.name]),
+                "lag_s": _lag_s(out[spec.name], now_us), "input_lag_s": _lag_s(inputs[spec.name], now_us),
+                "ranges": ranges,
+                "dead_lettered": errs["dead_lettered"], "skipped": errs["skipped"],
+                "late_dropped": errs["late_dropped"],
+                "recent_errors": [_err(e) for e in errs["recent_errors"][:10]],
+                "retrying": [_err(e) for e in errs["retrying"][:10]],
+                **rates.get(spec.name, _no_rates()),
+            }
+            info["health"], info["health_reason"] = self._health(
+                spec.name, info, out[spec.name], inputs[spec.name], mono)
+            comps[spec.name] = info
+            for kind, value in (("lag", info["lag_s"]), ("input_lag", info["input_lag_s"]),
+                                ("in", info["in_per_s"]), ("out", info["out_per_s"]),
+                                ("dead", info["dead_lettered"])):
+                if value is not None:
+                    self.history.add(kind, spec.name, t, value)
+        injectors: dict[str, Any] = {}
+        for inj in topo.injectors:
+            node = injector_node(inj.name)
+            owner = units.get((node, 0), (None, 0))
+            outbox = len(c.store.read_outbox(node, 0))
+            waited = c.sensors.sample("millwheel_backpressure_seconds_total",
+                                      {"destination": node}) if c.sensors is not None else None
+            injectors[inj.name] = {
+                "name": inj.name, "stream": inj.stream, "low_watermark": _wm(out.get(node, MIN_TIMESTAMP)),
+                "lag_s": _lag_s(out.get(node, MIN_TIMESTAMP), now_us), "worker": owner[0] or "",
+                "token": owner[1], "outbox": outbox, "backpressure_s_total": waited or 0.0,
+                **rates.get(node, _no_rates())}
+            self.history.add("outbox", node, t, outbox)
+        worker_rows = [{"id": w[0], "address": w[1], "metrics": w[2],
+                        "state": "draining" if w[4] else "alive" if w[3] else "dead",
+                        "last_heartbeat_s": round(w[5], 2),
+                        "ranges": sorted(f"{n}/{r}" for (n, r), o in units.items() if o[0] == w[0])}
+                       for w in sorted(workers)]
+        logged = topo.logged_streams()
+        self._tail(logged)
+        self.history.keep([*comps, *(injector_node(i) for i in injectors)])
+        self.snapshot = {
+            "ready": True, "time_us": now_us, "version": version, "store": c.store.url,
+            "computations": comps, "injectors": injectors, "workers": worker_rows,
+            "logged_streams": logged, "graph": _graph(topo, comps, injectors),
+        }
+
+    def _scrape(self, targets: list[tuple[str, str]]) -> dict[str, Samples]:
+        got: dict[str, Samples] = {}
+        for wid, address in targets:
+            try:
+                got[wid] = scrape(address)
+            except (OSError, ValueError) as exc:
+                log.debug("cannot read %s's metrics at %s: %s", wid, address, exc)
+        return got
+
+    def _rates(self, samples: dict[str, Samples], t: float) -> dict[str, dict[str, Any]]:
+        """Per computation: records in/out per second, checkpoints per second and their
+        mean latency since the last refresh, summed over workers (a worker restarted
+        since, whose counter went down, counts from its new value); and the records
+        in/out the live workers counted in all."""
+        wanted = {"millwheel_records_in_total": "in", "millwheel_records_out_total": "out",
+                  "millwheel_checkpoint_seconds_count": "cp", "millwheel_checkpoint_seconds_sum": "cp_s"}
+        delta: dict[str, dict[str, float]] = {}
+        totals: dict[str, dict[str, float]] = {}
+        prev, self._prev = self._prev, {}
+        for wid, got in samples.items():
+            for (name, labels), value in got.items():
+                kind = wanted.get(name)
+                if kind is None:
+                    continue
+                comp = dict(labels).get("computation", "")
+                if kind in ("in", "out"):
+                    total = totals.setdefault(comp, {"in": 0.0, "out": 0.0})
+                    total[kind] += value
+                key = (wid, name, labels)
+                self._prev[key] = (t, value)
+                before = prev.get(key)
+                if before is None:
+                    continue
+                grown = value - before[1] if value >= before[1] else value
+                slot = delta.setdefault(comp, {"in": 0.0, "out": 0.0, "cp": 0.0, "cp_s": 0.0, "dt": 0.0})
+                slot[kind] += grown
+                slot["dt"] = max(slot["dt"], t - before[0])
+        out: dict[str, dict[str, Any]] = {}
+        for comp, d in delta.items():
+            dt = d["dt"] or self.interval_s
+            out[comp] = {"in_per_s": round(d["in"] / dt, 2), "out_per_s": round(d["out"] / dt, 2),
+                         "checkpoints_per_s": round(d["cp"] / dt, 2),
+                         "checkpoint_ms": round(1000 * d["cp_s"] / d["cp"], 3) if d["cp"] else None}
+        for comp, total in totals.items():  # what the live workers counted since they started
+            out.setdefault(comp, _no_rates()).update(
+                records_in_total=int(total["in"]), records_out_total=int(total["out"]))
+        return out
+
+    def _health(self, name: str, info: dict[str, Any], wm: int, in_wm: int, mono: float) -> tuple[str, str]:
+        dead = int(info["dead_lettered"])
+        seen = self._dead_seen.get(name)
+        if seen is None or dead != seen[0]:
+            # A count seen for the first time is not "rising" unless errors are fresh.
+            fresh = seen is not None or any(
+                e["time"] and (time.time() * 1e6 - e["time"]) < DEAD_LETTER_WINDOW_S * 1e6
+                for e in info["recent_errors"])
+            self._dead_seen[name] = (dead, mono if fresh else mono - DEAD_LETTER_WINDOW_S)
+            seen = self._dead_seen[name]
+        moved = self._wm_moved.get(name)
+        if moved is None or moved[0] != wm:
+            self._wm_moved[name] = moved = (wm, mono)
+        if dead and mono - seen[1] < DEAD_LETTER_WINDOW_S:
+            return "dead-lettering", f"{dead} dead-lettered, rising in the last minute"
+        if info["retrying"]:
+            return "retrying", f"{len(info['retrying'])} item(s) failing and being retried"
+        if in_wm > wm and wm < MAX_TIMESTAMP and mono - moved[1] >= STUCK_S:
+            return "lagging", f"output watermark has not moved for {mono - moved[1]:.0f} s"
+        return "ok", ""
+
+    def _tail(self, streams: list[str]) -> None:
+        for stream in [s for s in self._tails if s not in streams]:
+            del self._tails[stream]
+        for stream in streams:
+            pos, ring = self._tails.get(stream, (0, deque(maxlen=TAIL)))
+            for seq, rec in self.controller.store.read_log(stream, pos, TAIL_READ):
+                ring.append({"seq": seq, "key": rec.key, "value": rec.value.decode("utf-8", "replace"),
+                             "timestamp": rec.timestamp, "id": rec.record_id})
+                pos = seq
+            self._tails[stream] = (pos, ring)
+
+    def tail(self, stream: str, n: int) -> list[dict[str, Any]] | None:
+        got = self._tails.get(stream)
+        return None if got is None else list(got[1])[-n:]
+
+
+def _no_rates() -> dict[str, Any]:
+    return {"in_per_s": None, "out_per_s": None, "checkpoints_per_s": None, "checkpoint_ms": None,
+            "records_in_total": None, "records_out_total": None}
+
+
+def _err(e: Any) -> dict[str, Any]:
+    return {"range": e.range_id, "key": e.key[:200], "record_id": e.record_id[:200], "time": e.time,
+            "attempts": e.attempts, "type": e.exception_type[:200], "message": e.message[:1000],
+            "outcome": e.outcome}
+
+
+def _graph(topo: Topology, comps: dict[str, Any], injectors: dict[str, Any]) -> dict[str, Any]:
+    """Nodes (injectors, computations, streams; a stream no computation consumes is a
+    sink) in layers left to right, and edges with the records per second they carry."""
+    nodes: list[dict[str, Any]] = []
+    edges: list[dict[str, Any]] = []
+    layer: dict[str, int] = {}
+    sinks = set(topo.sink_streams())
+    streams = sorted({inj.stream for inj in topo.injectors}
+                     | {s for c in topo.computations for s in [*c.written_streams(), *(i.stream for i in c.inputs)]})
+    for inj in topo.injectors:
+        layer["i:" + inj.name] = 0
+    changed = True
+    guard = 0
+    while changed and guard < 200:  # longest path; the registry is acyclic
+        changed, guard = False, guard + 1
+        for inj in topo.injectors:
+            changed |= _at_least(layer, "s:" + inj.stream, 1)
+        for c in topo.computations:
+            depth = max((layer.get("s:" + i.stream, 1) for i in c.inputs), default=1) + 1
+            changed |= _at_least(layer, "c:" + c.name, depth)
+            for s in c.written_streams():
+                changed |= _at_least(layer, "s:" + s, depth + 1)
+    for inj in topo.injectors:
+        info = injectors.get(inj.name, {})
+        nodes.append({"id": "i:" + inj.name, "kind": "injector", "name": inj.name, "layer": 0,
+                      "health": "lagging" if info.get("outbox", 0) else "ok"})
+        into = [comps[c.name]["in_per_s"] for c, _ in topo.consumers(inj.stream) if c.name in comps]
+        edges.append({"from": "i:" + inj.name, "to": "s:" + inj.stream,
+                      "per_s": max((r for r in into if r is not None), default=None)})
+    for name, info in comps.items():
+        nodes.append({"id": "c:" + name, "kind": "computation", "name": name,
+                      "layer": layer.get("c:" + name, 2), "health": info["health"]})
+        for s in info["inputs"]:
+            edges.append({"from": "s:" + s, "to": "c:" + name, "per_s": info["in_per_s"]})
+        for s in info["outputs"]:
+            edges.append({"from": "c:" + name, "to": "s:" + s, "per_s": info["out_per_s"]})
+    dead_streams = {c.dead_letter_stream: name for name, c in
+                    ((c.name, c) for c in topo.computations)}
+    hidden = {s for s, name in dead_streams.items()
+              if s in sinks and not comps.get(name, {}).get("dead_lettered")}
+    edges = [e for e in edges if e["to"][2:] not in hidden or not e["to"].startswith("s:")]
+    for s in streams:
+        if s in hidden:  # an empty dead-letter stream: shown once something is in it
+            continue
+        nodes.append({"id": "s:" + s, "kind": "sink" if s in sinks else "stream", "name": s,
+                      "layer": layer.get("s:" + s, 1), "health": "ok"})
+    return {"nodes": nodes, "edges": edges}
+
+
+def _at_least(layer: dict[str, int], node: str, depth: int) -> bool:
+    if layer.get(node, -1) < depth:
+        layer[node] = depth
+        return True
+    return False
+
+
+def controller_view(controller: ControllerService) -> Callable[[], ControllerView]:
+    """What the controller's ``millwheel_error_records`` and ``millwheel_worker_up``
+    series are computed from at scrape time (:meth:`PrometheusSensors.controller_view`):
+    the registry and workers read without the lock (both are replaced or added to whole,
+    and copied here first), the error counts from the store."""
+    def view() -> ControllerView:
+        topo = controller.registry.topology
+        workers = {w.worker_id: w.alive for w in list(controller.assigner.workers.values())}
+        errors = {}
+        for spec in topo.computations:
+            e = error_info(controller.store, spec)
+            errors[spec.name] = {"dead_lettered": e["dead_lettered"], "skipped": e["skipped"],
+                                 "late_dropped": e["late_dropped"], "retrying": len(e["retrying"])}
+        return errors, workers
+
+    return view

@@ -1,0 +1,251 @@
+// The millwheel console: reads the Tracker API (docs/ui.md) every REFRESH_MS and
+// draws it. Text from the service is only ever set as textContent (never as HTML).
+"use strict";
+(function () {
+  const REFRESH_MS = 1000;
+  const SVG = "http://www.w3.org/2000/svg";
+  const $ = (id) => document.getElementById(id);
+  let selected = null;       // the computation shown in the panel
+  let stream = null;         // the logged stream shown
+  let keysAfter = [""];      // paging: the "after" of each page seen
+  let timer = null;
+
+  async function api(path, params) {
+    const q = new URLSearchParams(params || {}).toString();
+    const resp = await fetch(path + (q ? "?" + q : ""), { credentials: "same-origin", headers: { Accept: "application/json" } });
+    if (resp.status === 401) { showLogin(); throw new Error("unauthorized"); }
+    const body = await resp.json();
+    if (!resp.ok) { const e = new Error(body.error || resp.statusText); e.status = resp.status; throw e; }
+    return body;
+  }
+
+  function el(tag, attrs, text) {
+    const e = document.createElement(tag);
+    for (const [k, v] of Object.entries(attrs || {})) e.setAttribute(k, v);
+    if (text !== undefined && text !== null) e.textContent = String(text);
+    return e;
+  }
+  function svg(tag, attrs, text) {
+    const e = document.createElementNS(SVG, tag);
+    for (const [k, v] of Object.entries(attrs || {})) e.setAttribute(k, String(v));
+    if (text !== undefined) e.textContent = String(text);
+    return e;
+  }
+  function fillRows(table, rows) {
+    const body = table.tBodies[0];
+    body.replaceChildren(...rows.map((cells) => {
+      const tr = el("tr");
+      for (const c of cells) tr.appendChild(el("td", {}, c));
+      return tr;
+    }));
+  }
+  function fmtWm(wm) {
+    if (wm === "-inf") return "−∞ (nothing yet)";
+    if (wm === "+inf") return "+∞ (done)";
+    return new Date(wm / 1000).toISOString().replace("T", " ").replace("Z", "");
+  }
+  function fmtLag(s) { return s === null || s === undefined ? "" : "lag " + fmtSecs(s); }
+  function fmtSecs(s) {
+    if (s < 120) return s.toFixed(1) + " s";
+    if (s < 7200) return (s / 60).toFixed(1) + " min";
+    if (s < 172800) return (s / 3600).toFixed(1) + " h";
+    return (s / 86400).toFixed(1) + " d";
+  }
+  function fmtRate(r) { return r === null || r === undefined ? "–" : (r >= 100 ? r.toFixed(0) : r.toFixed(1)); }
+
+  function showLogin() {
+    $("console").hidden = true;
+    $("login").hidden = false;
+    $("summary").textContent = "not logged in";
+    if (new URLSearchParams(location.search).get("login") === "failed") $("login-error").hidden = false;
+    if (timer) { clearInterval(timer); timer = null; }
+  }
+
+  // -- topology graph ---------------------------------------------------------------
+  function drawGraph(graph) {
+    const W = 120, H = 30, GX = 34, GY = 14;
+    const layers = {};
+    for (const n of graph.nodes) (layers[n.layer] = layers[n.layer] || []).push(n);
+    const keys = Object.keys(layers).map(Number).sort((a, b) => a - b);
+    const pos = {};
+    let maxRows = 1;
+    keys.forEach((layer, col) => {
+      layers[layer].sort((a, b) => a.name.localeCompare(b.name));
+      layers[layer].forEach((n, row) => { pos[n.id] = { x: 10 + col * (W + GX), y: 10 + row * (H + GY) }; });
+      maxRows = Math.max(maxRows, layers[layer].length);
+    });
+    const width = 20 + keys.length * (W + GX) - GX, height = 20 + maxRows * (H + GY) - GY;
+    const root = svg("svg", { viewBox: `0 0 ${Math.max(width, 200)} ${height}`, width: Math.max(width, 200), height: height, "aria-label": "topology graph" });
+    const defs = svg("defs");
+    const marker = svg("marker", { id: "arrow", viewBox: "0 0 10 10", refX: 10, refY: 5, markerWidth: 6, markerHeight: 6, orient: "auto-start-reverse" });
+    marker.appendChild(svg("path", { d: "M 0 0 L 10 5 L 0 10 z", fill: "#6b7785" }));
+    defs.appendChild(marker); root.appendChild(defs);
+    for (const e of graph.edges) {
+      const a = pos[e.from], b = pos[e.to];
+      if (!a || !b) continue;
+      const x1 = a.x + W, y1 = a.y + H / 2, x2 = b.x, y2 = b.y + H / 2, mx = (x1 + x2) / 2;
+      root.appendChild(svg("path", { class: "edge", d: `M ${x1} ${y1} C ${mx} ${y1}, ${mx} ${y2}, ${x2} ${y2}`, "marker-end": "url(#arrow)" }));
+      if (e.per_s !== null && e.per_s !== undefined) {
+        root.appendChild(svg("text", { class: "rate", x: mx, y: (y1 + y2) / 2 - 4, "text-anchor": "middle" }, fmtRate(e.per_s) + "/s"));
+      }
+    }
+    for (const n of graph.nodes) {
+      const p = pos[n.id];
+      const g = svg("g", { class: `node ${n.kind} ${n.health}`, transform: `translate(${p.x},${p.y})`, "data-name": n.name, "data-kind": n.kind });
+      g.appendChild(svg("rect", { width: W, height: H, rx: n.kind === "computation" ? 6 : 16 }));
+      const label = n.name.length > 17 ? n.name.slice(0, 16) + "…" : n.name;
+      g.appendChild(svg("text", { x: W / 2, y: H / 2 + 4, "text-anchor": "middle" }, label));
+      g.appendChild(svg("title", {}, `${n.kind} ${n.name}: ${n.health}`));
+      if (n.kind === "computation") g.addEventListener("click", () => select(n.name));
+      root.appendChild(g);
+    }
+    $("graph").replaceChildren(root);
+  }
+
+  // -- sparklines -------------------------------------------------------------------
+  function sparkline(target, points) {
+    const W = 300, H = 60;
+    const root = svg("svg", { viewBox: `0 0 ${W} ${H}`, preserveAspectRatio: "none" });
+    if (points.length >= 2) {
+      const t0 = points[0][0], t1 = points[points.length - 1][0];
+      const vs = points.map((p) => p[1]);
+      const lo = Math.min(...vs), hi = Math.max(...vs);
+      const xs = (t) => (t1 === t0 ? 0 : ((t - t0) / (t1 - t0)) * (W - 4) + 2);
+      const ys = (v) => (hi === lo ? H / 2 : H - 4 - ((v - lo) / (hi - lo)) * (H - 8));
+      root.appendChild(svg("polyline", { points: points.map((p) => `${xs(p[0]).toFixed(1)},${ys(p[1]).toFixed(1)}`).join(" ") }));
+      root.appendChild(svg("title", {}, `min ${lo.toFixed(2)}, max ${hi.toFixed(2)}, now ${vs[vs.length - 1].toFixed(2)}`));
+    }
+    target.replaceChildren(root);
+  }
+
+  // -- panels ------------------------------------------------------------------------
+  function fillSelect(select, names, current) {
+    const have = Array.from(select.options).map((o) => o.value).join("\u001f");
+    if (have !== names.join("\u001f")) select.replaceChildren(...names.map((n) => el("option", { value: n }, n)));
+    if (current !== null) select.value = current;
+  }
+
+  async function select(name) {
+    if (name !== selected) {
+      selected = name;
+      keysAfter = [""];
+      $("state-result").textContent = "";
+      $("comp-select").value = name;
+      loadSpec();
+      loadKeys();
+    }
+    await refreshComputation();
+  }
+
+  async function refreshComputation() {
+    if (!selected) return;
+    const c = await api("/api/v1/computation", { computation: selected });
+    const h = $("comp-health");
+    h.className = "health " + c.health;
+    h.textContent = c.health + (c.health_reason ? ": " + c.health_reason : "");
+    $("in-wm").textContent = fmtWm(c.input_low_watermark);
+    $("in-lag").textContent = fmtLag(c.input_lag_s);
+    $("out-wm").textContent = fmtWm(c.low_watermark);
+    $("out-lag").textContent = fmtLag(c.lag_s);
+    $("rates").textContent = `${fmtRate(c.in_per_s)} · ${fmtRate(c.out_per_s)}`;
+    $("totals").textContent = c.records_in_total === null ? "" : `${c.records_in_total} in, ${c.records_out_total} out in all`;
+    $("checkpoints").textContent = c.checkpoints_per_s === null ? "" : `${fmtRate(c.checkpoints_per_s)} checkpoints/s` + (c.checkpoint_ms === null ? "" : `, ${c.checkpoint_ms.toFixed(1)} ms each`);
+    $("err-counts").textContent = `${c.dead_lettered} · ${c.skipped} · ${c.late_dropped}`;
+    $("backpressure").textContent = c.backpressure.map((b) => `injector ${b.injector}: outbox ${b.outbox}, waited ${b.backpressure_s_total.toFixed(1)} s`).join("; ");
+    sparkline($("lag-spark"), c.history.lag);
+    sparkline($("rate-spark"), c.history.in);
+    const errs = [...c.retrying, ...c.recent_errors];
+    fillRows($("errors"), errs.map((e) => [e.time ? new Date(e.time / 1000).toISOString().slice(11, 23) : "", e.record_id ? `${e.key} (record ${e.record_id})` : e.key, `${e.type}: ${e.message}`, `${e.outcome}${e.attempts ? " after " + e.attempts + " attempt(s)" : ""}`]));
+    $("errors-none").hidden = errs.length > 0;
+    fillRows($("ranges"), c.ranges.map((r) => [r.range, r.worker ? `${r.worker} (${r.address})` : "(unassigned)", r.token, fmtWm(r.watermark)]));
+  }
+
+  async function loadSpec() {
+    const s = await api("/api/v1/spec", { computation: selected });
+    $("spec").textContent = s.yaml;
+  }
+
+  async function loadKeys() {
+    const after = keysAfter[keysAfter.length - 1];
+    const k = await api("/api/v1/keys", { computation: selected, after: after, limit: 30 });
+    $("keys").replaceChildren(...k.keys.map((key) => {
+      const li = el("li");
+      const a = el("a", { tabindex: "0", role: "button" }, key);
+      a.addEventListener("click", () => { $("state-key").value = key; lookup(); });
+      li.appendChild(a);
+      return li;
+    }));
+    if (!k.keys.length) $("keys").appendChild(el("li", {}, "(no keys with state)"));
+    $("keys-next").disabled = !k.next_after;
+    $("keys-next").dataset.next = k.next_after || "";
+  }
+
+  async function lookup() {
+    const key = $("state-key").value;
+    if (!selected || !key) return;
+    try {
+      const s = await api("/api/v1/state", { computation: selected, key: key });
+      const lines = [`${s.computation} key ${JSON.stringify(s.key)} (range ${s.range})`];
+      if (!s.exists) lines.push("no state and no pending timers");
+      else {
+        lines.push("state: " + (s.state_json !== null ? JSON.stringify(s.state_json, null, 2) : (s.state_text === null ? "(none)" : s.state_text)));
+        if (s.truncated) lines.push(`(first bytes of ${s.state_bytes})`);
+        lines.push(s.timers.length ? "timers:" : "timers: (none)");
+        for (const t of s.timers) lines.push(`  ${t.tag} at ${t.time} (${t.domain}${t.hold ? ", holds the watermark" : ""})`);
+      }
+      $("state-result").textContent = lines.join("\n");
+    } catch (e) {
+      $("state-result").textContent = "error: " + e.message;
+    }
+  }
+
+  async function refreshRecords(logged) {
+    if (!logged.length) { $("records").tBodies[0].replaceChildren(); return; }
+    if (stream === null || !logged.includes(stream)) stream = logged[0];
+    fillSelect($("stream-select"), logged, stream);
+    const r = await api("/api/v1/records", { stream: stream, n: 20 });
+    fillRows($("records"), r.records.slice().reverse().map((x) => [x.seq, fmtWm(x.timestamp), x.key, x.value]));
+  }
+
+  async function refresh() {
+    try {
+      const o = await api("/api/v1/overview");
+      $("login").hidden = true;
+      $("console").hidden = false;
+      $("fatal").hidden = true;
+      const bad = o.computations.filter((c) => c.health !== "ok").length;
+      $("summary").textContent = `${o.computations.length} computations, ${o.injectors.length} injectors, ` +
+        `${o.workers.alive}/${o.workers.total} workers alive` + (bad ? `, ${bad} not ok` : "");
+      $("updated").textContent = "updated " + new Date().toLocaleTimeString();
+      drawGraph(o.graph);
+      const names = o.computations.map((c) => c.name).sort();
+      if (selected === null || !names.includes(selected)) {
+        selected = null;
+        fillSelect($("comp-select"), names, null);
+        if (names.length) await select(names[0]);
+      } else {
+        fillSelect($("comp-select"), names, selected);
+        await refreshComputation();
+      }
+      const w = await api("/api/v1/workers");
+      fillRows($("workers"), w.workers.map((x) => [x.id, x.address, x.state, x.last_heartbeat_s.toFixed(1) + " s ago", x.ranges.join(" ")]));
+      await refreshRecords(o.logged_streams);
+    } catch (e) {
+      if (e.message !== "unauthorized") { $("fatal").hidden = false; $("fatal").textContent = "cannot reach the console API: " + e.message; }
+    }
+  }
+
+  document.addEventListener("DOMContentLoaded", () => {
+    $("comp-select").addEventListener("change", (ev) => select(ev.target.value));
+    $("stream-select").addEventListener("change", (ev) => { stream = ev.target.value; refresh(); });
+    $("state-form").addEventListener("submit", (ev) => { ev.preventDefault(); lookup(); });
+    $("keys-next").addEventListener("click", () => { const n = $("keys-next").dataset.next; if (n) { keysAfter.push(n); loadKeys(); } });
+    $("keys-first").addEventListener("click", () => { keysAfter = [""]; loadKeys(); });
+    api("/api/v1/session").then((s) => {
+      if (!s.authorized) { showLogin(); return; }
+      $("logout").hidden = !s.auth_required;
+      refresh();
+      timer = setInterval(refresh, REFRESH_MS);
+    }).catch((e) => { $("fatal").hidden = false; $("fatal").textContent = "cannot reach the console API: " + e.message; });
+  });
+})();
