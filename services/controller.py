@@ -75,6 +75,7 @@ class ControllerService:
         self.assigner = Assigner(store, heartbeat_timeout_s)
         self.assigner.sync_units(self.registry.nodes())
         self._served: dict[str, int] = {}
+        self._pending: dict[tuple[str, int], int] = {}  # outbox entries per range, as last reported
         self._links: dict[str, PeerLink] = {}
         self._stop = threading.Event()
         self._reaper = threading.Thread(target=self._reap_loop, name="reaper", daemon=True)
@@ -152,7 +153,7 @@ class ControllerService:
             out.append(pb.RangeInfo(
                 node=n, range_id=r, worker_id=owner.worker_id or "",
                 worker_address=w.address if w else "", token=owner.token,
-                watermark=wms[n].get(r, MIN_TIMESTAMP)))
+                watermark=wms[n].get(r, MIN_TIMESTAMP), pending=self._pending.get((n, r), 0)))
         return out
 
     def _info(self, name: str) -> pb.ComputationInfo:
@@ -466,6 +467,7 @@ class ControllerService:
                 if not a.owns(request.worker_id, unit, rep.token):
                     fenced.append(rep)
                     continue
+                self._pending[unit] = rep.pending
                 try:
                     self.store.report_watermark(rep.node, rep.range_id, rep.token, rep.watermark)
                 except FencedError:

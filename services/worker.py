@@ -194,7 +194,8 @@ class WorkerProcess:
             if owned.dropped or wm is None:
                 continue
             reports.append(pb.WatermarkReport(node=owned.node, range_id=owned.range_id,
-                                              token=owned.token, watermark=wm))
+                                              token=owned.token, watermark=wm,
+                                              pending=len(owned.outbox) if owned.outbox is not None else 0))
         fenced, self._fenced_unreported = self._fenced_unreported, []
         reports += [pb.WatermarkReport(node=n, range_id=r, token=t, watermark=MIN_TIMESTAMP)
                     for n, r, t in fenced]

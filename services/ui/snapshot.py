@@ -97,6 +97,7 @@ class Snapshotter:
             version = c.registry.version
             out, inputs = c.watermarks()
             units = {u: (o.worker_id, o.token) for u, o in c.assigner.units.items()}
+            pending = dict(c._pending)
             workers = [(w.worker_id, w.address, w.metrics_address, w.alive, w.draining,
                         mono - w.last_seen) for w in c.assigner.workers.values()]
         now_us = c.clock.now_us()
@@ -111,7 +112,8 @@ class Snapshotter:
             ranges = [{"range": r, "worker": units.get((spec.name, r), (None, 0))[0] or "",
                        "address": addr.get(units.get((spec.name, r), (None, 0))[0] or "", ""),
                        "token": units.get((spec.name, r), (None, 0))[1],
-                       "watermark": _wm(wms.get(r, MIN_TIMESTAMP))}
+                       "watermark": _wm(wms.get(r, MIN_TIMESTAMP)),
+                       "pending": pending.get((spec.name, r), 0)}
                       for r in range(spec.options.key_ranges)]
             errs = error_info(c.store, spec)
             info = {

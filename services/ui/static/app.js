@@ -157,7 +157,7 @@
     const errs = [...c.retrying, ...c.recent_errors];
     fillRows($("errors"), errs.map((e) => [e.time ? new Date(e.time / 1000).toISOString().slice(11, 23) : "", e.record_id ? `${e.key} (record ${e.record_id})` : e.key, `${e.type}: ${e.message}`, `${e.outcome}${e.attempts ? " after " + e.attempts + " attempt(s)" : ""}`]));
     $("errors-none").hidden = errs.length > 0;
-    fillRows($("ranges"), c.ranges.map((r) => [r.range, r.worker ? `${r.worker} (${r.address})` : "(unassigned)", r.token, fmtWm(r.watermark)]));
+    fillRows($("ranges"), c.ranges.map((r) => [r.range, r.worker ? `${r.worker} (${r.address})` : "(unassigned)", r.token, fmtWm(r.watermark), r.pending]));
   }
 
   async function loadSpec() {
