@@ -47,7 +47,7 @@ def test_the_core_never_imports_grpc_or_services() -> None:
 
 
 @pytest.mark.parametrize("library,home", [
-    ("redis", "millwheel/state/redis_store.py"),
+    ("redis", "millwheel/state/redis_connection.py"),
     ("prometheus_client", "services/metrics.py"),
     ("pyspark", "millwheel/spark/session.py"),
 ])
