@@ -7,7 +7,7 @@ import argparse
 import json
 from typing import Any
 
-from .cli_service import DEFAULT_CONTROLLER, fmt_ts, table
+from .cli_client import DEFAULT_CONTROLLER, fmt_ts, table
 from .client import ControllerClient
 from .generated import millwheel_pb2 as pb
 
