@@ -209,7 +209,8 @@ def cmd_watermark(args: argparse.Namespace) -> int:
 def cmd_state(args: argparse.Namespace) -> int:
     with _client(args) as client:
         resp = client.state(args.computation, args.key)
-    timers = [{"tag": t.tag, "time": t.time, "domain": t.domain, "hold": t.hold} for t in resp.timers]
+    timers: list[dict[str, Any]] = [{"tag": t.tag, "time": t.time, "domain": t.domain, "hold": t.hold}
+                                    for t in resp.timers]
     data = {"computation": args.computation, "key": args.key, "exists": resp.exists,
             "range": resp.range_id, "state": _value_text(resp.state) if resp.exists else None,
             "timers": timers}
@@ -267,10 +268,11 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_computations(args: argparse.Namespace) -> int:
     with _client(args) as client:
         resp = client.computations()
-    data = {"computations": [{"name": c.spec.name, "inputs": [i.stream for i in c.spec.inputs],
-                              "outputs": list(c.spec.outputs), "code": c.spec.code.name,
-                              "key_ranges": c.spec.options.key_ranges,
-                              "low_watermark": c.low_watermark} for c in resp.computations],
+    data: dict[str, list[dict[str, Any]]] = {
+        "computations": [{"name": c.spec.name, "inputs": [i.stream for i in c.spec.inputs],
+                          "outputs": list(c.spec.outputs), "code": c.spec.code.name,
+                          "key_ranges": c.spec.options.key_ranges,
+                          "low_watermark": c.low_watermark} for c in resp.computations],
             "injectors": [{"name": i.name, "stream": i.stream} for i in resp.injectors]}
     text = table(["COMPUTATION", "INPUTS", "OUTPUTS", "CODE", "RANGES", "LOW WATERMARK"], [
         (c["name"], ",".join(c["inputs"]), ",".join(c["outputs"]), c["code"], c["key_ranges"],

@@ -181,11 +181,11 @@ class ControllerService(Injecting):
         with self.lock:
             new_comps, new_injs = self.registry.register_topology(comps, injectors, request.log_streams)
             self._registry_changed()
-            log.info("registered %s", [s.name for s in [*new_comps, *new_injs]] or "nothing new")
+            log.info("registered %s", [*(c.name for c in new_comps), *(i.name for i in new_injs)] or "nothing new")
             return pb.RegisterTopologyResponse(
                 computations=[self._info(c.name) for c in comps],
                 injectors=[convert.injector_to_proto(i) for i in injectors],
-                registered=[s.name for s in [*new_comps, *new_injs]])
+                registered=[*(c.name for c in new_comps), *(i.name for i in new_injs)])
 
     @rpc
     def RegisterInjector(self, request: Any, context: Ctx) -> pb.RegisterInjectorResponse:

@@ -11,26 +11,29 @@ from __future__ import annotations
 
 import random
 import secrets
+import threading
 import time
 from collections import deque
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import Any, Callable, Iterator
 
 import grpc
 
+from millwheel.clock import SystemClock
 from millwheel.errors import InvalidSpecError, MillWheelError, NotFoundError
 from millwheel.record import MAX_TIMESTAMP, MIN_TIMESTAMP
 from millwheel.topology import InjectorSpec, injector_node
 
+from .controller_assign import Assigner
+from .controller_registry import Registry
 from .generated import millwheel_pb2 as pb
 from .grpc_server import check
 from .inject_split import split
+from .limits import InjectLimits
+from .metrics import PrometheusSensors
 from .status import BusyError, UnavailableError, code_for
 from .worker_link import LinkError, PeerLink
-
-if TYPE_CHECKING:
-    from .controller import ControllerService
 
 Ctx = grpc.ServicerContext
 
@@ -41,6 +44,20 @@ INJECT_BATCH = 5000  # larger Inject messages go to the injector's owner in piec
 
 class Injecting:
     """The Inject RPC and its hand-over to the injector's owner (a mixin of ControllerService)."""
+
+    # Set by ControllerService.__init__ (services/controller.py) or defined there.
+    registry: Registry
+    assigner: Assigner
+    limits: InjectLimits
+    clock: SystemClock
+    sensors: PrometheusSensors | None
+    lock: threading.RLock
+    inject_batch: int
+    inject_timeout_s: float
+    inject_wait_s: float
+    _links: dict[str, PeerLink]
+    _stop: threading.Event
+    _registry_changed: Callable[[], None]
 
     def _injector_for(self, msg: Any, index: int) -> InjectorSpec:
         where = f"inject message {index}"
@@ -119,7 +136,7 @@ class Injecting:
                         if ack.status == pb.DeliverAck.OK:
                             if busy_since is not None and self.sensors is not None:
                                 self.sensors.backpressure(node, time.monotonic() - busy_since)
-                            return ack  # type: ignore[no-any-return]
+                            return ack
                         if ack.status == pb.DeliverAck.BUSY:
                             # Backpressure: hold the message (and so the client's stream)
                             # until the outbox drains, then give up with a retry hint.
@@ -180,7 +197,7 @@ class Injecting:
 class _InjectCall:
     """The messages of one Inject call in flight to the injector's owner, in order."""
 
-    def __init__(self, controller: ControllerService, session: str) -> None:
+    def __init__(self, controller: Injecting, session: str) -> None:
         self.controller = controller
         self.session = session
         self.accepted = 0  # records of the messages accepted, a prefix of the call

@@ -13,33 +13,62 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import grpc
 
+from millwheel.clock import SystemClock
 from millwheel.errors import FencedError, UserCodeError
 from millwheel.record import MIN_TIMESTAMP, Record
 from millwheel.runtime import poison
 from millwheel.runtime.context import RangeTransaction
-from millwheel.state.protocol import Production
-from millwheel.topology import Productions
+from millwheel.runtime.range_worker import CrashHook, RangeWorker
+from millwheel.runtime.routing import Router
+from millwheel.state.protocol import Production, StateStore
+from millwheel.topology import Productions, Topology
 
 from . import convert, overruns
 from .generated import millwheel_pb2 as pb
 from .grpc_server import Malformed
+from .watchdog import Watchdog
+from .worker_link import PeerLink
+from .worker_progress import NoProgress, ProgressBlock
 from .worker_units import OwnedRange
 
 if TYPE_CHECKING:
-    from .worker import WorkerProcess
+    from .worker import OwnerInfo, WorkerProcess
 
 log = logging.getLogger("millwheel.worker")
+Unit = tuple[str, int]
 
 
 class Receiver:
     """Inject and Deliver into the ranges this worker owns (a mixin of WorkerProcess)."""
 
+    # Set by WorkerProcess.__init__ (services/worker.py) or defined by its other parts.
+    units: dict[Unit, OwnedRange]
+    owners: dict[Unit, OwnerInfo]
+    input_wms: dict[str, int]
+    topology: Topology
+    router: Router
+    worker_id: str
+    store: StateStore
+    clock: SystemClock
+    crash: CrashHook
+    watchdog: Watchdog | None
+    progress: ProgressBlock | NoProgress
+    max_injector_outbox: int
+    weak_wait_s: float
     _inject_seqs: OrderedDict[tuple[str, str], int]
     _units_lock: threading.Lock
+    _wake: threading.Event
+    _hb_wake: threading.Event
+    _fenced: Callable[[OwnedRange, FencedError], None]
+    _new_range_worker: Callable[[str, int, int], RangeWorker]
+    _route: Callable[[list[Production]], tuple[dict[str, list[Production]], dict[Unit, list[Production]],
+                                                list[Production]]]
+    _link: Callable[[str], PeerLink]
+    _batch: Callable[[str, str, int, list[Production]], pb.DeliverBatch]
 
     def inject_order(self, batch: pb.DeliverBatch) -> pb.DeliverAck | None:
         """A refusal if this injection message's predecessor was not accepted here (the

@@ -11,19 +11,30 @@ state it uses; the receiving side is :mod:`services.worker_receive`.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import defaultdict
+from typing import TYPE_CHECKING, Callable
 
 from millwheel.errors import FencedError, UserCodeError
 from millwheel.keys import key_range
-from millwheel.record import MIN_TIMESTAMP
+from millwheel.record import MIN_TIMESTAMP, Record
+from millwheel.runtime.context import RangeTransaction
+from millwheel.runtime.range_worker import CrashHook
 from millwheel.runtime.routing import LOG_PREFIX
-from millwheel.state.protocol import Production
+from millwheel.state.protocol import Production, StateStore
+from millwheel.topology import Topology
 
 from . import convert, overruns
 from .generated import millwheel_pb2 as pb
+from .metrics import PrometheusSensors
+from .watchdog import Watchdog
 from .worker_link import PeerLink
+from .worker_progress import NoProgress, ProgressBlock
 from .worker_units import OwnedRange, Slice
+
+if TYPE_CHECKING:
+    from .worker import OwnerInfo
 
 log = logging.getLogger("millwheel.worker")
 Unit = tuple[str, int]
@@ -31,6 +42,30 @@ Unit = tuple[str, int]
 
 class Sender:
     """The pump and delivery of outboxes (a mixin of WorkerProcess)."""
+
+    # Set by WorkerProcess.__init__ (services/worker.py) or defined by its other parts.
+    units: dict[Unit, OwnedRange]
+    owners: dict[Unit, OwnerInfo]
+    links: dict[str, PeerLink]
+    input_wms: dict[str, int]
+    topology: Topology
+    version: int
+    worker_id: str
+    store: StateStore
+    sensors: PrometheusSensors
+    crash: CrashHook
+    watchdog: Watchdog | None
+    progress: ProgressBlock | NoProgress
+    batch_size: int
+    max_slices: int
+    max_inflight: int
+    delivery_timeout_s: float
+    stopped: threading.Event
+    _wake: threading.Event
+    _hb_wake: threading.Event
+    process: Callable[[str, int, list[Record]], pb.DeliverAck]
+    _fenced: Callable[[OwnedRange, FencedError], None]
+    _commit: Callable[[OwnedRange, RangeTransaction], None]
 
     def wake(self) -> None:
         """New work for the pump (an ack arrived, an outbox grew, watermarks moved)."""
