@@ -47,7 +47,7 @@ def _same(presented: str, expected: str | None) -> bool:
     return expected is not None and hmac.compare_digest(presented.encode(), expected.encode())
 
 
-class AuthInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
+class AuthInterceptor(grpc.ServerInterceptor):
     """Checks the bearer token of every call against the service's trust class."""
 
     def __init__(self, client_token: str | None, cluster_secret: str | None) -> None:
@@ -107,7 +107,7 @@ class AuthInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
                     refused[1])
 
 
-def _refusing(handler: grpc.RpcMethodHandler, code: grpc.StatusCode, message: str) -> Any:
+def _refusing(handler: grpc.RpcMethodHandler[Any, Any], code: grpc.StatusCode, message: str) -> Any:
     """A handler of the same shape as ``handler`` that only aborts. The request is
     neither parsed nor read (raw bytes, no deserializer)."""
 

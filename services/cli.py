@@ -11,7 +11,9 @@ import sys
 from millwheel import __version__
 from millwheel.errors import MillWheelError
 
-COMMAND_MODULES = tuple(f"{__package__}.{m}" for m in ("cli_local", "cli_service", "cli_errors", "cli_spark"))
+COMMAND_MODULES = tuple(
+    f"{__package__}.{m}" for m in ("cli_local", "cli_service", "cli_client", "cli_errors", "cli_spark")
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -7,8 +7,8 @@ import argparse
 import json
 from typing import Any
 
-from .cli_service import DEFAULT_CONTROLLER, fmt_ts, table
-from .client import ControllerClient
+from .cli_client import fmt_ts, table
+from .client import DEFAULT_CONTROLLER, ControllerClient
 from .generated import millwheel_pb2 as pb
 
 

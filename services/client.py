@@ -22,7 +22,8 @@ import os
 import random
 import threading
 import time
-from typing import Any, Callable, Iterable, Iterator, TypeVar
+from functools import partial
+from typing import Any, Callable, Iterable, Iterator, TypeVar, cast
 
 import grpc
 
@@ -148,7 +149,7 @@ class ControllerClient:
         token = ""
         while True:
             req = pb.ListKeysRequest(computation=computation, page_token=token, page_size=page_size)
-            resp = self.call(lambda r=req: self.stub.ListKeys(r, timeout=self.timeout_s))
+            resp = self.call(partial(self.stub.ListKeys, req, timeout=self.timeout_s))
             yield from resp.keys
             token = resp.next_page_token
             if not token:
@@ -199,7 +200,7 @@ class ControllerClient:
                 resp = self.stub.Inject(requests, timeout=None)
                 return pb.InjectResponse(accepted=accepted + resp.accepted, watermark=resp.watermark)
             except grpc.RpcError as exc:
-                meta = dict(exc.trailing_metadata() or ())
+                meta: dict[str, Any] = dict(cast(Any, exc.trailing_metadata()) or ())
                 hint = meta.get("retry-after-ms")
                 if exc.code() != grpc.StatusCode.RESOURCE_EXHAUSTED or hint is None \
                         or time.monotonic() > deadline:
@@ -261,8 +262,8 @@ class _CallFeed:
             if msg is self._END:
                 self.ended = True
                 return
-            self.sent.append(msg)
-            yield msg
+            self.sent.append(cast(pb.InjectRequest, msg))
+            yield cast(pb.InjectRequest, msg)
 
     def stop(self, wait_s: float = 5.0) -> None:
         self._stopped = True

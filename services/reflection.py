@@ -39,7 +39,7 @@ def documented_files() -> dict[str, bytes]:
     return out
 
 
-class DocumentedReflectionServicer(v1alpha.ReflectionServicer):  # type: ignore[misc]
+class DocumentedReflectionServicer(v1alpha.ReflectionServicer):
     """The stock servicer, answering with the documented form of our proto files."""
 
     def __init__(self, service_names: list[str], documented: dict[str, bytes]) -> None:
@@ -56,10 +56,11 @@ class DocumentedReflectionServicer(v1alpha.ReflectionServicer):  # type: ignore[
         return response
 
     def _file_by_filename(self, request: Any, filename: str) -> Any:
-        return self._with_docs(super()._file_by_filename(request, filename))
+        return self._with_docs(super()._file_by_filename(request, filename))  # type: ignore[misc]
 
     def _file_containing_symbol(self, request: Any, fully_qualified_name: str) -> Any:
-        return self._with_docs(super()._file_containing_symbol(request, fully_qualified_name))
+        return self._with_docs(super()._file_containing_symbol(  # type: ignore[misc]
+            request, fully_qualified_name))
 
 
 def v1_file_descriptor() -> descriptor_pb2.FileDescriptorProto:
@@ -94,7 +95,7 @@ def enable(server: grpc.Server, service_names: Iterable[str]) -> list[str]:
     _register_v1_descriptor()
     names = [*service_names, V1_SERVICE_NAME, V1ALPHA_SERVICE_NAME]
     servicer = DocumentedReflectionServicer(names, documented_files())
-    rpb_grpc.add_ServerReflectionServicer_to_server(servicer, server)
+    rpb_grpc.add_ServerReflectionServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
     handler = grpc.stream_stream_rpc_method_handler(
         servicer.ServerReflectionInfo,
         request_deserializer=rpb.ServerReflectionRequest.FromString,

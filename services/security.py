@@ -328,11 +328,11 @@ def _generated(path: Path) -> Path:
 # -- client side: the bearer token on every call ---------------------------------------------
 class _Details(collections.namedtuple(
         "_Details", ("method", "timeout", "metadata", "credentials", "wait_for_ready", "compression")),
-        grpc.ClientCallDetails):  # type: ignore[misc]
+        grpc.ClientCallDetails):
     pass
 
 
-class _Bearer(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor,  # type: ignore[misc]
+class _Bearer(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor,
               grpc.StreamUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):
     def __init__(self, token: str) -> None:
         self.entry = ("authorization", f"Bearer {token}")

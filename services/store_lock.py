@@ -63,5 +63,5 @@ def open_service_store(url: str) -> StateStore:
     store = open_store(url)
     path = getattr(store, "path", None)
     if url.startswith("sqlite:///") and isinstance(path, str) and path != ":memory:":
-        return WriterLockedStore(store, path + ".writers")  # type: ignore[return-value]
+        return WriterLockedStore(store, path + ".writers")
     return store

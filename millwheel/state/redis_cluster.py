@@ -2,7 +2,7 @@
 
 Kept apart from :mod:`millwheel.state.redis_store` so the store reads the same for
 both deployments; no redis-py import here (the clients come in as arguments, built by
-the store module, which stays the only importer of ``redis``).
+:mod:`millwheel.state.redis_connection`, which stays the only importer of ``redis``).
 
 * **Detection** (``?cluster=auto``, the default): the first call asks the node named
   in the URL for ``INFO cluster``; ``cluster_enabled:1`` switches the store to

@@ -18,7 +18,8 @@ from millwheel.errors import InvalidSpecError, StoreError
 from millwheel.record import Record, Timer
 from millwheel.state import open_store
 from millwheel.state.protocol import Checkpoint, Production
-from millwheel.state.redis_store import LostWritesError, RedisStore
+from millwheel.state.redis_connection import LostWritesError
+from millwheel.state.redis_store import RedisStore
 from tests.support.redis_cluster import RedisClusterNodes
 from tests.support.redis_server import RedisServer, free_port
 

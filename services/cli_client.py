@@ -1,0 +1,302 @@
+"""Client commands: talk to a running controller (register, unregister, inject,
+watermark, state, keys, status, computations, subscribe), and the table/JSON output
+they share.
+
+Every client command prints a human table by default and JSON with ``--json``; the
+controller address comes from ``--controller``, ``$MILLWHEEL_CONTROLLER`` or
+127.0.0.1:7070. The process commands (up, controller, worker) are in
+:mod:`services.cli_service`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import sys
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+from millwheel.errors import InvalidSpecError
+from millwheel.record import MAX_TIMESTAMP, MIN_TIMESTAMP, Record
+from millwheel.sources import parse_json_record
+from millwheel.spec import load_spec_file
+
+from . import security
+from .client import DEFAULT_CONTROLLER, ControllerClient, inject_messages
+
+
+def add_commands(sub: Any) -> None:
+    def client_parser(name: str, help: str, description: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help, description=description)
+        p.add_argument("--controller", metavar="HOST:PORT",
+                       help=f"controller address (default $MILLWHEEL_CONTROLLER or {DEFAULT_CONTROLLER})")
+        p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+        security.add_args(p, server=False)
+        return p
+
+    reg = client_parser("register", "register computations (and injectors) from a spec file",
+                        "Register the computations of a YAML/JSON spec file: either one computation "
+                        "mapping (name, inputs, outputs, code, options) or a topology with "
+                        "'injectors' and 'computations', all or nothing (one RegisterTopology call: "
+                        "if anything is refused, nothing is registered). Ones identical to the "
+                        "registered ones are left as they are; ones that differ are an error.")
+    reg.add_argument("spec", metavar="SPEC.yaml|json")
+    reg.set_defaults(func=cmd_register)
+
+    unreg = client_parser("unregister", "unregister a computation",
+                          "Unregister a computation (refused while another consumes its output).")
+    unreg.add_argument("name", metavar="COMPUTATION")
+    unreg.set_defaults(func=cmd_unregister)
+
+    inj = client_parser("inject", "inject JSON-lines records through an injector",
+                        "Send records to an injector: JSON lines {\"key\", \"value\", \"timestamp\" "
+                        "(integer microseconds)[, \"id\"]} from FILE or stdin. Records with an "
+                        "'id' are idempotent (re-injecting them is a no-op); others get a fresh "
+                        "id. Each batch reports the injector watermark: the largest timestamp "
+                        "so far minus --max-disorder-us; --done reports the final watermark.")
+    inj.add_argument("file", nargs="?", default="-", metavar="FILE", help="JSON lines (default stdin)")
+    inj.add_argument("--injector", required=True, help="injector name")
+    inj.add_argument("--stream", default="",
+                     help="stream to write (registers the injector if it is new)")
+    inj.add_argument("--batch", type=int, default=500, help="records per message (default 500)")
+    inj.add_argument("--max-disorder-us", type=int, default=0,
+                     help="how far out of timestamp order records may arrive (default 0)")
+    inj.add_argument("--no-watermark", action="store_true", help="do not advance the watermark")
+    inj.add_argument("--done", action="store_true",
+                     help="this is the injector's last input: advance its watermark to the end")
+    inj.set_defaults(func=cmd_inject)
+
+    wm = client_parser("watermark", "show low watermarks",
+                       "Show the low watermark of every computation and injector, or of one.")
+    wm.add_argument("computation", nargs="?", default="", metavar="COMPUTATION")
+    wm.set_defaults(func=cmd_watermark)
+
+    st = client_parser("state", "show the state and pending timers of a key",
+                       "Show the stored state bytes and pending timers of one key of a computation.")
+    st.add_argument("computation", metavar="COMPUTATION")
+    st.add_argument("key", metavar="KEY")
+    st.set_defaults(func=cmd_state)
+
+    ks = client_parser("keys", "list the keys with state", "List the keys of a computation that have state.")
+    ks.add_argument("computation", metavar="COMPUTATION")
+    ks.add_argument("--limit", type=int, default=0, help="at most this many (default all)")
+    ks.set_defaults(func=cmd_keys)
+
+    stat = client_parser("status", "show workers, ranges, tokens and watermarks",
+                         "Show the cluster: workers, every key range with its owner and token, "
+                         "and watermarks with their lag.")
+    stat.set_defaults(func=cmd_status)
+
+    comps = client_parser("computations", "list registered computations and injectors",
+                          "List registered computations and injectors.")
+    comps.set_defaults(func=cmd_computations)
+
+    subs = client_parser("subscribe", "print the records of a sink stream",
+                         "Print the records of a sink stream (one no computation consumes) from "
+                         "the stream log, from the start or after --after; --follow keeps "
+                         "printing new records.")
+    subs.add_argument("stream", metavar="STREAM")
+    subs.add_argument("--after", type=int, default=0, metavar="SEQ", help="start after this position")
+    subs.add_argument("--follow", "-f", action="store_true", help="keep streaming new records")
+    subs.set_defaults(func=cmd_subscribe)
+
+
+# -- formatting -----------------------------------------------------------------------------
+def fmt_ts(us: int) -> str:
+    if us <= MIN_TIMESTAMP:
+        return "-inf (nothing yet)"
+    if us >= MAX_TIMESTAMP:
+        return "+inf (done)"
+    when = dt.datetime.fromtimestamp(us / 1e6, tz=dt.UTC)
+    return f"{us} ({when.isoformat(timespec='milliseconds').replace('+00:00', 'Z')})"
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _emit(args: argparse.Namespace, data: Any, text: str) -> int:
+    print(json.dumps(data, indent=2) if args.json else text)
+    return 0
+
+
+def _value_text(value: bytes) -> str:
+    return value.decode("utf-8", "replace")
+
+
+# -- client commands ----------------------------------------------------------------------------
+def _client(args: argparse.Namespace) -> ControllerClient:
+    return ControllerClient(args.controller, security=security.from_args(args, server=False))
+
+
+def cmd_register(args: argparse.Namespace) -> int:
+    from .convert import spec_dict_to_proto
+
+    data = load_spec_file(args.spec)
+    if "computations" in data or "injectors" in data:
+        comps, injectors = data.get("computations", []), data.get("injectors", [])
+    else:
+        comps, injectors = [data], []
+    if not isinstance(comps, list) or not isinstance(injectors, list):
+        raise InvalidSpecError(f"{args.spec}: 'computations' and 'injectors' must be lists")
+    protos = [spec_dict_to_proto(c) for c in comps]  # validate everything before sending
+    for i, inj in enumerate(injectors):
+        if not isinstance(inj, dict) or not inj.get("name") or not inj.get("stream"):
+            raise InvalidSpecError(f"{args.spec}: injectors[{i}] needs 'name' and 'stream'")
+    logged = data.get("log_streams", []) if isinstance(data.get("log_streams"), list) else []
+    with _client(args) as client:  # all or nothing: one RegisterTopology call
+        resp = client.register_topology(protos, [(str(i["name"]), str(i["stream"])) for i in injectors],
+                                        [str(s) for s in logged])
+    done: list[dict[str, Any]] = [{"injector": i.name, "stream": i.stream} for i in resp.injectors]
+    done += [{"computation": c.spec.name, "ranges": len(c.ranges)} for c in resp.computations]
+    text = "\n".join(
+        f"registered injector {d['injector']!r} -> stream {d['stream']!r}" if "injector" in d
+        else f"registered computation {d['computation']!r} ({d['ranges']} key ranges)" for d in done)
+    return _emit(args, done, text)
+
+
+def cmd_unregister(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        client.unregister(args.name)
+    return _emit(args, {"unregistered": args.name}, f"unregistered {args.name!r}")
+
+
+def _read_records(path: str) -> Iterator[Record]:
+    name = "stdin" if path == "-" else path
+    fh = sys.stdin.buffer if path == "-" else open(path, "rb")  # noqa: SIM115
+    try:
+        for n, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            where = f"{name}:{n}"
+            rec = parse_json_record(line, where)
+            if rec.record_id == where:  # no "id" given: the controller assigns one
+                rec = Record(rec.key, rec.value, rec.timestamp, "")
+            yield rec
+    finally:
+        if fh is not sys.stdin.buffer:
+            fh.close()
+
+
+def cmd_inject(args: argparse.Namespace) -> int:
+    if args.file != "-" and not Path(args.file).is_file():
+        raise InvalidSpecError(f"{args.file}: no such file")
+    messages = inject_messages(
+        args.injector, args.stream, _read_records(args.file), batch=args.batch,
+        max_disorder_us=None if args.no_watermark else args.max_disorder_us, done=args.done)
+    with _client(args) as client:
+        resp = client.inject(messages)
+    data = {"injector": args.injector, "accepted": resp.accepted, "watermark": resp.watermark}
+    return _emit(args, data, f"injected {resp.accepted} records through {args.injector!r}; "
+                 f"injector watermark {fmt_ts(resp.watermark)}")
+
+
+def cmd_watermark(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        wms = client.watermarks(args.computation)
+    data = [{"node": w.node, "low_watermark": w.low_watermark,
+             "input_low_watermark": w.input_low_watermark, "lag_us": w.lag_us} for w in wms]
+    rows = [(w.node, fmt_ts(w.low_watermark), fmt_ts(w.input_low_watermark),
+             f"{w.lag_us / 1e6:.1f}s") for w in wms]
+    return _emit(args, data, table(["NODE", "LOW WATERMARK", "INPUT WATERMARK", "LAG"], rows))
+
+
+def cmd_state(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        resp = client.state(args.computation, args.key)
+    timers: list[dict[str, Any]] = [{"tag": t.tag, "time": t.time, "domain": t.domain, "hold": t.hold}
+                                    for t in resp.timers]
+    data = {"computation": args.computation, "key": args.key, "exists": resp.exists,
+            "range": resp.range_id, "state": _value_text(resp.state) if resp.exists else None,
+            "timers": timers}
+    if not resp.exists:
+        text = f"{args.computation} key {args.key!r}: no state and no pending timers"
+    else:
+        text = (f"{args.computation} key {args.key!r} (range {resp.range_id})\nstate: "
+                f"{_value_text(resp.state) or '(none)'}\n")
+        text += table(["TIMER", "TIME", "DOMAIN", "HOLDS WATERMARK"],
+                      [(t["tag"], fmt_ts(t["time"]), t["domain"], t["hold"]) for t in timers]) \
+            if timers else "timers: (none)"
+    return _emit(args, data, text)
+
+
+def cmd_keys(args: argparse.Namespace) -> int:
+    keys = []
+    with _client(args) as client:
+        for key in client.keys(args.computation):
+            keys.append(key)
+            if args.limit and len(keys) >= args.limit:
+                break
+    return _emit(args, keys, "\n".join(keys) if keys else "(no keys with state)")
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from .cli_errors import status_lines
+
+    with _client(args) as client:
+        s = client.status()
+        errors = status_lines(client)
+    data = {
+        "store": s.store_url,
+        "workers": [{"id": w.worker_id, "address": w.address, "metrics": w.metrics_address,
+                     "alive": w.alive, "draining": w.draining, "ranges": w.ranges,
+                     "last_heartbeat_age_s": round(w.last_heartbeat_age_s, 3)} for w in s.workers],
+        "ranges": [{"node": r.node, "range": r.range_id, "worker": r.worker_id,
+                    "address": r.worker_address, "token": r.token, "watermark": r.watermark}
+                   for r in s.ranges],
+        "watermarks": [{"node": w.node, "low_watermark": w.low_watermark, "lag_us": w.lag_us}
+                       for w in s.watermarks],
+    }
+    parts = [f"store: {s.store_url}", "", table(
+        ["WORKER", "ADDRESS", "STATE", "RANGES", "LAST HEARTBEAT", "METRICS"],
+        [(w.worker_id, w.address, "draining" if w.draining else "alive" if w.alive else "dead",
+          w.ranges, f"{w.last_heartbeat_age_s:.1f}s ago", w.metrics_address) for w in s.workers]),
+        "", table(["NODE", "RANGE", "WORKER", "TOKEN", "WATERMARK"],
+                  [(r.node, r.range_id, r.worker_id or "(unassigned)", r.token, fmt_ts(r.watermark))
+                   for r in s.ranges]),
+        "", table(["NODE", "LOW WATERMARK", "LAG"],
+                  [(w.node, fmt_ts(w.low_watermark), f"{w.lag_us / 1e6:.1f}s") for w in s.watermarks]),
+        *errors]
+    return _emit(args, data, "\n".join(parts))
+
+
+def cmd_computations(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        resp = client.computations()
+    data: dict[str, list[dict[str, Any]]] = {
+        "computations": [{"name": c.spec.name, "inputs": [i.stream for i in c.spec.inputs],
+                          "outputs": list(c.spec.outputs), "code": c.spec.code.name,
+                          "key_ranges": c.spec.options.key_ranges,
+                          "low_watermark": c.low_watermark} for c in resp.computations],
+            "injectors": [{"name": i.name, "stream": i.stream} for i in resp.injectors]}
+    text = table(["COMPUTATION", "INPUTS", "OUTPUTS", "CODE", "RANGES", "LOW WATERMARK"], [
+        (c["name"], ",".join(c["inputs"]), ",".join(c["outputs"]), c["code"], c["key_ranges"],
+         fmt_ts(c["low_watermark"])) for c in data["computations"]])
+    text += "\n\n" + table(["INJECTOR", "STREAM"], [(i["name"], i["stream"]) for i in data["injectors"]])
+    return _emit(args, data, text)
+
+
+def cmd_subscribe(args: argparse.Namespace) -> int:
+    try:
+        return _subscribe(args)
+    except BrokenPipeError:  # `millwheel subscribe S | head`
+        sys.stderr.close()
+        return 0
+
+
+def _subscribe(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        if not args.json:
+            print(f"{'SEQ':>8}  {'TIMESTAMP':>18}  KEY  VALUE", flush=True)
+        for seq, rec in client.subscribe(args.stream, args.after, args.follow):
+            if args.json:
+                print(json.dumps({"seq": seq, "key": rec.key, "value": _value_text(rec.value),
+                                  "timestamp": rec.timestamp, "id": rec.record_id}), flush=True)
+            else:
+                print(f"{seq:>8}  {rec.timestamp:>18}  {rec.key}  {_value_text(rec.value)}", flush=True)
+    return 0

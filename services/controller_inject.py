@@ -1,0 +1,252 @@
+"""The controller's Inject path: validating each message, registering an injector on
+first use, handing batches over to the worker owning the injector (kept-open Deliver
+streams, a window of messages in flight, retries and backpressure) and counting what
+was accepted.
+
+:class:`Injecting` is a mixin of :class:`services.controller.ControllerService`, which
+holds the state it uses (registry, assigner, limits, links, lock).
+"""
+
+from __future__ import annotations
+
+import random
+import secrets
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any, Callable, Iterator
+
+import grpc
+
+from millwheel.clock import SystemClock
+from millwheel.errors import InvalidSpecError, MillWheelError, NotFoundError
+from millwheel.record import MAX_TIMESTAMP, MIN_TIMESTAMP
+from millwheel.topology import InjectorSpec, injector_node
+
+from .controller_assign import Assigner
+from .controller_registry import Registry
+from .generated import millwheel_pb2 as pb
+from .grpc_server import check
+from .inject_split import split
+from .limits import InjectLimits
+from .metrics import PrometheusSensors
+from .status import BusyError, UnavailableError, code_for
+from .worker_link import LinkError, PeerLink
+
+Ctx = grpc.ServicerContext
+
+INJECT_WINDOW = 4  # messages of one Inject call in flight to the injector's owner
+BUSY_RETRY_MS = 500  # the retry hint of an Inject refused for backpressure
+INJECT_BATCH = 5000  # larger Inject messages go to the injector's owner in pieces this big
+
+
+class Injecting:
+    """The Inject RPC and its hand-over to the injector's owner (a mixin of ControllerService)."""
+
+    # Set by ControllerService.__init__ (services/controller.py) or defined there.
+    registry: Registry
+    assigner: Assigner
+    limits: InjectLimits
+    clock: SystemClock
+    sensors: PrometheusSensors | None
+    lock: threading.RLock
+    inject_batch: int
+    inject_timeout_s: float
+    inject_wait_s: float
+    _links: dict[str, PeerLink]
+    _stop: threading.Event
+    _registry_changed: Callable[[], None]
+
+    def _injector_for(self, msg: Any, index: int) -> InjectorSpec:
+        where = f"inject message {index}"
+        if not msg.injector:
+            raise InvalidSpecError(f"{where}: 'injector' (the injector name) is required")
+        # Fast path without the controller's lock (heartbeats hold it): the registry's
+        # topology is replaced whole on every change, so this reads one version of it.
+        known = self.registry.injector(msg.injector)
+        if known is not None and (not msg.stream or msg.stream == known.stream):
+            return known
+        with self.lock:
+            existing = self.registry.injector(msg.injector)
+            if existing is not None:
+                if msg.stream and msg.stream != existing.stream:
+                    raise InvalidSpecError(
+                        f"{where}: injector {msg.injector!r} writes stream {existing.stream!r}, "
+                        f"not {msg.stream!r}")
+                return existing
+            if not msg.stream:
+                raise NotFoundError(
+                    f"{where}: no injector named {msg.injector!r}; register it or name its 'stream'")
+            topo = self.registry.topology
+            if not topo.consumers(msg.stream):
+                raise NotFoundError(
+                    f"{where}: no registered computation consumes stream {msg.stream!r}")
+            spec = InjectorSpec(msg.injector, msg.stream)
+            self.registry.register_injector(spec)
+            self._registry_changed()
+            return spec
+
+    def _inject_batch(self, spec: InjectorSpec, msg: Any, index: int, session: str) -> pb.DeliverBatch:
+        """Validate one message whole and make it the batch the worker owning the injector
+        checkpoints into the injector's outbox (the range's only writer). Records without
+        an ID get ``INJECTOR/MESSAGE/INDEX``: fixed before the first attempt, so a retried
+        hand-over is deduplicated downstream. The records are forwarded as they came
+        (validated in place, not rebuilt)."""
+        missing = self.limits.check_message(msg, index, self.clock.now_us())
+        batch = pb.DeliverBatch(computation=injector_node(spec.name), range_id=0,
+                                topology_version=self.registry.version,
+                                inject_session=session, inject_seq=index + 1)
+        batch.records.extend(msg.records)
+        if missing:
+            message_id = secrets.token_hex(8)
+            for j in missing:
+                batch.records[j].id = f"{spec.name}/{message_id}/{j}"
+        if msg.HasField("watermark") or msg.done:
+            batch.watermark = MAX_TIMESTAMP if msg.done else msg.watermark
+        return batch
+
+    def _owner_address(self, node: str) -> str | None:
+        # Read without the lock (a stale owner answers NOT_OWNER and we retry).
+        owner = self.assigner.units.get((node, 0))
+        worker = self.assigner.workers.get(owner.worker_id or "") if owner else None
+        return worker.address if worker is not None and worker.alive else None
+
+    def _hand_over(self, node: str, batch: pb.DeliverBatch) -> pb.DeliverAck:
+        """One batch to the owner of ``node``'s range 0 over a kept-open Deliver stream,
+        retried (to whoever owns it by then) until acked or ``inject_timeout_s``. Sent
+        alone, after every earlier message of its call was acked: it resyncs the
+        worker's ordering of the call."""
+        batch.inject_resync = True
+        deadline = time.monotonic() + self.inject_timeout_s
+        problem = "no live worker owns it yet"
+        busy_since: float | None = None
+        busy_waits = 0
+        while True:
+            address = self._owner_address(node)
+            if address:
+                link = self._link(address)
+                fut = link.send(batch, wait_s=10)
+                try:
+                    if fut is None:
+                        problem = f"worker {address}: too many injections in flight"
+                    else:
+                        ack = fut.result(timeout=10)
+                        if ack.status == pb.DeliverAck.OK:
+                            if busy_since is not None and self.sensors is not None:
+                                self.sensors.backpressure(node, time.monotonic() - busy_since)
+                            return ack
+                        if ack.status == pb.DeliverAck.BUSY:
+                            # Backpressure: hold the message (and so the client's stream)
+                            # until the outbox drains, then give up with a retry hint.
+                            now = time.monotonic()
+                            busy_since = now if busy_since is None else busy_since
+                            if now - busy_since >= self.inject_wait_s or self._stop.is_set():
+                                if self.sensors is not None:
+                                    self.sensors.backpressure(node, now - busy_since)
+                                raise BusyError(f"{ack.message}; retry later", BUSY_RETRY_MS)
+                            busy_waits += 1
+                            time.sleep(min(0.2, 0.005 * 2 ** min(busy_waits, 6)) * random.uniform(0.5, 1.0))
+                            deadline = time.monotonic() + self.inject_timeout_s
+                            continue
+                        problem = f"worker {address}: {ack.message}"
+                except LinkError as exc:
+                    problem = f"worker {address}: {exc}"
+                except FutureTimeout:
+                    link.reset("an injection is overdue")
+                    problem = f"worker {address}: no answer within 10 s"
+            if time.monotonic() > deadline or self._stop.is_set():
+                raise UnavailableError(f"cannot inject into {node}: {problem}")
+            time.sleep(0.05)
+
+    def _link(self, address: str) -> PeerLink:
+        with self.lock:
+            link = self._links.get(address)
+            if link is None:
+                link = self._links[address] = PeerLink(address, 32, self.sensors)
+            return link
+
+    def Inject(self, request_iterator: Iterator[Any], context: Ctx) -> pb.InjectResponse:
+        """Each message is validated whole before it is sent (a bad message adds nothing)
+        and checkpointed into the injector's outbox before it counts as accepted. Up to
+        ``INJECT_WINDOW`` messages are in flight at once on one ordered stream; the worker
+        takes a message only after its predecessor, so after any refusal the rest are
+        handed over one by one from the first refused message, in order."""
+        call = _InjectCall(self, secrets.token_hex(8))
+        try:
+            for index, msg in enumerate(request_iterator):
+                check(msg)
+                self.limits.check_names(msg, index)
+                spec = self._injector_for(msg, index)
+                call.send(injector_node(spec.name), self._inject_batch(spec, msg, index, call.session))
+            call.settle(0)
+        except MillWheelError as exc:
+            try:
+                call.settle(0)  # what was in flight before the bad message may still get in
+            except MillWheelError:
+                pass
+            note = f" ({call.accepted} records of earlier messages were accepted)" if call.accepted else ""
+            if isinstance(exc, BusyError):
+                context.set_trailing_metadata((("retry-after-ms", str(exc.retry_after_ms)),
+                                               ("accepted-messages", str(call.messages))))
+            context.abort(code_for(exc), f"{exc}{note}")
+        return pb.InjectResponse(accepted=call.accepted, watermark=call.watermark)
+
+
+class _InjectCall:
+    """The messages of one Inject call in flight to the injector's owner, in order."""
+
+    def __init__(self, controller: Injecting, session: str) -> None:
+        self.controller = controller
+        self.session = session
+        self.accepted = 0  # records of the messages accepted, a prefix of the call
+        self.messages = 0  # whole messages accepted (a large one goes in several pieces)
+        self.seq = 0  # of the pieces sent: the worker takes them in this order
+        self._piece_records = 0
+        self.watermark = MIN_TIMESTAMP
+        self.inflight: deque[tuple[str, pb.DeliverBatch, Future[Any], bool]] = deque()
+
+    def send(self, node: str, message: pb.DeliverBatch) -> None:
+        for batch, ends in split(message, self.controller.inject_batch):
+            self.seq += 1
+            batch.inject_seq = self.seq
+            address = self.controller._owner_address(node)
+            fut = self.controller._link(address).try_send(batch) if address else None
+            if fut is None:  # no owner yet, or no room: the careful path
+                self.settle(0)
+                self._count(batch, self.controller._hand_over(node, batch), ends)
+                continue
+            self.inflight.append((node, batch, fut, ends))
+            self.settle(INJECT_WINDOW - 1)
+
+    def settle(self, limit: int) -> None:
+        """Take acks in order until at most ``limit`` messages are in flight (and any
+        already answered); after a refusal, hand the rest over one by one."""
+        while self.inflight and (len(self.inflight) > limit or self.inflight[0][2].done()):
+            node, batch, fut, ends = self.inflight[0]
+            try:
+                ack = fut.result(timeout=10)
+            except (LinkError, FutureTimeout):
+                ack = None
+            if ack is not None and ack.status == pb.DeliverAck.OK:
+                self.inflight.popleft()
+                self._count(batch, ack, ends)
+                continue
+            rest = list(self.inflight)
+            self.inflight.clear()
+            for _, _, later, _ in rest:  # the worker refuses those after a refused one
+                try:
+                    later.result(timeout=10)
+                except Exception:  # noqa: BLE001 - resent below in any case
+                    pass
+            for n, b, _, e in rest:
+                self._count(b, self.controller._hand_over(n, b), e)
+
+    def _count(self, batch: pb.DeliverBatch, ack: pb.DeliverAck, ends_message: bool) -> None:
+        self._piece_records += len(batch.records)
+        self.watermark = ack.watermark
+        if ends_message:  # only whole client messages count as accepted
+            self.accepted += self._piece_records
+            self.messages += 1
+            self._piece_records = 0

@@ -1,0 +1,246 @@
+"""The worker's receiving side: the Worker service's Deliver servicer, the ordering of
+injection messages (an Inject session's messages are applied in order), injecting into
+an injector's outbox, and processing a batch for an owned range (steps 1-3 of the
+exactly-once sequence; the ack is step 4), weak productions included.
+
+:class:`Receiver` is a mixin of :class:`services.worker.WorkerProcess`, which holds the
+state it uses; the sending side is :mod:`services.worker_send`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+from typing import TYPE_CHECKING, Any, Callable, Iterator
+
+import grpc
+
+from millwheel.clock import SystemClock
+from millwheel.errors import FencedError, UserCodeError
+from millwheel.record import MIN_TIMESTAMP, Record
+from millwheel.runtime import poison
+from millwheel.runtime.context import RangeTransaction
+from millwheel.runtime.range_worker import CrashHook, RangeWorker
+from millwheel.runtime.routing import Router
+from millwheel.state.protocol import Production, StateStore
+from millwheel.topology import Productions, Topology
+
+from . import convert, overruns
+from .generated import millwheel_pb2 as pb
+from .grpc_server import Malformed
+from .watchdog import Watchdog
+from .worker_link import PeerLink
+from .worker_progress import NoProgress, ProgressBlock
+from .worker_units import OwnedRange
+
+if TYPE_CHECKING:
+    from .worker import OwnerInfo, WorkerProcess
+
+log = logging.getLogger("millwheel.worker")
+Unit = tuple[str, int]
+
+
+class Receiver:
+    """Inject and Deliver into the ranges this worker owns (a mixin of WorkerProcess)."""
+
+    # Set by WorkerProcess.__init__ (services/worker.py) or defined by its other parts.
+    units: dict[Unit, OwnedRange]
+    owners: dict[Unit, OwnerInfo]
+    input_wms: dict[str, int]
+    topology: Topology
+    router: Router
+    worker_id: str
+    store: StateStore
+    clock: SystemClock
+    crash: CrashHook
+    watchdog: Watchdog | None
+    progress: ProgressBlock | NoProgress
+    max_injector_outbox: int
+    weak_wait_s: float
+    _inject_seqs: OrderedDict[tuple[str, str], int]
+    _units_lock: threading.Lock
+    _wake: threading.Event
+    _hb_wake: threading.Event
+    _fenced: Callable[[OwnedRange, FencedError], None]
+    _new_range_worker: Callable[[str, int, int], RangeWorker]
+    _route: Callable[[list[Production]], tuple[dict[str, list[Production]], dict[Unit, list[Production]],
+                                                list[Production]]]
+    _link: Callable[[str], PeerLink]
+    _batch: Callable[[str, str, int, list[Production]], pb.DeliverBatch]
+
+    def inject_order(self, batch: pb.DeliverBatch) -> pb.DeliverAck | None:
+        """A refusal if this injection message's predecessor was not accepted here (the
+        controller then resends from the first refused one, one at a time)."""
+        key = (batch.computation, batch.inject_session)
+        with self._units_lock:
+            last = self._inject_seqs.get(key)
+            if last is None or batch.inject_resync:
+                last = self._inject_seqs[key] = batch.inject_seq - 1
+                self._inject_seqs.move_to_end(key)
+                while len(self._inject_seqs) > 4096:
+                    self._inject_seqs.popitem(last=False)
+        if batch.inject_seq > last + 1:
+            return pb.DeliverAck(status=pb.DeliverAck.FAILED,
+                                 message=f"injection message {batch.inject_seq} is out of order "
+                                         f"(last accepted {last})")
+        return None
+
+    def injected_in_order(self, batch: pb.DeliverBatch) -> None:
+        key = (batch.computation, batch.inject_session)
+        with self._units_lock:
+            self._inject_seqs[key] = max(self._inject_seqs.get(key, 0), batch.inject_seq)
+
+    def inject(self, node: str, records: list[Record], watermark: int | None) -> pb.DeliverAck:
+        """Injected records from the controller: checkpoint them into the injector's outbox."""
+        owned = self.units.get((node, 0))
+        name = node[len("injector:"):]
+        stream = next((i.stream for i in self.topology.injectors if i.name == name), None)
+        if owned is None or not owned.is_injector or stream is None:
+            return pb.DeliverAck(status=pb.DeliverAck.NOT_OWNER,
+                                 message=f"{self.worker_id} does not own {node}")
+        with owned.lock:
+            if owned.dropped:
+                return pb.DeliverAck(status=pb.DeliverAck.NOT_OWNER, message="range moved")
+            assert owned.outbox is not None
+            if len(owned.outbox) >= self.max_injector_outbox:
+                # Backpressure: the pipeline drains this outbox slower than it fills.
+                return pb.DeliverAck(
+                    status=pb.DeliverAck.BUSY, watermark=owned.injector_wm,
+                    message=f"injector {name!r} is busy: {len(owned.outbox)} records wait in its "
+                            f"outbox (limit {self.max_injector_outbox})")
+            try:
+                owned.inject(records, watermark, self.router, stream, self.clock.now_us())
+            except FencedError as exc:
+                self._fenced(owned, exc)
+                return pb.DeliverAck(status=pb.DeliverAck.NOT_OWNER, message=str(exc))
+            self.crash("after_inject")
+            self._wake.set()
+            if watermark is not None:
+                self._hb_wake.set()
+            return pb.DeliverAck(status=pb.DeliverAck.OK, watermark=owned.injector_wm)
+
+    def _commit(self, owned: OwnedRange, txn: RangeTransaction) -> None:
+        """Step 3. With weak productions the outputs are sent first and only those not
+        acked within ``weak_wait_s`` are checkpointed (into the outbox, resent by the
+        pump); the caller holds the range's lock throughout, so the range's watermark
+        report waits until the outputs are delivered or checkpointed. A crash before
+        the checkpoint makes the sender resend the input: the code runs again and its
+        outputs, under the same derived IDs, are dropped downstream as duplicates.
+        While older outputs wait in the outbox, newer ones are checkpointed behind them
+        (as strong productions), so consumers see them in production order."""
+        rw = owned.worker
+        assert rw is not None
+        assert owned.outbox is not None
+        if txn.productions and rw.spec.options.productions is Productions.WEAK and not len(owned.outbox):
+            txn.productions = self._deliver_weak(owned.node, txn.productions)
+            self.crash("after_weak_send")
+        rw.commit(txn)
+        owned.changed()
+
+    def _deliver_weak(self, producer: str, productions: list[Production]) -> list[Production]:
+        """Deliver ``productions`` now; returns those not acked in time (to checkpoint)."""
+        logs, groups, slow = self._route(productions)
+        for stream, items in logs.items():
+            self.store.append_log(stream, [p.record for p in items])
+        waiting = []
+        deadline = time.monotonic() + self.weak_wait_s
+        for (consumer, range_id), items in groups.items():
+            owner = self.owners.get((consumer, range_id))
+            if owner is None or not owner.worker_id:
+                slow += items
+            elif owner.worker_id == self.worker_id:
+                ack = self.process(consumer, range_id, [p.record for p in items])
+                if ack.status != pb.DeliverAck.OK:
+                    slow += items
+            else:
+                batch = self._batch(producer, consumer, range_id, items)
+                fut = self._link(owner.address).send(batch, max(0.0, deadline - time.monotonic()))
+                if fut is None:
+                    slow += items
+                else:
+                    waiting.append((fut, items))
+        for fut, items in waiting:
+            try:
+                ack = fut.result(timeout=max(0.0, deadline - time.monotonic()))
+                if ack.status != pb.DeliverAck.OK:
+                    slow += items
+            except Exception:  # a timeout or a broken link: slow to be acked
+                slow += items
+        return slow
+
+    def process(self, computation: str, range_id: int, records: list[Record]) -> pb.DeliverAck:
+        """Steps 1-3 for a batch addressed to one of our ranges; the ack is step 4."""
+        owned = self.units.get((computation, range_id))
+        if owned is None or owned.worker is None:
+            return pb.DeliverAck(status=pb.DeliverAck.NOT_OWNER,
+                                 message=f"{self.worker_id} does not own {computation}/{range_id}")
+        with owned.lock:
+            if owned.dropped or owned.worker is None:
+                return pb.DeliverAck(status=pb.DeliverAck.NOT_OWNER, message="range moved")
+            rw = owned.worker
+            try:
+                # Records that overran their deadline before run alone; see services/overruns.py.
+                seen = owned.fresh_overruns() if self.watchdog else owned.overruns
+                segments, refused = overruns.plan(records, seen) if seen else ([records], [])
+                if refused:  # overran alone: the error policy gives them up without running
+                    refused = overruns.hand_to_policy(rw, refused, seen)
+                    if not refused:  # they go in line with the rest; suspects still run alone
+                        segments = overruns.plan(records, {i: v for i, v in seen.items() if not v["alone"]})[0]
+                wm = self.input_wms.get(computation, MIN_TIMESTAMP)
+                for segment in segments:  # the error policy isolates failing records (fail: raises)
+                    with self.progress.batch(computation, range_id, owned.token,
+                                             rw.spec.options.max_batch_seconds, segment):
+                        poison.process_batch(rw, segment, wm, lambda txn: self._commit(owned, txn))
+                if refused:  # on_error "fail": refused, visibly, never run again
+                    raise overruns.exceeded(computation, range_id, refused[0], seen)
+            except FencedError as exc:
+                self._fenced(owned, exc)
+                return pb.DeliverAck(status=pb.DeliverAck.NOT_OWNER, message=str(exc))
+            except UserCodeError as exc:  # logged (rate-limited) and rolled back by the policy
+                return pb.DeliverAck(status=pb.DeliverAck.FAILED, message=str(exc))
+            except Exception as exc:
+                log.error("processing a batch for %s/%d failed: %s", computation, range_id, exc)
+                # The in-memory cache may hold half a batch: rebuild the range from the store.
+                owned.worker = self._new_range_worker(computation, range_id, owned.token)
+                owned.outbox = owned.worker.outbox
+                owned.reset_slices()
+                owned.changed()
+                return pb.DeliverAck(status=pb.DeliverAck.FAILED, message=str(exc))
+        self._wake.set()
+        return pb.DeliverAck(status=pb.DeliverAck.OK)
+
+
+class DeliverServicer:
+    """The Worker service: batches in on a bidirectional stream, one ack per batch."""
+
+    def __init__(self, worker: WorkerProcess) -> None:
+        self.worker = worker
+
+    def Deliver(self, request_iterator: Iterator[Any], context: grpc.ServicerContext) -> Iterator[pb.DeliverAck]:
+        for batch in request_iterator:
+            if isinstance(batch, Malformed):
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                              f"malformed {batch.what} message: {batch.error}")
+            if batch.inject_session:
+                refusal = self.worker.inject_order(batch)
+                if refusal is not None:
+                    refusal.batch_id = batch.batch_id
+                    yield refusal
+                    continue
+            if batch.topology_version > self.worker.version:
+                yield pb.DeliverAck(batch_id=batch.batch_id, status=pb.DeliverAck.FAILED,
+                                    message=f"registry version {batch.topology_version} not yet "
+                                            f"known here (have {self.worker.version})")
+                continue
+            records = convert.records_from_proto(batch.records)
+            if batch.computation.startswith("injector:"):
+                wm = batch.watermark if batch.HasField("watermark") else None
+                ack = self.worker.inject(batch.computation, records, wm)
+                if batch.inject_session and ack.status == pb.DeliverAck.OK:
+                    self.worker.injected_in_order(batch)
+            else:
+                ack = self.worker.process(batch.computation, batch.range_id, records)
+            ack.batch_id = batch.batch_id
+            yield ack

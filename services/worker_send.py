@@ -1,0 +1,235 @@
+"""The worker's sending side: the pump loop that fires due timers and sends each owned
+range's outbox in slices (stream-log entries appended, consumer ranges owned here
+processed in place, others sent to their owner over a
+:class:`~services.worker_link.PeerLink`), and deletes entries (``outbox.ack``) only
+once the consumer has checkpointed them.
+
+:class:`Sender` is a mixin of :class:`services.worker.WorkerProcess`, which holds the
+state it uses; the receiving side is :mod:`services.worker_receive`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import defaultdict
+from typing import TYPE_CHECKING, Callable
+
+from millwheel.errors import FencedError, UserCodeError
+from millwheel.keys import key_range
+from millwheel.record import MIN_TIMESTAMP, Record
+from millwheel.runtime.context import RangeTransaction
+from millwheel.runtime.range_worker import CrashHook
+from millwheel.runtime.routing import LOG_PREFIX
+from millwheel.state.protocol import Production, StateStore
+from millwheel.topology import Topology
+
+from . import convert, overruns
+from .generated import millwheel_pb2 as pb
+from .metrics import PrometheusSensors
+from .watchdog import Watchdog
+from .worker_link import PeerLink
+from .worker_progress import NoProgress, ProgressBlock
+from .worker_units import OwnedRange, Slice
+
+if TYPE_CHECKING:
+    from .worker import OwnerInfo
+
+log = logging.getLogger("millwheel.worker")
+Unit = tuple[str, int]
+
+
+class Sender:
+    """The pump and delivery of outboxes (a mixin of WorkerProcess)."""
+
+    # Set by WorkerProcess.__init__ (services/worker.py) or defined by its other parts.
+    units: dict[Unit, OwnedRange]
+    owners: dict[Unit, OwnerInfo]
+    links: dict[str, PeerLink]
+    input_wms: dict[str, int]
+    topology: Topology
+    version: int
+    worker_id: str
+    store: StateStore
+    sensors: PrometheusSensors
+    crash: CrashHook
+    watchdog: Watchdog | None
+    progress: ProgressBlock | NoProgress
+    batch_size: int
+    max_slices: int
+    max_inflight: int
+    delivery_timeout_s: float
+    stopped: threading.Event
+    _wake: threading.Event
+    _hb_wake: threading.Event
+    process: Callable[[str, int, list[Record]], pb.DeliverAck]
+    _fenced: Callable[[OwnedRange, FencedError], None]
+    _commit: Callable[[OwnedRange, RangeTransaction], None]
+
+    def wake(self) -> None:
+        """New work for the pump (an ack arrived, an outbox grew, watermarks moved)."""
+        self._wake.set()
+
+    def _pump_loop(self) -> None:
+        while not self.stopped.is_set():
+            self._wake.clear()
+            moved = 0
+            for owned in list(self.units.values()):
+                try:
+                    moved += self._pump(owned)
+                except FencedError as exc:
+                    self._fenced(owned, exc)
+                except UserCodeError:
+                    pass  # on_error fail: logged by the policy, retried after its backoff
+                except Exception:
+                    log.exception("pump of %s/%d failed", owned.node, owned.range_id)
+                    owned.reset_slices()
+                    owned.backoff()
+            if not moved:
+                # Acks, deliveries and heartbeats wake us; the timeout covers
+                # processing-time timers and retry deadlines.
+                self._wake.wait(0.01)
+
+    def _pump(self, owned: OwnedRange) -> int:
+        moved = 0
+        planned: list[Slice] = []
+        with owned.lock:
+            if owned.dropped:
+                return 0
+            for s in [s for s in owned.slices if s.ready()]:
+                moved += self._finish(owned, s)
+            self._check_overdue(owned)
+            rw = owned.worker
+            if rw is not None:
+                deadline = rw.spec.options.max_batch_seconds
+                seen = owned.fresh_overruns(0.5) if self.watchdog else owned.overruns
+                if overruns.fire_timers(rw, seen, lambda ids: self.progress.batch(
+                        owned.node, owned.range_id, owned.token, deadline, ids=ids),  # noqa: B023 - called at once
+                        self.input_wms.get(owned.node, MIN_TIMESTAMP), lambda txn: self._commit(owned, txn)):
+                    self._hb_wake.set()
+                    moved += 1
+                rw.expire_record_ids()
+            while len(owned.slices) < self.max_slices and time.monotonic() >= owned.retry_at:
+                entries = owned.sendable(self.batch_size)
+                if not entries:
+                    break
+                s = Slice(time.monotonic(), entries)
+                owned.slices.append(s)
+                owned.inflight.update(s.keys())
+                planned.append(s)
+        # Sent without the range's lock: deliveries into this range, injection and
+        # heartbeats go on meanwhile; only this thread finishes the slices.
+        for i, s in enumerate(planned):
+            moved += self._send(owned, s)
+            if s.failed:  # e.g. a consumer range has no owner: back off, send the rest later
+                with owned.lock:
+                    for later in planned[i + 1:]:
+                        owned.slices.remove(later)
+                        owned.inflight.difference_update(later.keys())
+                break
+        return moved
+
+    def _link(self, address: str) -> PeerLink:
+        link = self.links.get(address)
+        if link is None:
+            link = self.links[address] = PeerLink(address, self.max_inflight, self.sensors)
+        return link
+
+    def _route(self, entries: list[Production]
+               ) -> tuple[dict[str, list[Production]], dict[Unit, list[Production]], list[Production]]:
+        """(stream-log entries by stream, entries by consumer range, entries of consumers
+        not registered here: they stay until the consumer is back)."""
+        logs: dict[str, list[Production]] = defaultdict(list)
+        groups: dict[Unit, list[Production]] = defaultdict(list)
+        unknown: list[Production] = []
+        for p in entries:
+            if p.consumer.startswith(LOG_PREFIX):
+                logs[p.consumer[len(LOG_PREFIX):]].append(p)
+            else:
+                try:
+                    ranges = self.topology.computation(p.consumer).options.key_ranges
+                except Exception:
+                    unknown.append(p)
+                    continue
+                groups[(p.consumer, key_range(p.record.key, ranges))].append(p)
+        return logs, groups, unknown
+
+    def _batch(self, producer: str, consumer: str, range_id: int, items: list[Production]
+               ) -> pb.DeliverBatch:
+        return pb.DeliverBatch(producer=producer, computation=consumer, range_id=range_id,
+                               topology_version=self.version,
+                               records=[convert.record_to_proto(p.record) for p in items])
+
+    def _send(self, owned: OwnedRange, s: Slice) -> int:
+        """Deliver a planned slice: stream-log entries and consumer ranges owned here at
+        once, others to their owner's link if it has room (else they are released for a
+        later slice). Returns the entries delivered or sent."""
+        logs, groups, released = self._route(s.entries)
+        for stream, items in logs.items():
+            self.store.append_log(stream, [p.record for p in items])  # idempotent by record id
+            s.done_now += [(p.consumer, p.record.record_id) for p in items]
+        busy = set().union(*(other.busy() for other in owned.slices if other is not s))
+        for (consumer, range_id), items in groups.items():
+            owner = self.owners.get((consumer, range_id))
+            if owner is None or not owner.worker_id:
+                s.failed = True
+                continue
+            if (consumer, range_id) in busy:
+                released += items  # one batch in flight per consumer range: keeps order
+                continue
+            if owner.worker_id == self.worker_id:
+                ack = self.process(consumer, range_id, [p.record for p in items])
+                if ack.status == pb.DeliverAck.OK:
+                    s.done_now += [(p.consumer, p.record.record_id) for p in items]
+                else:
+                    s.failed = True
+                continue
+            fut = self._link(owner.address).try_send(self._batch(owned.node, consumer, range_id, items))
+            if fut is None:
+                released += items  # no room at that destination: a later slice takes them
+                continue
+            fut.add_done_callback(lambda _f: self._wake.set())
+            s.remote.append((fut, items, owner.address))
+            s.units.add((consumer, range_id))
+        if released:
+            keys = {(p.consumer, p.record.record_id) for p in released}
+            with owned.lock:
+                s.entries = [p for p in s.entries if (p.consumer, p.record.record_id) not in keys]
+                owned.inflight.difference_update(keys)
+        s.sent = True
+        return len(s.done_now) + sum(len(items) for _, items, _ in s.remote)
+
+    def _check_overdue(self, owned: OwnedRange) -> None:
+        now = time.monotonic()
+        for s in owned.slices:
+            if now - s.started > self.delivery_timeout_s:
+                for fut, _, address in s.remote:
+                    if not fut.done():
+                        self._link(address).reset("a batch is overdue")
+
+    def _finish(self, owned: OwnedRange, s: Slice) -> int:
+        assert owned.outbox is not None
+        acked = list(s.done_now)
+        failed = s.failed
+        for fut, items, address in s.remote:
+            exc = fut.exception()
+            if exc is None and fut.result().status == pb.DeliverAck.OK:
+                acked += [(p.consumer, p.record.record_id) for p in items]
+            else:
+                failed = True
+                self.sensors.retry(address)
+                log.debug("delivery to %s failed: %s", address,
+                          exc if exc is not None else fut.result().message)
+        owned.slices.remove(s)
+        owned.inflight.difference_update(s.keys())
+        if acked:
+            owned.outbox.ack(owned.token, acked)
+            owned.changed()
+            self.crash("after_ack")
+            self._hb_wake.set()
+        if failed:
+            owned.backoff()
+        elif acked:
+            owned.succeeded()
+        return len(acked)
