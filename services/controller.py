@@ -323,7 +323,7 @@ class ControllerService(Injecting):
         with self.lock:
             a = self.assigner
             if a.heartbeat(request.worker_id, request.address, request.metrics_address,
-                           request.draining):
+                           request.draining, frozenset(request.refused)):
                 a.rebalance()
             for rep in request.reports:
                 unit = (rep.node, rep.range_id)

@@ -32,6 +32,7 @@ class WorkerState:
     last_seen: float = field(default_factory=time.monotonic)
     alive: bool = True
     draining: bool = False
+    refuses: frozenset[str] = frozenset()  # computations its --allow-code refuses
 
 
 @dataclass
@@ -64,8 +65,10 @@ class Assigner:
             self.units[unit] = owner
 
     # -- membership ------------------------------------------------------------------
-    def heartbeat(self, worker_id: str, address: str, metrics: str, draining: bool) -> bool:
-        """Record a heartbeat; True if membership changed (a rebalance is due)."""
+    def heartbeat(self, worker_id: str, address: str, metrics: str, draining: bool,
+                  refuses: frozenset[str] = frozenset()) -> bool:
+        """Record a heartbeat; True if membership (or what a worker refuses to run)
+        changed: a rebalance is due."""
         w = self.workers.get(worker_id)
         changed = False
         if w is None or w.address != address or w.metrics_address != metrics:
@@ -73,9 +76,9 @@ class Assigner:
             self.store.put_meta(WORKER_PREFIX + worker_id, json.dumps(
                 {"id": worker_id, "address": address, "metrics": metrics}).encode())
             changed = True
-        if not w.alive or w.draining != draining:
+        if not w.alive or w.draining != draining or w.refuses != refuses:
             changed = True
-        w.alive, w.draining, w.last_seen = True, draining, time.monotonic()
+        w.alive, w.draining, w.refuses, w.last_seen = True, draining, refuses, time.monotonic()
         return changed
 
     def touch(self, worker_id: str) -> None:
@@ -120,15 +123,24 @@ class Assigner:
         return [u for u, o in self.units.items() if o.worker_id == worker_id]
 
     def rebalance(self) -> int:
-        """Move units off dead and draining workers and even out the rest; returns moves."""
+        """Move units off dead and draining workers, and off workers that refuse to run
+        their computation, and even out the rest; returns moves. A unit no live worker
+        may run stays where it is."""
         live = sorted(w.worker_id for w in self.workers.values() if w.alive and not w.draining)
         counts = {wid: 0 for wid in live}
         orphans: list[Unit] = []
         moves = 0
+
+        def may_run(wid: str, unit: Unit) -> bool:
+            return unit[0] not in self.workers[wid].refuses
+
         for unit in sorted(self.units):
             owner = self.units[unit].worker_id
             if owner in counts:
                 counts[owner] += 1
+                if not may_run(owner, unit) and any(may_run(w, unit) for w in live):
+                    counts[owner] -= 1
+                    orphans.append(unit)
             elif owner is None or not live:
                 if owner is not None and self.workers.get(owner, WorkerState("", "")).draining:
                     self._move(unit, None)  # last worker leaving: hand the range back
@@ -140,17 +152,21 @@ class Assigner:
         if not live:
             return moves
         for unit in orphans:
-            target = min(live, key=lambda wid: (counts[wid], wid))
-            self._move(unit, target)
+            able = [w for w in live if may_run(w, unit)] or live
+            target = min(able, key=lambda wid: (counts[wid], wid))
+            if target != self.units[unit].worker_id:
+                self._move(unit, target)
+                moves += 1
             counts[target] += 1
-            moves += 1
         while True:
             hi = max(live, key=lambda wid: (counts[wid], wid))
             lo = min(live, key=lambda wid: (counts[wid], wid))
             if counts[hi] - counts[lo] <= 1:
                 break
-            unit = sorted(self.owned_by(hi))[-1]
-            self._move(unit, lo)
+            movable = [u for u in sorted(self.owned_by(hi)) if may_run(lo, u)]
+            if not movable:
+                break  # what hi holds, lo may not run: as even as the allow-lists allow
+            self._move(movable[-1], lo)
             counts[hi] -= 1
             counts[lo] += 1
             moves += 1

@@ -111,6 +111,7 @@ class WorkerProcess(Receiver, Sender):
         self._fenced_tokens: set[tuple[str, int, int]] = set()
         self._fenced_unreported: list[tuple[str, int, int]] = []
         self._refused_at: dict[tuple[str, str], float] = {}  # (computation, reason) -> last logged
+        self.refused: set[str] = set()  # computations our --allow-code refuses (told the controller)
         self.server, self.port, self.health = start_server(
             f"{host}:{port}", {"Worker": DeliverServicer(self)})
         if advertise is None:
@@ -206,7 +207,8 @@ class WorkerProcess(Receiver, Sender):
                     for n, r, t in fenced]
         resp = self.controller.Heartbeat(pb.HeartbeatRequest(
             worker_id=self.worker_id, address=self.address, metrics_address=self.metrics_address,
-            draining=draining, known_topology_version=self.version, reports=reports), timeout=5.0)
+            draining=draining, known_topology_version=self.version, reports=reports,
+            refused=sorted(self.refused)), timeout=5.0)
         if draining:
             self._drain_seen = True
         self._apply(resp)
@@ -237,6 +239,7 @@ class WorkerProcess(Receiver, Sender):
     def _set_topology(self, topology: Topology, version: int) -> None:
         self.topology = topology
         self.version = version
+        self.refused.clear()  # a computation may have been registered again with other code
         self.router = Router(topology, self.allow_code)
         self.sensors.keep_nodes({c.name for c in topology.computations}
                                 | {f"injector:{i.name}" for i in topology.injectors})
@@ -271,6 +274,7 @@ class WorkerProcess(Receiver, Sender):
     def _refused(self, node: str, reason: str) -> None:
         """Log a computation this worker may not run once per (computation, reason) a
         minute: the heartbeat retries the take every period."""
+        self.refused.add(node)  # reported with the next heartbeat: the controller moves its ranges
         now = time.monotonic()
         last = self._refused_at.get((node, reason))
         if last is None or now - last >= 60.0:

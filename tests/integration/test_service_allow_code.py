@@ -1,15 +1,12 @@
 """A worker whose ``--allow-code`` is narrower than the controller's: it may not run a
 computation the controller accepted. It says so in its log (once a minute, not on
-every heartbeat, no traceback) and keeps serving its other ranges; the output stays
-exact once the ranges it refuses are owned by a worker that may run them.
-
-Known gap (not fixed here): the controller does not learn of the refusal, so ranges it
-assigned to the refusing worker stay there, unprocessed, until that worker leaves.
+every heartbeat, no traceback), keeps serving its other ranges, and tells the
+controller in its heartbeats, which moves the refused ranges to a worker that may run
+them as soon as there is one; the output is exact.
 """
 
 from __future__ import annotations
 
-import signal
 from pathlib import Path
 
 import pytest
@@ -50,15 +47,16 @@ def test_a_worker_refusing_a_computation_logs_it_rarely_and_serves_its_other_ran
         assert "tests.support.pipelines" in line  # the module
         assert "built-in operators only" in line  # the worker's allow-list
 
-        # The gap: the controller does not move refused ranges. Once the refusing worker
-        # drains, a worker allowed to run them takes every range, and the output is exact.
+        # A worker allowed to run totals joins: the controller moves totals' ranges to it
+        # (the refusing worker keeps running and keeps its built-in ranges), and the
+        # output is exact.
         allowed = cluster.start_worker("--allow-code", PIPELINE_CODE)
-        refusing.send_signal(signal.SIGTERM)
-        refusing.wait(30)
         cluster.wait_watermark("totals", timeout=90)
         allowed_id = cluster.worker_id(allowed)
         assert allowed_id is not None
-        assert "totals" in {n for n, _r, _t in cluster.ranges_of(allowed_id)}
+        assert {r for n, r, _t in cluster.ranges_of(allowed_id) if n == "totals"} == {0, 1}
+        assert refusing.poll() is None and cluster.ranges_of(refusing_id)
+        assert "totals" not in {n for n, _r, _t in cluster.ranges_of(refusing_id)}
         assert cluster.outputs("counts") == want["counts"]
         assert cluster.outputs("totals") == want["totals"]
         assert len(want["totals"]) > 20

@@ -74,3 +74,23 @@ def test_a_move_cut_short_is_redone_after_restart(tmp_path: Path) -> None:
     restarted = Assigner(store, timeout_s=60)
     assert restarted.units[("c", 0)].worker_id is None  # to be reassigned with a fresh token
     store.close()
+
+
+def test_ranges_go_to_workers_that_may_run_their_code(tmp_path: Path) -> None:
+    """A worker whose --allow-code refuses a computation says so in its heartbeats; its
+    ranges of that computation move to a worker that may run it, and stay put (rather
+    than go nowhere) while no worker may."""
+    store = SQLiteStore(tmp_path / "s.db")
+    a = Assigner(store, timeout_s=60)
+    a.sync_units({"builtin": 4, "custom": 4})
+    a.heartbeat("narrow", "h:1", "", False, frozenset({"custom"}))
+    a.rebalance()
+    assert counts(a) == {"narrow": 8}  # nobody else may run custom: it stays here
+    a.heartbeat("wide", "h:2", "", False)
+    a.rebalance()
+    owners = {u: o.worker_id for u, o in a.units.items()}
+    assert all(owners[("custom", r)] == "wide" for r in range(4))
+    assert sorted(counts(a).values()) == [4, 4]  # still even: narrow keeps the built-ins
+    assert all(owners[("builtin", r)] == "narrow" for r in range(4))
+    before = dict(owners)
+    assert a.rebalance() == 0 and {u: o.worker_id for u, o in a.units.items()} == before  # stable
