@@ -247,7 +247,8 @@ def cmd_status(args: argparse.Namespace) -> int:
                      "alive": w.alive, "draining": w.draining, "ranges": w.ranges,
                      "last_heartbeat_age_s": round(w.last_heartbeat_age_s, 3)} for w in s.workers],
         "ranges": [{"node": r.node, "range": r.range_id, "worker": r.worker_id,
-                    "address": r.worker_address, "token": r.token, "watermark": r.watermark}
+                    "address": r.worker_address, "token": r.token, "watermark": r.watermark,
+                    "pending": r.pending}
                    for r in s.ranges],
         "watermarks": [{"node": w.node, "low_watermark": w.low_watermark, "lag_us": w.lag_us}
                        for w in s.watermarks],
@@ -256,9 +257,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         ["WORKER", "ADDRESS", "STATE", "RANGES", "LAST HEARTBEAT", "METRICS"],
         [(w.worker_id, w.address, "draining" if w.draining else "alive" if w.alive else "dead",
           w.ranges, f"{w.last_heartbeat_age_s:.1f}s ago", w.metrics_address) for w in s.workers]),
-        "", table(["NODE", "RANGE", "WORKER", "TOKEN", "WATERMARK"],
-                  [(r.node, r.range_id, r.worker_id or "(unassigned)", r.token, fmt_ts(r.watermark))
-                   for r in s.ranges]),
+        "", table(["NODE", "RANGE", "WORKER", "TOKEN", "WATERMARK", "PENDING"],
+                  [(r.node, r.range_id, r.worker_id or "(unassigned)", r.token, fmt_ts(r.watermark),
+                    r.pending) for r in s.ranges]),
         "", table(["NODE", "LOW WATERMARK", "LAG"],
                   [(w.node, fmt_ts(w.low_watermark), f"{w.lag_us / 1e6:.1f}s") for w in s.watermarks]),
         *errors]

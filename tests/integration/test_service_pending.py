@@ -4,11 +4,15 @@ table and its Tracker API: work in flight while a backlog drains, none once it h
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
 
-from tests.integration.service_cluster import PIPELINE_CODE, Cluster, wait_for
+from tests.integration.service_cluster import PIPELINE_CODE, ROOT, Cluster, wait_for
 from tests.support import pipelines
 
 
@@ -36,5 +40,10 @@ def test_pending_outbox_per_range_rises_and_drains(tmp_path: Path) -> None:
         assert max(seen.values()) > 0, seen  # a backlog was in flight at some point
         wait_for(lambda: all(r.pending == 0 for r in cluster.client.status().ranges), 10,
                  "every outbox to drain")
+        shown = subprocess.run([sys.executable, "-m", "services.cli", "status", "--json", "--controller",
+                                cluster.address], capture_output=True, text=True, timeout=60,
+                               env=dict(os.environ, PYTHONPATH=str(ROOT)))
+        assert shown.returncode == 0, shown.stderr
+        assert {r["pending"] for r in json.loads(shown.stdout)["ranges"]} == {0}
     finally:
         cluster.stop()
