@@ -29,9 +29,13 @@ class Outbox:
 
     def add(self, productions: Iterable[Production]) -> None:
         entries = self._entries
+        low = MAX_TIMESTAMP
         for p in productions:
             entries[p.consumer, p.record.record_id] = p
-        self._hold = None
+            if p.record.timestamp < low:
+                low = p.record.timestamp
+        if self._hold is not None and low < self._hold:  # the minimum only falls on add
+            self._hold = low
 
     def pending(self, limit: int) -> list[Production]:
         """Up to ``limit`` entries, oldest checkpoint first."""
@@ -43,11 +47,17 @@ class Outbox:
             return
         self._store.ack(self._node, self._range_id, token, acked)
         pop = self._entries.pop
+        hold = self._hold
         for entry in acked:
-            pop(entry, None)
-        self._hold = None
+            p = pop(entry, None)
+            if p is not None and hold is not None and p.record.timestamp <= hold:
+                hold = None  # the minimum may have left: scan again when asked
+        self._hold = hold
 
     def hold(self) -> int:
+        """The oldest pending timestamp (MAX_TIMESTAMP when empty). Kept as entries come
+        and go; the outbox is scanned again only after the entry holding it was acked
+        (the heartbeat asks for it every period, and the outbox may hold 50,000 entries)."""
         if self._hold is None:
             self._hold = min((p.record.timestamp for p in self._entries.values()), default=MAX_TIMESTAMP)
         return self._hold
