@@ -26,16 +26,19 @@ from . import security
 from .client import DEFAULT_CONTROLLER, ControllerClient, inject_messages
 
 
-def add_commands(sub: Any) -> None:
-    def client_parser(name: str, help: str, description: str) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help, description=description)
-        p.add_argument("--controller", metavar="HOST:PORT",
-                       help=f"controller address (default $MILLWHEEL_CONTROLLER or {DEFAULT_CONTROLLER})")
-        p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-        security.add_args(p, server=False)
-        return p
+def client_parser(sub: Any, name: str, help: str, description: str) -> argparse.ArgumentParser:
+    """A client command's parser: --controller, --json and the client security flags,
+    the same for every command that talks to the controller."""
+    p: argparse.ArgumentParser = sub.add_parser(name, help=help, description=description)
+    p.add_argument("--controller", metavar="HOST:PORT",
+                   help=f"controller address (default $MILLWHEEL_CONTROLLER or {DEFAULT_CONTROLLER})")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    security.add_args(p, server=False)
+    return p
 
-    reg = client_parser("register", "register computations (and injectors) from a spec file",
+
+def add_commands(sub: Any) -> None:
+    reg = client_parser(sub, "register", "register computations (and injectors) from a spec file",
                         "Register the computations of a YAML/JSON spec file: either one computation "
                         "mapping (name, inputs, outputs, code, options) or a topology with "
                         "'injectors' and 'computations', all or nothing (one RegisterTopology call: "
@@ -44,12 +47,12 @@ def add_commands(sub: Any) -> None:
     reg.add_argument("spec", metavar="SPEC.yaml|json")
     reg.set_defaults(func=cmd_register)
 
-    unreg = client_parser("unregister", "unregister a computation",
+    unreg = client_parser(sub, "unregister", "unregister a computation",
                           "Unregister a computation (refused while another consumes its output).")
     unreg.add_argument("name", metavar="COMPUTATION")
     unreg.set_defaults(func=cmd_unregister)
 
-    inj = client_parser("inject", "inject JSON-lines records through an injector",
+    inj = client_parser(sub, "inject", "inject JSON-lines records through an injector",
                         "Send records to an injector: JSON lines {\"key\", \"value\", \"timestamp\" "
                         "(integer microseconds)[, \"id\"]} from FILE or stdin. Records with an "
                         "'id' are idempotent (re-injecting them is a no-op); others get a fresh "
@@ -67,32 +70,32 @@ def add_commands(sub: Any) -> None:
                      help="this is the injector's last input: advance its watermark to the end")
     inj.set_defaults(func=cmd_inject)
 
-    wm = client_parser("watermark", "show low watermarks",
+    wm = client_parser(sub, "watermark", "show low watermarks",
                        "Show the low watermark of every computation and injector, or of one.")
     wm.add_argument("computation", nargs="?", default="", metavar="COMPUTATION")
     wm.set_defaults(func=cmd_watermark)
 
-    st = client_parser("state", "show the state and pending timers of a key",
+    st = client_parser(sub, "state", "show the state and pending timers of a key",
                        "Show the stored state bytes and pending timers of one key of a computation.")
     st.add_argument("computation", metavar="COMPUTATION")
     st.add_argument("key", metavar="KEY")
     st.set_defaults(func=cmd_state)
 
-    ks = client_parser("keys", "list the keys with state", "List the keys of a computation that have state.")
+    ks = client_parser(sub, "keys", "list the keys with state", "List the keys of a computation that have state.")
     ks.add_argument("computation", metavar="COMPUTATION")
     ks.add_argument("--limit", type=int, default=0, help="at most this many (default all)")
     ks.set_defaults(func=cmd_keys)
 
-    stat = client_parser("status", "show workers, ranges, tokens and watermarks",
+    stat = client_parser(sub, "status", "show workers, ranges, tokens and watermarks",
                          "Show the cluster: workers, every key range with its owner and token, "
                          "and watermarks with their lag.")
     stat.set_defaults(func=cmd_status)
 
-    comps = client_parser("computations", "list registered computations and injectors",
+    comps = client_parser(sub, "computations", "list registered computations and injectors",
                           "List registered computations and injectors.")
     comps.set_defaults(func=cmd_computations)
 
-    subs = client_parser("subscribe", "print the records of a sink stream",
+    subs = client_parser(sub, "subscribe", "print the records of a sink stream",
                          "Print the records of a sink stream (one no computation consumes) from "
                          "the stream log, from the start or after --after; --follow keeps "
                          "printing new records.")
@@ -130,7 +133,8 @@ def _value_text(value: bytes) -> str:
 
 
 # -- client commands ----------------------------------------------------------------------------
-def _client(args: argparse.Namespace) -> ControllerClient:
+def client_for(args: argparse.Namespace) -> ControllerClient:
+    """The client a command's flags (address, token, TLS) describe."""
     return ControllerClient(args.controller, security=security.from_args(args, server=False))
 
 
@@ -149,7 +153,7 @@ def cmd_register(args: argparse.Namespace) -> int:
         if not isinstance(inj, dict) or not inj.get("name") or not inj.get("stream"):
             raise InvalidSpecError(f"{args.spec}: injectors[{i}] needs 'name' and 'stream'")
     logged = data.get("log_streams", []) if isinstance(data.get("log_streams"), list) else []
-    with _client(args) as client:  # all or nothing: one RegisterTopology call
+    with client_for(args) as client:  # all or nothing: one RegisterTopology call
         resp = client.register_topology(protos, [(str(i["name"]), str(i["stream"])) for i in injectors],
                                         [str(s) for s in logged])
     done: list[dict[str, Any]] = [{"injector": i.name, "stream": i.stream} for i in resp.injectors]
@@ -161,7 +165,7 @@ def cmd_register(args: argparse.Namespace) -> int:
 
 
 def cmd_unregister(args: argparse.Namespace) -> int:
-    with _client(args) as client:
+    with client_for(args) as client:
         client.unregister(args.name)
     return _emit(args, {"unregistered": args.name}, f"unregistered {args.name!r}")
 
@@ -189,7 +193,7 @@ def cmd_inject(args: argparse.Namespace) -> int:
     messages = inject_messages(
         args.injector, args.stream, _read_records(args.file), batch=args.batch,
         max_disorder_us=None if args.no_watermark else args.max_disorder_us, done=args.done)
-    with _client(args) as client:
+    with client_for(args) as client:
         resp = client.inject(messages)
     data = {"injector": args.injector, "accepted": resp.accepted, "watermark": resp.watermark}
     return _emit(args, data, f"injected {resp.accepted} records through {args.injector!r}; "
@@ -197,7 +201,7 @@ def cmd_inject(args: argparse.Namespace) -> int:
 
 
 def cmd_watermark(args: argparse.Namespace) -> int:
-    with _client(args) as client:
+    with client_for(args) as client:
         wms = client.watermarks(args.computation)
     data = [{"node": w.node, "low_watermark": w.low_watermark,
              "input_low_watermark": w.input_low_watermark, "lag_us": w.lag_us} for w in wms]
@@ -207,7 +211,7 @@ def cmd_watermark(args: argparse.Namespace) -> int:
 
 
 def cmd_state(args: argparse.Namespace) -> int:
-    with _client(args) as client:
+    with client_for(args) as client:
         resp = client.state(args.computation, args.key)
     timers: list[dict[str, Any]] = [{"tag": t.tag, "time": t.time, "domain": t.domain, "hold": t.hold}
                                     for t in resp.timers]
@@ -227,7 +231,7 @@ def cmd_state(args: argparse.Namespace) -> int:
 
 def cmd_keys(args: argparse.Namespace) -> int:
     keys = []
-    with _client(args) as client:
+    with client_for(args) as client:
         for key in client.keys(args.computation):
             keys.append(key)
             if args.limit and len(keys) >= args.limit:
@@ -238,7 +242,7 @@ def cmd_keys(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     from .cli_errors import status_lines
 
-    with _client(args) as client:
+    with client_for(args) as client:
         s = client.status()
         errors = status_lines(client)
     data = {
@@ -267,7 +271,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_computations(args: argparse.Namespace) -> int:
-    with _client(args) as client:
+    with client_for(args) as client:
         resp = client.computations()
     data: dict[str, list[dict[str, Any]]] = {
         "computations": [{"name": c.spec.name, "inputs": [i.stream for i in c.spec.inputs],
@@ -291,7 +295,7 @@ def cmd_subscribe(args: argparse.Namespace) -> int:
 
 
 def _subscribe(args: argparse.Namespace) -> int:
-    with _client(args) as client:
+    with client_for(args) as client:
         if not args.json:
             print(f"{'SEQ':>8}  {'TIMESTAMP':>18}  KEY  VALUE", flush=True)
         for seq, rec in client.subscribe(args.stream, args.after, args.follow):

@@ -7,21 +7,14 @@ import argparse
 import json
 from typing import Any
 
-from .cli_client import fmt_ts, table
-from .client import DEFAULT_CONTROLLER, ControllerClient
+from .cli_client import client_for, client_parser, fmt_ts, table
+from .client import ControllerClient
 from .generated import millwheel_pb2 as pb
 
 
 def add_commands(sub: Any) -> None:
-    def client_parser(name: str, help: str, description: str) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help, description=description)
-        p.add_argument("--controller", metavar="HOST:PORT",
-                       help=f"controller address (default $MILLWHEEL_CONTROLLER or {DEFAULT_CONTROLLER})")
-        p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-        return p
-
     errs = client_parser(
-        "errors", "show a computation's failing records and dead letters",
+        sub, "errors", "show a computation's failing records and dead letters",
         "Show how a computation's user code fails: the durable counts of records "
         "dead-lettered, skipped and dropped as late, the records and timers being retried "
         "now, and the last errors given up on (key, record ID, time, attempts, message).")
@@ -31,16 +24,13 @@ def add_commands(sub: Any) -> None:
     dl = sub.add_parser("dead-letters", help="act on a computation's dead letters",
                         description="Act on the dead letters of a computation.")
     dl_sub = dl.add_subparsers(dest="action", metavar="ACTION", required=True)
-    replay = dl_sub.add_parser(
-        "replay", help="re-inject the dead letters into the computation, once",
-        description="Hand the computation's dead letters back to it (and to no other consumer "
+    replay = client_parser(
+        dl_sub, "replay", "re-inject the dead letters into the computation, once",
+        "Hand the computation's dead letters back to it (and to no other consumer "
         "of its inputs), after its code was fixed. Exactly once: replaying again hands over "
         "only dead letters written since. Dead letters of timers and of records whose key "
         "could not be extracted are not replayed (counted as skipped).")
     replay.add_argument("computation", metavar="COMPUTATION")
-    replay.add_argument("--controller", metavar="HOST:PORT",
-                        help=f"controller address (default $MILLWHEEL_CONTROLLER or {DEFAULT_CONTROLLER})")
-    replay.add_argument("--json", action="store_true", help="print JSON")
     replay.set_defaults(func=cmd_replay)
 
 
@@ -69,7 +59,7 @@ def errors_data(info: pb.ComputationInfo) -> dict[str, Any]:
 
 
 def cmd_errors(args: argparse.Namespace) -> int:
-    with ControllerClient(args.controller) as client:
+    with client_for(args) as client:
         info = client.describe(args.computation)
     data = errors_data(info)
     lines = [f"computation {data['computation']}: on_error {data['on_error']}, "
@@ -86,7 +76,7 @@ def cmd_errors(args: argparse.Namespace) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    with ControllerClient(args.controller) as client:
+    with client_for(args) as client:
         resp = client.replay_dead_letters(args.computation)
     if args.json:
         print(json.dumps({"replayed": resp.replayed, "skipped": resp.skipped}))
