@@ -26,7 +26,7 @@ import pytest
 
 from millwheel.record import Record
 from tests.integration.service_cluster import ROOT, wait_for
-from tests.integration.ui_cluster import T0, Console, clicks, readme_pipeline, start_console
+from tests.integration.ui_cluster import T0, Console, clicks, console_with_clicks, readme_pipeline
 
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -43,15 +43,8 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def console(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Console]:
-    con = start_console(tmp_path_factory.mktemp("ui"), workers=2)
-    try:
-        con.inject(clicks(60))
-        con.cluster.wait_watermark("counts", T0 + 29_500_000)
-        wait_for(lambda: con.api("/api/v1/computation?computation=counts")["input_low_watermark"]
-                 == T0 + 29_500_000, 10, "the console's snapshot to catch up")
+    with console_with_clicks(tmp_path_factory.mktemp("ui"), workers=2) as con:
         yield con
-    finally:
-        con.cluster.stop()
 
 
 @pytest.fixture(scope="module")

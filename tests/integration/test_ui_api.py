@@ -28,7 +28,14 @@ from millwheel.spec import computation_to_dict
 from services.convert import spec_dict_to_proto, spec_from_proto
 from services.security import Security
 from tests.integration.service_cluster import ROOT, Cluster, wait_for
-from tests.integration.ui_cluster import SECRET, T0, TOKEN, Console, clicks, readme_pipeline, start_console
+from tests.integration.ui_cluster import (
+    SECRET,
+    T0,
+    TOKEN,
+    Console,
+    console_with_clicks,
+    readme_pipeline,
+)
 from tests.support.certs import CertificateAuthority
 from tests.support.redis_server import free_port
 
@@ -37,15 +44,8 @@ pytestmark = pytest.mark.timeout(240)
 
 @pytest.fixture(scope="module")
 def console(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Console]:
-    con = start_console(tmp_path_factory.mktemp("ui-api"), workers=1)
-    try:
-        con.inject(clicks(60))
-        con.cluster.wait_watermark("counts", T0 + 29_500_000)
-        wait_for(lambda: con.api("/api/v1/computation?computation=counts")["input_low_watermark"]
-                 == T0 + 29_500_000, 10, "the console's snapshot to catch up")
+    with console_with_clicks(tmp_path_factory.mktemp("ui-api"), workers=1) as con:
         yield con
-    finally:
-        con.cluster.stop()
 
 
 def as_us(wm: int | str) -> int:

@@ -6,10 +6,12 @@ quickstart), so the console tests follow what users paste.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import re
 import secrets
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -108,3 +110,18 @@ def start_console(tmp: Path, workers: int = 2, ui: bool = True) -> Console:
     except BaseException:
         c.stop()
         raise
+
+
+@contextlib.contextmanager
+def console_with_clicks(tmp: Path, workers: int) -> Iterator[Console]:
+    """A console over the README pipeline with 60 clicks in, every window up to
+    T0 + 29.5 s closed, and the console's snapshot caught up with it; stopped after."""
+    con = start_console(tmp, workers=workers)
+    try:
+        con.inject(clicks(60))
+        con.cluster.wait_watermark("counts", T0 + 29_500_000)
+        wait_for(lambda: con.api("/api/v1/computation?computation=counts")["input_low_watermark"]
+                 == T0 + 29_500_000, 10, "the console's snapshot to catch up")
+        yield con
+    finally:
+        con.cluster.stop()
