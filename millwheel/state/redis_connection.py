@@ -98,7 +98,7 @@ class RedisConnection:
         self._db = db
         self._wait_replicas = wait_replicas
         self.url = url
-        self._where = _redact(url)
+        self._where = redact(url)
         self._prefix = prefix
         self._retry_deadline_s = retry_deadline_s
         self._backoff_cap_s = backoff_cap_s
@@ -121,7 +121,7 @@ class RedisConnection:
         """
         parts = urlsplit(url)
         if parts.scheme not in ("redis", "rediss"):
-            raise InvalidSpecError(f"store URL {_redact(url)!r}: expected redis:// or rediss://")
+            raise InvalidSpecError(f"store URL {redact(url)!r}: expected redis:// or rediss://")
         query = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
         known = {
             "max_connections", "socket_timeout", "connect_timeout", "pool_timeout",
@@ -132,7 +132,7 @@ class RedisConnection:
         unknown = sorted(set(query) - known)
         if unknown:
             raise InvalidSpecError(
-                f"store URL {_redact(url)!r}: unknown options {unknown}; known: {sorted(known)}"
+                f"store URL {redact(url)!r}: unknown options {unknown}; known: {sorted(known)}"
             )
 
         def number(name: str, default: float) -> float:
@@ -148,11 +148,11 @@ class RedisConnection:
         try:
             db = int(path) if path else 0
         except ValueError:
-            raise InvalidSpecError(f"store URL {_redact(url)!r}: database {path!r} is not a number") from None
+            raise InvalidSpecError(f"store URL {redact(url)!r}: database {path!r} is not a number") from None
         try:
             port = parts.port or 6379
         except ValueError:
-            raise InvalidSpecError(f"store URL {_redact(url)!r}: bad port") from None
+            raise InvalidSpecError(f"store URL {redact(url)!r}: bad port") from None
         password = unquote(parts.password) if parts.password else os.environ.get("MILLWHEEL_REDIS_PASSWORD")
         username = unquote(parts.username) if parts.username else os.environ.get("MILLWHEEL_REDIS_USERNAME")
         kwargs: dict[str, Any] = {
@@ -193,7 +193,7 @@ class RedisConnection:
             retry_deadline_s=number("retry_deadline", 30.0),
             backoff_cap_s=number("backoff_cap", 1.0),
             verify_lineage=query.get("verify_lineage", "1") not in ("0", "false", "no"),
-            cluster=cluster_mode(query.get("cluster", "auto") or "auto", _redact(url)),
+            cluster=cluster_mode(query.get("cluster", "auto") or "auto", redact(url)),
             cluster_client=cluster_client,
             db=db,
             wait_replicas=int(number("wait_replicas", 0)),
@@ -387,8 +387,3 @@ def _transient(exc: BaseException) -> bool:
     if "cannot be connected" in text:  # the cause says why: a refused connection, or a bug
         return isinstance(exc.__cause__, _RETRYABLE)
     return "not covered" in text or "could not agree" in text
-
-
-def _redact(url: str) -> str:
-    """The URL without its password, for messages."""
-    return redact(url)
