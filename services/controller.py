@@ -27,6 +27,7 @@ from millwheel.clock import SystemClock
 from millwheel.errors import FencedError, InvalidSpecError, NotFoundError
 from millwheel.importing import AllowList
 from millwheel.keys import key_range
+from millwheel.limits import MAX_NAME_CHARS
 from millwheel.record import MAX_TIMESTAMP, MIN_TIMESTAMP
 from millwheel.state.protocol import StateStore
 from millwheel.state.url import redact
@@ -233,7 +234,7 @@ class ControllerService(Injecting):
                     node = injector_node(node)
                 if node not in out:
                     raise NotFoundError(
-                        f"no computation or injector named {request.computation!r} "
+                        f"no computation or injector named {request.computation[:MAX_NAME_CHARS]!r} "
                         f"(known: {', '.join(sorted(out)) or 'none registered'})")
                 nodes = [node]
             else:

@@ -16,7 +16,7 @@ from typing import Sequence
 
 from millwheel.errors import AlreadyExistsError, InvalidSpecError, NotFoundError, ResourceLimitError
 from millwheel.importing import AllowList
-from millwheel.limits import MAX_LOG_STREAMS, MAX_TOTAL_KEY_RANGES
+from millwheel.limits import MAX_LOG_STREAMS, MAX_NAME_CHARS, MAX_TOTAL_KEY_RANGES
 from millwheel.operators.schema import check_allowed, validate_spec
 from millwheel.spec import computation_from_dict, computation_to_dict
 from millwheel.state.protocol import StateStore
@@ -53,7 +53,7 @@ class Registry:
             if spec.name == name:
                 return spec
         known = ", ".join(c.name for c in self.topology.computations) or "none registered"
-        raise NotFoundError(f"no computation named {name[:200]!r} (known: {known})")
+        raise NotFoundError(f"no computation named {name[:MAX_NAME_CHARS]!r} (known: {known})")
 
     def injector(self, name: str) -> InjectorSpec | None:
         return next((i for i in self.topology.injectors if i.name == name), None)

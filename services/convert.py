@@ -11,7 +11,7 @@ import json
 from typing import Any, Iterable, Mapping
 
 from millwheel.errors import InvalidSpecError
-from millwheel.limits import MAX_PARAMS_BYTES, check_name
+from millwheel.limits import MAX_NAME_CHARS, MAX_PARAMS_BYTES, check_name
 from millwheel.record import Record, Timer
 from millwheel.spec import computation_from_dict, computation_to_dict, topology_from_dict
 from millwheel.topology import ComputationSpec, InjectorSpec, Topology
@@ -93,7 +93,7 @@ def unlogged_stream_message(topology: Topology, stream: str) -> str:
     producers = [c.name for c in topology.computations if stream in c.all_outputs()]
     producers += [f"injector {i.name}" for i in topology.injectors if i.stream == stream]
     if not producers:
-        return (f"no stream named {stream!r}: no registered computation or injector writes it "
+        return (f"no stream named {stream[:MAX_NAME_CHARS]!r}: no registered computation or injector writes it "
                 f"(streams open to Subscribe: {known})")
     return (f"stream {stream!r} (written by {', '.join(producers)}) is consumed by another "
             f"computation, so it is not kept in the stream log: register its producer with "

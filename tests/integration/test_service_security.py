@@ -247,6 +247,19 @@ def test_names_are_bounded(service: Service) -> None:
     service.refused(inject(pb.InjectRequest(injector=long_name, stream="events", records=[record()])),
                     Code.INVALID_ARGUMENT, "inject message 0: injector", "over the limit of 200")
     assert "nnnnnnnnnn" not in service.metrics()
+    # Queries of a name that cannot exist answer NOT_FOUND without echoing it whole.
+    for method, request in [("GetWatermark", pb.GetWatermarkRequest(computation=long_name)),
+                            ("GetState", pb.GetStateRequest(computation=long_name, key="k")),
+                            ("DescribeComputation", pb.DescribeComputationRequest(name=long_name)),
+                            ("ReplayDeadLetters", pb.ReplayDeadLettersRequest(computation=long_name))]:
+        service.refused(unary(method, request), Code.NOT_FOUND, "'" + "n" * 200 + "'")
+
+    def subscribe(ch: grpc.Channel) -> Any:
+        fn = ch.unary_stream("/millwheel.v1.Controller/Subscribe",
+                             request_serializer=lambda m: m.SerializeToString(),
+                             response_deserializer=lambda b: b)
+        return list(fn(pb.SubscribeRequest(stream=long_name), timeout=30))
+    service.refused(subscribe, Code.NOT_FOUND, "no stream named '" + "n" * 200 + "'")
 
 
 def test_key_ranges_are_bounded_and_refused_at_once(service: Service) -> None:
