@@ -61,6 +61,21 @@ def add_commands(sub: Any) -> None:
                           "(default one day; 0 = no limit)")
     ctl.add_argument("--inject-batch", type=int, default=5000, metavar="N",
                      help="Inject messages larger than N records go to the worker in pieces of N")
+    ha = ctl.add_argument_group(
+        "several controllers (docs/service.md, Controller high availability)",
+        "Start any number of controllers on one store: one leads (it holds a lease in the "
+        "store), the others stand by, answer reads, forward writes and take over when the "
+        "leader stops renewing its lease. Give clients and workers every address: "
+        "--controller a:7070,b:7070.")
+    ha.add_argument("--advertise", metavar="HOST",
+                    help="the host the other controllers and the workers reach this one at "
+                         "(default --host, or this machine's name when --host is 0.0.0.0)")
+    ha.add_argument("--lease-ttl", type=float, default=2.0, metavar="SECONDS",
+                    help="the leader's lease runs out this long after its last renewal (renewed "
+                         "every quarter of it); a standby takes over within about this (default 2)")
+    ha.add_argument("--takeover-grace", type=float, default=10.0, metavar="SECONDS",
+                    help="a new leader gives the workers it finds this long to heartbeat before "
+                         "declaring any dead, so a leader change moves no range (default 10)")
     ctl.set_defaults(func=cmd_controller)
 
     wk = sub.add_parser("worker", help="run a worker",
@@ -139,13 +154,15 @@ def cmd_controller(args: argparse.Namespace) -> int:
         args.store, args.host, args.port, None if args.metrics_port < 0 else args.metrics_port,
         heartbeat_timeout_s=args.heartbeat_timeout, max_value_bytes=args.max_value_bytes,
         inject_wait_s=args.inject_wait, inject_batch=args.inject_batch, allow_code=args.allow_code,
+        advertise=args.advertise,
+        lease_ttl_s=args.lease_ttl, takeover_grace_s=args.takeover_grace,
         limits=InjectLimits(max_records=args.max_inject_records, max_value_bytes=args.max_value_bytes,
                             max_future_us=args.max_future_us))
     print(f"millwheel controller listening on {args.host}:{port} (metrics port {mport}, "
           f"store {describe_store(args.store)})", file=sys.stderr, flush=True)
     start_console(service, args)
     _wait_for_signal()
-    service.close()
+    service.close()  # a leader hands the lease over at once
     server.stop(grace=1.0).wait(2.0)
     service.store.close()
     return 0

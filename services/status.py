@@ -22,6 +22,7 @@ from millwheel.errors import (
     ResourceLimitError,
     StoreError,
 )
+from millwheel.state.lease import LeadershipLostError
 
 log = logging.getLogger("millwheel.service")
 
@@ -50,6 +51,7 @@ CODES: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (AlreadyExistsError, grpc.StatusCode.ALREADY_EXISTS),
     (ResourceLimitError, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (FencedError, grpc.StatusCode.ABORTED),
+    (LeadershipLostError, grpc.StatusCode.UNAVAILABLE),  # ask the leader (or retry: one is elected)
     (PermissionDeniedError, grpc.StatusCode.PERMISSION_DENIED),
     (PreconditionError, grpc.StatusCode.FAILED_PRECONDITION),
     (StoreError, grpc.StatusCode.UNAVAILABLE),
@@ -58,6 +60,9 @@ CODES: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
 
 
 def code_for(exc: BaseException) -> grpc.StatusCode:
+    status = getattr(exc, "status", None)  # an answer passed on from another controller
+    if isinstance(status, grpc.StatusCode):
+        return status
     for cls, code in CODES:
         if isinstance(exc, cls):
             return code

@@ -44,11 +44,12 @@ class LeadershipLostError(MillWheelError):
     """A controller write carried a leader epoch that is no longer current: another
     controller holds the lease now, and this one must stop writing (stand by)."""
 
-    def __init__(self, what: str, epoch: int, current: int) -> None:
+    def __init__(self, what: str, epoch: int, current: int | None) -> None:
         self.epoch = epoch
         self.current = current
-        super().__init__(f"{what}: leader epoch {epoch} is not current (current epoch is "
-                         f"{current}); this controller is no longer the leader")
+        now = "its lease ran out" if current is None else f"current epoch is {current}"
+        super().__init__(f"{what}: leader epoch {epoch} is not current ({now}); this "
+                         "controller is no longer the leader")
 
 
 @dataclass(frozen=True)
