@@ -35,6 +35,10 @@ def add_commands(sub: Any) -> None:
                         "machine, sharing one store (embedded SQLite by default, or --store "
                         "redis://HOST:PORT/DB). Ctrl-C drains the workers and stops everything.")
     up.add_argument("--workers", type=int, default=2, help="number of workers (default 2)")
+    up.add_argument("--controllers", type=int, default=1, metavar="N",
+                    help="number of controllers (default 1): one leads, the others stand by on "
+                         "--port+1, --port+2, ... and take over if it dies (the console is "
+                         "served by the first)")
     up.add_argument("--no-watchdog", action="store_true", help="start the workers with --no-watchdog")
     _server_args(up, port=7070, up=True)
     _allow_code_arg(up)
@@ -191,21 +195,27 @@ def cmd_worker(args: argparse.Namespace) -> int:
 def cmd_up(args: argparse.Namespace) -> int:
     if args.workers < 1:
         raise InvalidSpecError("--workers must be at least 1")
+    if not 1 <= args.controllers <= 9:
+        raise InvalidSpecError("--controllers must be 1..9")
     if args.store.startswith("sqlite:///"):
         Path(args.store[len("sqlite:///"):].split("?")[0]).parent.mkdir(parents=True, exist_ok=True)
     import socket
 
-    with socket.socket() as probe:
-        if probe.connect_ex(("127.0.0.1" if args.host == "0.0.0.0" else args.host, args.port)) == 0:
-            raise InvalidSpecError(
-                f"port {args.port} on {args.host} is in use (another millwheel controller?); "
-                "choose another with --port")
+    ports = [args.port + i for i in range(args.controllers)]
+    for port in ports:
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1" if args.host == "0.0.0.0" else args.host, port)) == 0:
+                raise InvalidSpecError(
+                    f"port {port} on {args.host} is in use (another millwheel controller?); "
+                    "choose another with --port")
     base = [sys.executable, "-m", f"{__package__}.cli"]
     client_sec, secure_args, how = security.up_credentials(args)
     common = ["--store", args.store, "--host", args.host, "--log-level", args.log_level,
               "--allow-code", args.allow_code, *secure_args]
     procs: list[subprocess.Popen[bytes]] = []
-    controller = f"{'127.0.0.1' if args.host == '0.0.0.0' else args.host}:{args.port}"
+    host = '127.0.0.1' if args.host == '0.0.0.0' else args.host
+    controller = ",".join(f"{host}:{port}" for port in ports)
+    first = len(ports)  # procs[:first] are the controllers, the rest workers
 
     def worker() -> subprocess.Popen[bytes]:
         return subprocess.Popen([*base, "worker", *common, "--controller", controller,
@@ -216,9 +226,11 @@ def cmd_up(args: argparse.Namespace) -> int:
     # Every child is stopped on the way out, whatever the way: a controller that never
     # answers, Ctrl-C while starting, an error, or the end of a normal run.
     try:
-        procs.append(subprocess.Popen([*base, "controller", *common, "--port", str(args.port),
-                                       "--metrics-port", str(args.metrics_port), "--ui-port", str(ui_port)],
-                                      start_new_session=True))
+        for i, port in enumerate(ports):
+            procs.append(subprocess.Popen(
+                [*base, "controller", *common, "--port", str(port),
+                 "--metrics-port", str(args.metrics_port if i == 0 else 0),
+                 "--ui-port", str(ui_port if i == 0 else -1)], start_new_session=True))
         with ControllerClient(controller, security=client_sec) as client:
             deadline = time.monotonic() + 20
             while True:
@@ -226,7 +238,7 @@ def cmd_up(args: argparse.Namespace) -> int:
                     client.status()
                     break
                 except Exception:
-                    if procs[0].poll() is not None or time.monotonic() > deadline:
+                    if all(p.poll() is not None for p in procs) or time.monotonic() > deadline:
                         print("millwheel up: the controller did not start", file=sys.stderr)
                         return 1
                     time.sleep(0.1)
@@ -236,24 +248,25 @@ def cmd_up(args: argparse.Namespace) -> int:
                 if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
                     break
                 time.sleep(0.1)
-        print(f"millwheel is up: controller {controller}, {args.workers} workers, "
+        print(f"millwheel is up: controller{'s' if first > 1 else ''} {controller}, {args.workers} workers, "
               f"store {describe_store(args.store)}\n"
               + "".join(f"{line}\n" for line in how)
-              + (f"  console: {'https' if client_sec.tls_cert else 'http'}://{controller.rpartition(':')[0]}:"
+              + (f"  console: {'https' if client_sec.tls_cert else 'http'}://{host}:"
                  f"{ui_port}/\n" if ui_port >= 0 else "")
               + f"  try: millwheel status --controller {controller}\n  Ctrl-C stops everything.",
               file=sys.stderr, flush=True)
-        _wait_for_signal(Restarter(procs, 1, worker).check)  # a dead worker is restarted
+        _wait_for_signal(Restarter(procs, first, worker).check)  # a dead worker is restarted
     finally:
         if procs:
             print("millwheel up: stopping workers, then the controller", file=sys.stderr, flush=True)
-        for p in procs[1:]:
+        for p in procs[first:]:
             p.send_signal(signal.SIGTERM)
-        for p in procs[1:]:
+        for p in procs[first:]:
             _reap(p, 20)
-        if procs:
-            procs[0].send_signal(signal.SIGTERM)
-            _reap(procs[0], 10)
+        for p in procs[:first]:
+            p.send_signal(signal.SIGTERM)
+        for p in procs[:first]:
+            _reap(p, 10)
     return 0
 
 

@@ -19,27 +19,25 @@ from __future__ import annotations
 import logging
 import socket
 import threading
-import time
-from typing import Any, Iterator, cast
+from typing import Any, cast
 
 import grpc
 
 from millwheel.clock import SystemClock
-from millwheel.errors import FencedError, InvalidSpecError, NotFoundError
+from millwheel.errors import FencedError, InvalidSpecError
 from millwheel.importing import AllowList
-from millwheel.keys import key_range
-from millwheel.limits import MAX_NAME_CHARS
 from millwheel.record import MAX_TIMESTAMP, MIN_TIMESTAMP
 from millwheel.state.lease import LeadershipLostError
 from millwheel.state.protocol import StateStore
 from millwheel.state.url import redact
-from millwheel.topology import InjectorSpec, injector_node
+from millwheel.topology import InjectorSpec
 
 from . import convert
 from .controller_assign import Assigner
 from .controller_errors import Replayer, error_info
 from .controller_ha import Replicated
 from .controller_inject import INJECT_BATCH, Injecting
+from .controller_queries import Queries
 from .controller_registry import Registry
 from .generated import millwheel_pb2 as pb
 from .grpc_server import check, start_server
@@ -47,7 +45,7 @@ from .health_monitor import HealthMonitor
 from .leader import Elector, LeaderStore
 from .limits import InjectLimits
 from .metrics import PrometheusSensors
-from .status import UnavailableError, rpc, rpc_stream
+from .status import rpc
 from .store_lock import open_service_store
 from .worker_link import PeerLink
 
@@ -57,7 +55,7 @@ Ctx = grpc.ServicerContext
 DEFAULT_MAX_VALUE_BYTES = 1024 * 1024
 
 
-class ControllerService(Replicated, Injecting):
+class ControllerService(Queries, Replicated, Injecting):
     def __init__(
         self, store: StateStore, *, heartbeat_timeout_s: float = 3.0,
         max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES, sensors: PrometheusSensors | None = None,
@@ -257,97 +255,7 @@ class ControllerService(Replicated, Injecting):
         with self.lock:
             return self._info(request.name)
 
-    # -- queries ---------------------------------------------------------------------
-    @rpc
-    def GetWatermark(self, request: Any, context: Ctx) -> pb.GetWatermarkResponse:
-        check(request)
-        with self.lock:
-            out, inputs = self.watermarks()
-            if request.computation:
-                node = request.computation
-                if node not in out and injector_node(node) in out and node not in inputs:
-                    node = injector_node(node)
-                if node not in out:
-                    raise NotFoundError(
-                        f"no computation or injector named {request.computation[:MAX_NAME_CHARS]!r} "
-                        f"(known: {', '.join(sorted(out)) or 'none registered'})")
-                nodes = [node]
-            else:
-                nodes = sorted(out)
-            return pb.GetWatermarkResponse(
-                watermarks=[self._node_wm_proto(n, out, inputs) for n in nodes])
-
-    @rpc
-    def GetState(self, request: Any, context: Ctx) -> pb.GetStateResponse:
-        check(request)
-        with self.lock:
-            spec = self.registry.computation(request.computation)
-        if not request.key:
-            raise InvalidSpecError(f"GetState of {spec.name!r}: key must not be empty")
-        state = self.store.read_state(spec.name, [request.key]).get(request.key)
-        timers = self.store.read_key_timers(spec.name, request.key)
-        return pb.GetStateResponse(
-            exists=state is not None or bool(timers), state=state or b"",
-            timers=[convert.timer_to_proto(t) for t in timers],
-            range_id=key_range(request.key, spec.options.key_ranges))
-
-    @rpc
-    def ListKeys(self, request: Any, context: Ctx) -> pb.ListKeysResponse:
-        check(request)
-        with self.lock:
-            spec = self.registry.computation(request.computation)
-        size = request.page_size or 100
-        if not 1 <= size <= 10_000:
-            raise InvalidSpecError(f"ListKeys: page_size must be 1..10000, got {size}")
-        keys = self.store.list_keys(spec.name, request.page_token or None, size + 1)
-        more = len(keys) > size
-        keys = keys[:size]
-        return pb.ListKeysResponse(keys=keys, next_page_token=keys[-1] if more else "")
-
-    @rpc
-    def ClusterStatus(self, request: Any, context: Ctx) -> pb.ClusterStatusResponse:
-        check(request)
-        if not self.leading() and self.elector.leader_address not in (None, self.address):
-            try:
-                return self.forward("ClusterStatus", request, context)
-            except UnavailableError as exc:  # the leader cannot be reached: the store's view
-                log.info("ClusterStatus from the store's view: %s", exc)
-        now = time.monotonic()
-        with self.lock:
-            out, inputs = self.watermarks()
-            workers = [
-                pb.WorkerInfo(worker_id=w.worker_id, address=w.address,
-                              metrics_address=w.metrics_address, alive=w.alive,
-                              draining=w.draining, last_heartbeat_age_s=now - w.last_seen,
-                              ranges=len(self.assigner.owned_by(w.worker_id)))
-                for w in sorted(self.assigner.workers.values(), key=lambda w: w.worker_id)
-            ]
-            return pb.ClusterStatusResponse(
-                workers=workers, ranges=self._ranges(),
-                watermarks=[self._node_wm_proto(n, out, inputs) for n in sorted(out)],
-                store_url=redact(self.store.url),  # never the password
-                leader=self.elector.leader_address or "", leader_epoch=self.elector.leader_epoch,
-                answered_by=self.address)
-
-    # -- data out (Inject is in services/controller_inject.py) ----------------------
-    @rpc_stream
-    def Subscribe(self, request: Any, context: Ctx) -> Iterator[pb.SubscribeResponse]:
-        check(request)
-        with self.lock:
-            logged = self.registry.topology.logged_streams()
-        if request.stream not in logged:
-            raise NotFoundError(convert.unlogged_stream_message(self.registry.topology, request.stream))
-        pos = request.after_seq
-        while context.is_active() and not self._stop.is_set():
-            entries = self.store.read_log(request.stream, pos, 500)
-            for seq, rec in entries:
-                yield pb.SubscribeResponse(seq=seq, record=convert.record_to_proto(rec))
-                pos = seq
-            if not entries:
-                if not request.follow:
-                    return
-                time.sleep(0.05)
-
+    # -- queries are in services/controller_queries.py; Inject in services/controller_inject.py
     @rpc
     def ReplayDeadLetters(self, request: Any, context: Ctx) -> pb.ReplayDeadLettersResponse:
         check(request)
