@@ -151,6 +151,7 @@ class ControllerService(Queries, Replicated, Injecting):
     def _publish_watermarks(self) -> None:
         if self.sensors is None:
             return
+        self.sensors.controller_role(self.leading(), self.elector.leader_epoch)
         out, _ = self.watermarks()
         now = self.clock.now_us()
         self.sensors.keep_nodes(set(out))  # no series for what is no longer registered
@@ -321,7 +322,7 @@ def serve(
                                 takeover_grace_s=takeover_grace_s)
     server, bound, health = start_server(
         f"{host}:{port}", {"Controller": service, "Cluster": service}, max_workers=32)
-    service.health_monitor = HealthMonitor(health, store)
+    service.health_monitor = HealthMonitor(health, store, problem=service.readiness_problem)
     if advertise is None:
         advertise = socket.getfqdn() if host in ("0.0.0.0", "::", "") else host
     service.start(f"{advertise}:{bound}")

@@ -81,6 +81,20 @@ class Replicated:
     def leading(self) -> bool:
         return self.elector.is_leader()
 
+    _leaderless_since: float | None = None
+
+    def readiness_problem(self) -> str:
+        """'' while this controller can serve a request (it leads, or it knows the
+        leader to forward to); else, after two lease TTLs without a leader, why not."""
+        if self.leading() or self.elector.leader_address:
+            self._leaderless_since = None
+            return ""
+        now = time.monotonic()
+        self._leaderless_since = self._leaderless_since or now
+        if now - self._leaderless_since > 2 * self.elector.ttl_s:
+            return f"no controller has led for {now - self._leaderless_since:.0f} s"
+        return ""
+
     # -- role changes (called by the elector's thread) --------------------------------
     def _on_elected(self, epoch: int) -> None:
         """Take over: the registry and the assignment as stored, workers given a grace."""
