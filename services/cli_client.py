@@ -247,6 +247,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         errors = status_lines(client)
     data = {
         "store": s.store_url,
+        "leader": s.leader, "leader_epoch": s.leader_epoch, "answered_by": s.answered_by,
         "workers": [{"id": w.worker_id, "address": w.address, "metrics": w.metrics_address,
                      "alive": w.alive, "draining": w.draining, "ranges": w.ranges,
                      "last_heartbeat_age_s": round(w.last_heartbeat_age_s, 3)} for w in s.workers],
@@ -257,7 +258,11 @@ def cmd_status(args: argparse.Namespace) -> int:
         "watermarks": [{"node": w.node, "low_watermark": w.low_watermark, "lag_us": w.lag_us}
                        for w in s.watermarks],
     }
-    parts = [f"store: {s.store_url}", "", table(
+    leader = (f"leader: {s.leader} (epoch {s.leader_epoch})" if s.leader
+              else "leader: none elected yet")
+    if s.answered_by and s.answered_by != s.leader:
+        leader += f"; answered by standby {s.answered_by} (worker liveness unknown there)"
+    parts = [f"store: {s.store_url}", leader, "", table(
         ["WORKER", "ADDRESS", "STATE", "RANGES", "LAST HEARTBEAT", "METRICS"],
         [(w.worker_id, w.address, "draining" if w.draining else "alive" if w.alive else "dead",
           w.ranges, f"{w.last_heartbeat_age_s:.1f}s ago", w.metrics_address) for w in s.workers]),
