@@ -271,7 +271,7 @@ class ControllerService(Queries, Replicated, Injecting):
         if not request.worker_id or not request.address:
             raise InvalidSpecError("Heartbeat: worker_id and address are required")
         if not self.leading():
-            self.redirect(context)  # workers heartbeat to the leader alone
+            raise self.redirect(context)  # workers heartbeat to the leader alone
         if request.liveness_only:  # a busy worker's watchdog: last-seen only (services/watchdog.py)
             self.assigner.touch(request.worker_id)
             return pb.HeartbeatResponse()

@@ -40,7 +40,7 @@ from .generated import millwheel_pb2_grpc as pb_grpc
 from .grpc_server import channel
 from .leader import Elector
 from .security import process
-from .status import UnavailableError
+from .status import NotLeaderError, UnavailableError
 
 log = logging.getLogger("millwheel.controller")
 
@@ -137,19 +137,20 @@ class Replicated:
             return f"controller {self.address} is a standby; the leader is {leader}"
         return f"controller {self.address} is a standby and no leader is elected yet; retry shortly"
 
-    def redirect(self, context: grpc.ServicerContext) -> None:
-        """Refuse a worker's call: UNAVAILABLE, with where the leader is."""
+    def redirect(self, context: grpc.ServicerContext) -> NotLeaderError:
+        """Refuse a worker's call: UNAVAILABLE (raise what this returns), with where the
+        leader is in the trailing metadata."""
         leader = self.elector.leader_address
         if leader and leader != self.address:
             context.set_trailing_metadata(((LEADER_METADATA, leader),))
-        context.abort(grpc.StatusCode.UNAVAILABLE, self._not_leader())
+        return NotLeaderError(self._not_leader())
 
     def _leader_stub(self, context: grpc.ServicerContext) -> pb_grpc.ControllerStub:
         if any(k == FORWARDED_METADATA for k, _v in context.invocation_metadata()):
-            raise UnavailableError(f"{self._not_leader()} (a forwarded request is not forwarded again)")
+            raise NotLeaderError(f"{self._not_leader()} (a forwarded request is not forwarded again)")
         leader = self.elector.leader_address
         if not leader or leader == self.address:
-            raise UnavailableError(self._not_leader())
+            raise NotLeaderError(self._not_leader())
         ch = self._leader_channels.get(leader)
         if ch is None:
             sec = process()

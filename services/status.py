@@ -37,6 +37,12 @@ class UnavailableError(MillWheelError):
     """A process the request needs cannot be reached (yet); retrying may succeed."""
 
 
+class NotLeaderError(UnavailableError):
+    """This controller is a standby: ask the leader (the answer names it when known).
+    Expected during a leader change and for every worker heartbeat that reaches a
+    standby, so it is not logged."""
+
+
 class BusyError(ResourceLimitError):
     """The injector's outbox is full: retry after ``retry_after_ms`` (backpressure)."""
 
@@ -86,7 +92,8 @@ def rpc(fn: F) -> F:
             return fn(self, request, context)
         except MillWheelError as exc:
             code = code_for(exc)
-            if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL):
+            if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL) \
+                    and not isinstance(exc, NotLeaderError):
                 log.error("%s failed: %s", fn.__name__, exc)
             context.abort(code, str(exc))
         except Exception as exc:  # a bug: say so rather than hang the client
