@@ -31,7 +31,6 @@ import hashlib
 import os
 import random
 import secrets
-import threading
 import time
 from typing import Any, Callable, Iterable, Iterator, TypeVar, cast
 
@@ -41,9 +40,10 @@ from millwheel.errors import MillWheelError
 from millwheel.record import MIN_TIMESTAMP, Record
 from millwheel.topology import Topology
 
-from .controller_link import SEVERAL_DEADLINE_S, ControllerLink, await_start, fails_over, leader_hint
+from .controller_link import SEVERAL_DEADLINE_S, ControllerLink, Tried, await_start, fails_over, leader_hint
 from .generated import millwheel_pb2 as pb
 from .generated import millwheel_pb2_grpc as pb_grpc
+from .inject_feed import CallFeed
 from .security import Security, client_security
 from .status import UnavailableError, error_class
 
@@ -105,23 +105,29 @@ class ControllerClient:
         """``fn()`` (which calls ``self.stub``), moved to another controller and
         retried while it fails with UNAVAILABLE or DEADLINE_EXCEEDED and there is
         another to try, for up to ``failover_s``; other errors are raised at once."""
-        tried = _Tried(self.failover_s)
+        return self._retrying(lambda _address: fn())
+
+    def _retrying(self, fn: Callable[[str], T]) -> T:
+        """:meth:`call` of ``fn(address)``, which calls the controller at ``address``."""
+        tried = Tried(self.failover_s)
         while True:
             address = self.address
             try:
-                result = fn()
+                result = fn(address)
             except grpc.RpcError as exc:
                 self._fail_over(address, exc, tried)
                 continue
             self.link.succeeded(address)
             return result
 
-    def _fail_over(self, address: str, exc: grpc.RpcError, tried: _Tried) -> None:
+    def _fail_over(self, address: str, exc: grpc.RpcError, tried: Tried) -> None:
         """Switch to the next controller after ``exc`` on ``address``, or raise it (as a
         millwheel error) if it is not a failover status, there is nowhere to go, or
         the time is up."""
         hint = leader_hint(exc)
-        if not fails_over(exc) or not self.link.may_fail_over(address, hint):
+        if not fails_over(exc):
+            raise self.error(exc) from None  # an answer (NOT_FOUND, ...), whoever gave it
+        if not self.link.may_fail_over(address, hint):
             raise self.error(exc, tried) from None
         tried.add(address, exc)
         if tried.expired():
@@ -133,17 +139,16 @@ class ControllerClient:
     def _unary(self, method: str, request: Any, timeout: float | None) -> Any:
         """One unary call with failover; with several controllers, one that does not
         start it within ``answer_s`` is left for the next."""
-        def attempt() -> Any:
-            address = self.address
-            fn = getattr(self.stub, method)
+        def attempt(address: str) -> Any:
+            fn = getattr(self.link.stub(pb_grpc.ControllerStub, address), method)
             if not self.link.several:
                 return fn(request, timeout=timeout)
             fut = fn.future(request, timeout=timeout)
             await_start(fut, address, self.answer_s)
             return fut.result()
-        return self.call(attempt)
+        return self._retrying(attempt)
 
-    def error(self, exc: grpc.RpcError, tried: _Tried | None = None) -> MillWheelError:
+    def error(self, exc: grpc.RpcError, tried: Tried | None = None) -> MillWheelError:
         code = exc.code()
         err: MillWheelError
         if tried is not None and tried.failures:
@@ -252,7 +257,7 @@ class ControllerClient:
         watermark = MIN_TIMESTAMP
         source = iter(messages)
         while True:
-            feed = _CallFeed(source, messages_per_call)
+            feed = CallFeed(source, messages_per_call)
             try:
                 resp = self._inject_call(feed, busy_retry_s)
             except BaseException:
@@ -266,12 +271,12 @@ class ControllerClient:
             if feed.ended:
                 return pb.InjectResponse(accepted=accepted, watermark=watermark)
 
-    def _inject_call(self, feed: _CallFeed, busy_retry_s: float) -> pb.InjectResponse:
+    def _inject_call(self, feed: CallFeed, busy_retry_s: float) -> pb.InjectResponse:
         """One call fed by ``feed``; after a backpressure refusal, the messages not
         accepted are resent; after a failed controller, those not known to be accepted
         are resent to the next one."""
         busy_deadline = time.monotonic() + busy_retry_s
-        tried = _Tried(self.failover_s)
+        tried = Tried(self.failover_s)
         accepted = 0
         attempt = 0
         done = 0  # messages of feed.sent known to be accepted
@@ -279,7 +284,7 @@ class ControllerClient:
         while True:
             address = self.address
             try:
-                call = self.stub.Inject.future(requests, timeout=None)
+                call = self.link.stub(pb_grpc.ControllerStub, address).Inject.future(requests, timeout=None)
                 if self.link.several:
                     await_start(call, address, self.answer_s)
                 resp = call.result()
@@ -312,11 +317,12 @@ class ControllerClient:
         next controller after the last record yielded: none twice, none skipped (the
         positions are the store's, the same on every controller)."""
         after = after_seq
-        tried = _Tried(self.failover_s)
+        tried = Tried(self.failover_s)
         while True:
             address = self.address
             began, got = time.monotonic(), False
-            call = self.stub.Subscribe(pb.SubscribeRequest(stream=stream, after_seq=after, follow=follow))
+            stub = self.link.stub(pb_grpc.ControllerStub, address)
+            call = stub.Subscribe(pb.SubscribeRequest(stream=stream, after_seq=after, follow=follow))
             try:
                 if self.link.several:
                     await_start(call, address, self.answer_s)
@@ -328,87 +334,10 @@ class ControllerClient:
                 return
             except grpc.RpcError as exc:
                 if got or time.monotonic() - began > self.answer_s:
-                    tried = _Tried(self.failover_s)  # it worked for a while: a fresh failure
+                    tried = Tried(self.failover_s)  # it worked for a while: a fresh failure
                 self._fail_over(address, exc, tried)
             finally:
                 call.cancel()
-
-
-class _Tried:
-    """The controllers one call tried, how each failed, and when to stop trying
-    (``window_s`` after the first failure)."""
-
-    def __init__(self, window_s: float) -> None:
-        self.window_s = window_s
-        self.deadline: float | None = None
-        self.failures: dict[str, str] = {}
-
-    def add(self, address: str, exc: grpc.RpcError) -> None:
-        self.failures.pop(address, None)  # keep the order of the last failures
-        self.failures[address] = f"{exc.code().name}: {exc.details()}"
-        if self.deadline is None:
-            self.deadline = time.monotonic() + self.window_s
-
-    def left(self) -> float:
-        return max(0.0, (self.deadline or 0.0) - time.monotonic())
-
-    def expired(self) -> bool:
-        return self.deadline is not None and time.monotonic() > self.deadline
-
-    def describe(self, addresses: list[str]) -> str:
-        return (f"no controller of {','.join(addresses)} served the call within {self.window_s:g} s: "
-                + "; ".join(f"{a} ({why})" for a, why in self.failures.items()))
-
-
-class _CallFeed:
-    """Feeds one Inject call from ``source``, up to ``limit`` messages, keeping what it
-    handed out (for a resend) and whether the source ended or failed.
-
-    gRPC pulls the messages on a thread of its own; the feed is an iterator with a lock,
-    so that after a failed call the caller can take the rest (:meth:`finish`) while
-    that thread may still be inside it. :meth:`stop` makes that thread read nothing
-    more and waits until it is out of ``source``: a process that exits while that
-    thread holds stdin's buffer lock aborts at interpreter shutdown
-    (``Fatal Python error: _enter_buffered_busy``)."""
-
-    _END = object()
-
-    def __init__(self, source: Iterator[pb.InjectRequest], limit: int) -> None:
-        self.source = source
-        self.limit = limit
-        self.sent: list[pb.InjectRequest] = []
-        self.failed: BaseException | None = None
-        self.ended = False
-        self._stopped = False
-        self._lock = threading.Lock()
-
-    def __iter__(self) -> _CallFeed:
-        return self
-
-    def __next__(self) -> pb.InjectRequest:
-        with self._lock:
-            if self._stopped or self.ended or self.failed is not None or len(self.sent) >= self.limit:
-                raise StopIteration
-            try:
-                msg = next(self.source, self._END)
-            except BaseException as exc:
-                self.failed = exc
-                raise
-            if msg is self._END:
-                self.ended = True
-                raise StopIteration
-            self.sent.append(cast(pb.InjectRequest, msg))
-            return cast(pb.InjectRequest, msg)
-
-    def finish(self) -> None:
-        """Take every message this call still has to send (they join the resend)."""
-        for _ in self:
-            pass
-
-    def stop(self, wait_s: float = 5.0) -> None:
-        self._stopped = True
-        if self._lock.acquire(timeout=wait_s):
-            self._lock.release()
 
 
 def inject_messages(

@@ -228,6 +228,32 @@ class ControllerLink:
             ch.close()
 
 
+class Tried:
+    """The controllers one call tried, how each failed, and when to stop trying
+    (``window_s`` after the first failure): what a caller that gives up reports."""
+
+    def __init__(self, window_s: float) -> None:
+        self.window_s = window_s
+        self.deadline: float | None = None
+        self.failures: dict[str, str] = {}
+
+    def add(self, address: str, exc: grpc.RpcError) -> None:
+        self.failures.pop(address, None)  # keep the order of the last failures
+        self.failures[address] = f"{exc.code().name}: {exc.details()}"
+        if self.deadline is None:
+            self.deadline = time.monotonic() + self.window_s
+
+    def left(self) -> float:
+        return max(0.0, (self.deadline or 0.0) - time.monotonic())
+
+    def expired(self) -> bool:
+        return self.deadline is not None and time.monotonic() > self.deadline
+
+    def describe(self, addresses: list[str]) -> str:
+        return (f"no controller of {','.join(addresses)} served the call within {self.window_s:g} s: "
+                + "; ".join(f"{a} ({why})" for a, why in self.failures.items()))
+
+
 class NoAnswer(grpc.RpcError):
     """A call whose controller did not even start it in time (a stopped process: the
     kernel accepts the connection, nobody reads it). Cancelled by the caller and

@@ -196,7 +196,8 @@ def test_inject_resent_after_controller_kill9_delivers_every_record_once(cluster
     def feed() -> Iterator[pb.InjectRequest]:
         for i, msg in enumerate(messages):
             if i == kill_before:
-                wait_for(lambda: any(w.node == "injector:events" and w.low_watermark >= messages[i - 1].watermark
+                last = messages[i - 1].watermark
+                wait_for(lambda: any(w.node == "injector:events" and w.low_watermark >= last  # noqa: B023
                                      for w in cluster.client.watermarks()), 30, "messages 8-11 to be accepted")
                 assert cluster.controller is not None
                 os.kill(cluster.controller.pid, signal.SIGKILL)
