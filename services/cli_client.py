@@ -23,15 +23,14 @@ from millwheel.sources import parse_json_record
 from millwheel.spec import load_spec_file
 
 from . import security
-from .client import DEFAULT_CONTROLLER, ControllerClient, inject_messages
+from .client import CONTROLLER_HELP, CONTROLLER_METAVAR, ControllerClient, inject_messages
 
 
 def client_parser(sub: Any, name: str, help: str, description: str) -> argparse.ArgumentParser:
     """A client command's parser: --controller, --json and the client security flags,
     the same for every command that talks to the controller."""
     p: argparse.ArgumentParser = sub.add_parser(name, help=help, description=description)
-    p.add_argument("--controller", metavar="HOST:PORT",
-                   help=f"controller address (default $MILLWHEEL_CONTROLLER or {DEFAULT_CONTROLLER})")
+    p.add_argument("--controller", metavar=CONTROLLER_METAVAR, help=CONTROLLER_HELP)
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     security.add_args(p, server=False)
     return p
@@ -179,7 +178,7 @@ def _read_records(path: str) -> Iterator[Record]:
                 continue
             where = f"{name}:{n}"
             rec = parse_json_record(line, where)
-            if rec.record_id == where:  # no "id" given: the controller assigns one
+            if rec.record_id == where:  # no "id" given: inject_messages assigns one
                 rec = Record(rec.key, rec.value, rec.timestamp, "")
             yield rec
     finally:

@@ -20,7 +20,7 @@ from millwheel.errors import InvalidSpecError
 from millwheel.state.url import describe_store
 
 from . import security
-from .client import DEFAULT_CONTROLLER, ControllerClient, controller_address
+from .client import CONTROLLER_HELP, CONTROLLER_METAVAR, ControllerClient, controller_address
 from .limits import InjectLimits
 from .restarter import Restarter
 from .ui.server import add_args as console_args
@@ -87,8 +87,7 @@ def add_commands(sub: Any) -> None:
                         "it is assigned and processes them. SIGTERM drains it gracefully.")
     _server_args(wk, port=0)
     _allow_code_arg(wk)
-    wk.add_argument("--controller", metavar="HOST:PORT", default=None,
-                    help=f"controller address (default $MILLWHEEL_CONTROLLER or {DEFAULT_CONTROLLER})")
+    wk.add_argument("--controller", metavar=CONTROLLER_METAVAR, default=None, help=CONTROLLER_HELP)
     wk.add_argument("--id", dest="worker_id", help="worker id (default ADDRESS/PID)")
     wk.add_argument("--advertise", metavar="HOST",
                     help="host name other processes reach this worker by (default --host, or this "
