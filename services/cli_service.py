@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
@@ -222,14 +223,15 @@ def cmd_up(args: argparse.Namespace) -> int:
                                  *(["--no-watchdog"] if args.no_watchdog else [])], start_new_session=True)
 
     ui_port = free_port(args.host) if args.ui_port == 0 else args.ui_port
+
+    def controller_proc(i: int) -> subprocess.Popen[bytes]:
+        return subprocess.Popen([*base, "controller", *common, "--port", str(ports[i]),
+                                 "--metrics-port", str(args.metrics_port if i == 0 else 0),
+                                 "--ui-port", str(ui_port if i == 0 else -1)], start_new_session=True)
     # Every child is stopped on the way out, whatever the way: a controller that never
     # answers, Ctrl-C while starting, an error, or the end of a normal run.
     try:
-        for i, port in enumerate(ports):
-            procs.append(subprocess.Popen(
-                [*base, "controller", *common, "--port", str(port),
-                 "--metrics-port", str(args.metrics_port if i == 0 else 0),
-                 "--ui-port", str(ui_port if i == 0 else -1)], start_new_session=True))
+        procs += [controller_proc(i) for i in range(first)]
         with ControllerClient(controller, security=client_sec) as client:
             deadline = time.monotonic() + 20
             while True:
@@ -254,7 +256,16 @@ def cmd_up(args: argparse.Namespace) -> int:
                  f"{ui_port}/\n" if ui_port >= 0 else "")
               + f"  try: millwheel status --controller {controller}\n  Ctrl-C stops everything.",
               file=sys.stderr, flush=True)
-        _wait_for_signal(Restarter(procs, first, worker).check)  # a dead worker is restarted
+        # A dead worker is restarted; with several controllers, a dead one comes back as a standby.
+        restarters = [Restarter(procs, first, worker)] + ([
+            Restarter(procs, i, partial(controller_proc, i), last=i + 1, what="controller")
+            for i in range(first)] if first > 1 else [])
+
+        def check() -> None:
+            for r in restarters:
+                r.check()
+
+        _wait_for_signal(check)
     finally:
         if procs:
             print("millwheel up: stopping workers, then the controller", file=sys.stderr, flush=True)
