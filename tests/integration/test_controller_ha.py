@@ -14,6 +14,7 @@ workers and the client given every address (``--controller a,b``). What a user c
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import signal
@@ -111,10 +112,14 @@ def _stopped(pid: int) -> bool:
         return False
 
 
-@pytest.fixture(params=["sqlite", "redis"])
+@pytest.fixture(params=["sqlite", "redis", "redis-cluster"])
 def ha(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[HACluster]:
     redis = RedisServer(appendonly=True) if request.param == "redis" else None
-    c = HACluster(tmp_path, store_url=redis.url if redis else None)
+    url = redis.url if redis else None
+    if request.param == "redis-cluster":  # the session's 3+3 cluster, a prefix of this test's own
+        nodes = request.getfixturevalue("redis_cluster")
+        url = f"{nodes.url}?prefix=ha{hashlib.sha1(request.node.nodeid.encode()).hexdigest()[:12]}"
+    c = HACluster(tmp_path, store_url=url)
     try:
         yield c
     finally:
