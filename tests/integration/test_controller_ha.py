@@ -34,6 +34,7 @@ from tests.integration.service_cluster import (
     PIPELINE_CODE,
     Cluster,
     WatermarkMonitor,
+    _stopped,
     expected_outputs,
     wait_for,
 )
@@ -57,7 +58,7 @@ class HACluster(Cluster):
         self.client = ControllerClient(self.address, timeout_s=10, security=Security())
         self.controllers: list[subprocess.Popen[bytes] | None] = [None] * n
 
-    def start_controller(self, i: int | None = None) -> None:  # type: ignore[override]
+    def start_controller(self, i: int | None = None) -> None:
         for j in ([i] if i is not None else range(len(self.ports))):
             self.controllers[j] = self._spawn(f"controller{j}", [
                 "controller", "--store", self.store_url, "--port", str(self.ports[j]),
@@ -105,13 +106,6 @@ class HACluster(Cluster):
         super().stop()
 
 
-def _stopped(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] == "T"
-    except OSError:
-        return False
-
-
 @pytest.fixture(params=["sqlite", "redis", "redis-cluster"])
 def ha(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[HACluster]:
     redis = RedisServer(appendonly=True) if request.param == "redis" else None
@@ -148,6 +142,20 @@ def _inject_and_check(ha: HACluster, tmp_path: Path, topology: Topology, fault_a
     return monitor
 
 
+def _running(ha: HACluster) -> tuple[str, Topology]:
+    """Controllers elected, two workers, the pipeline registered and balanced: the
+    leader's address and the topology."""
+    ha.start_controller()
+    leader = ha.leader()
+    assert leader is not None
+    ha.start_worker()
+    ha.start_worker()
+    topology = pipelines.topology(key_ranges=3)
+    ha.register(topology)
+    ha.wait_balanced()
+    return leader, topology
+
+
 def test_controllers_started_together_elect_one_leader(ha: HACluster, tmp_path: Path) -> None:
     ha.start_controller()
     leader = ha.leader()
@@ -178,16 +186,9 @@ def test_controllers_started_together_elect_one_leader(ha: HACluster, tmp_path: 
 
 
 def test_leader_killed_mid_stream_standby_takes_over(ha: HACluster, tmp_path: Path) -> None:
-    ha.start_controller()
-    leader = ha.leader()
-    assert leader is not None
+    leader, topology = _running(ha)
     victim = ha.controllers[ha.addresses.index(leader)]
     assert victim is not None
-    ha.start_worker()
-    ha.start_worker()
-    topology = pipelines.topology(key_ranges=3)
-    ha.register(topology)
-    ha.wait_balanced()
     took: dict[str, float] = {}
     before: dict[tuple[str, int], tuple[str, int]] = {}
 
@@ -197,7 +198,7 @@ def test_leader_killed_mid_stream_standby_takes_over(ha: HACluster, tmp_path: Pa
         os.kill(victim.pid, signal.SIGKILL)
         new = wait_for(lambda: ha.leader() not in (None, leader) and ha.leader(), 10, "a standby to lead")
         took["s"] = time.monotonic() - t0
-        took["leader"] = new  # type: ignore[assignment]
+        took["leader"] = new
 
     _inject_and_check(ha, tmp_path, topology, 8, kill)
     print(f"leader {leader} killed -9: {took['leader']} leads after {took['s']:.2f} s")
@@ -208,17 +209,10 @@ def test_leader_killed_mid_stream_standby_takes_over(ha: HACluster, tmp_path: Pa
 
 
 def test_deposed_leader_resumed_writes_nothing(ha: HACluster, tmp_path: Path) -> None:
-    ha.start_controller()
-    leader = ha.leader()
-    assert leader is not None
+    leader, topology = _running(ha)
     i = ha.addresses.index(leader)
     paused = ha.controllers[i]
     assert paused is not None
-    ha.start_worker()
-    ha.start_worker()
-    topology = pipelines.topology(key_ranges=3)
-    ha.register(topology)
-    ha.wait_balanced()
     seen: dict[str, object] = {}
 
     def pause() -> None:
