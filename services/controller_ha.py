@@ -78,8 +78,14 @@ class Replicated:
     def address(self) -> str:
         return self.elector.address
 
+    _led_epoch: int | None = None  # the epoch whose takeover is complete
+
     def leading(self) -> bool:
-        return self.elector.is_leader()
+        """Leads, and has taken over: registry and assignment loaded for this epoch.
+        (Until then a new leader answers like a standby, so no heartbeat meets the
+        read-only view in which every worker looks dead.)"""
+        epoch = self.elector.epoch
+        return epoch is not None and epoch == self._led_epoch and self.elector.is_leader()
 
     _leaderless_since: float | None = None
 
@@ -104,11 +110,13 @@ class Replicated:
             self.assigner = Assigner(self.store, self.heartbeat_timeout_s,
                                      grace_s=max(self.takeover_grace_s, self.heartbeat_timeout_s))
             self._registry_changed()  # units for every registered node; moves only orphans
+            self._led_epoch = epoch
         log.warning("leader %s (epoch %d) took over in %.3f s: registry version %d, %d ranges, "
                     "%d known workers", self.address, epoch, time.monotonic() - started,
                     self.registry.version, len(self.assigner.units), len(self.assigner.workers))
 
     def _on_deposed(self) -> None:
+        self._led_epoch = None
         self._view_at = 0.0  # re-read the store's view at the next standby pass
 
     def _standby_pass(self) -> None:
@@ -122,7 +130,7 @@ class Replicated:
         version = int(json.loads(raw)["version"]) if raw is not None else 0
         view = Assigner(self.store, self.heartbeat_timeout_s, check_tokens=False)
         with self.lock:
-            if self.leading():
+            if self.elector.epoch is not None:  # elected meanwhile: the takeover loads its own
                 return
             if version != self.registry.version:
                 self.registry = Registry(self.store, self.allow_code)

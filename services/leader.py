@@ -55,7 +55,7 @@ class Elector:
         the others learn where the leader is)."""
         self.address = address or self.address
         self.holder = f"{self.address} {os.getpid()} {secrets.token_hex(4)}"
-        self.step()  # lead from the first moment if the lease is free
+        self.step(inline=True)  # lead from the first moment if the lease is free
         self._thread.start()
 
     def is_leader(self) -> bool:
@@ -81,12 +81,36 @@ class Elector:
             except Exception:
                 log.exception("leader election step failed")
 
-    def step(self) -> None:
-        """One round: renew (leader) or try to claim (standby), then learn the leader."""
-        with self._step_lock:
-            self._step()
+    def step(self, inline: bool = False) -> None:
+        """One round: renew (leader) or try to claim (standby), then learn the leader.
 
-    def _step(self) -> None:
+        A won claim runs ``on_elected`` on a thread of its own, so that renewals go on
+        while a large assignment is loaded (``inline``: here, as at start)."""
+        with self._step_lock:
+            epoch = self._step()
+        if epoch is not None:
+            if inline:
+                self._take_over(epoch)
+            else:
+                threading.Thread(target=self._take_over, args=(epoch,), name="takeover",
+                                 daemon=True).start()
+
+    def _take_over(self, epoch: int) -> None:
+        try:
+            self.on_elected(epoch)
+        except Exception:
+            log.exception("taking over as leader (epoch %d) failed; standing by", epoch)
+            with self._step_lock:
+                if self.epoch == epoch:
+                    self._lose("taking over failed")
+                    try:
+                        self.store.release_lease(self.holder, epoch)
+                    except MillWheelError as exc:
+                        log.warning("could not release the controller lease: %s", exc)
+
+    def _step(self) -> int | None:
+        """The round itself; returns the epoch just won, if any."""
+        won = None
         ttl_ms = max(1, int(self.ttl_s * 1000))
         sent = time.monotonic()
         if self.epoch is not None:
@@ -111,20 +135,15 @@ class Elector:
                 self.elected_at = time.monotonic()
                 self.leader_address, self.leader_epoch = self.address, epoch
                 log.warning("controller %s is the leader (epoch %d)", self.address, epoch)
-                try:
-                    self.on_elected(epoch)
-                except Exception:
-                    log.exception("taking over as leader failed; standing by")
-                    self._lose("taking over failed")
-                    self.store.release_lease(self.holder, epoch)
-                    return
+                won = epoch
         try:
             lease = self.store.read_lease()
         except MillWheelError:
-            return
+            return won
         if lease is not None:
             self.leader_epoch = lease.epoch
             self.leader_address = lease.holder.split(" ", 1)[0] if lease.held else None
+        return won
 
     def _lose(self, why: str) -> None:
         log.warning("controller %s is no longer the leader (epoch %s): %s; standing by",
