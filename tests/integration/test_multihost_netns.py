@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import socket
 import subprocess
 import sys
 import threading
@@ -125,6 +126,15 @@ def net(tmp_path: Path) -> Iterator[NetnsCluster]:
             c.stop()
 
 
+def reachable(host: netns.Host) -> bool:
+    """Whether the worker on ``host`` accepts a TCP connection from the client within 0.5 s."""
+    try:
+        socket.create_connection((host.ip, WORKER_PORT), timeout=0.5).close()
+        return True
+    except OSError:
+        return False
+
+
 def fenced_writes(host: netns.Host) -> float:
     """millwheel_fenced_writes_total of the worker on ``host`` (all computations)."""
     with urllib.request.urlopen(f"http://{host.ip}:{METRICS_PORT}/metrics", timeout=5) as resp:
@@ -153,8 +163,10 @@ def test_partitioned_worker_loses_its_ranges_and_writes_nothing(net: NetnsCluste
         try:
             held.extend(net.ranges_of(victim_id))
             assert held, "the victim owns ranges before the cut"
+            assert reachable(victim_host)
             t["cut"], wall["cut"] = time.monotonic(), datetime.now().strftime("%H:%M:%S.%f")[:-3]
             net.lab.cut(victim_host)
+            assert not reachable(victim_host), "the cut worker still answers"
             wait_for(lambda: not next(w for w in net.client.status().workers if w.worker_id == victim_id).alive,
                      20, "the partitioned worker to be declared dead")
             t["dead"] = time.monotonic()
