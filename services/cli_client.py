@@ -23,15 +23,14 @@ from millwheel.sources import parse_json_record
 from millwheel.spec import load_spec_file
 
 from . import security
-from .client import DEFAULT_CONTROLLER, ControllerClient, inject_messages
+from .client import CONTROLLER_HELP, CONTROLLER_METAVAR, ControllerClient, inject_messages
 
 
 def client_parser(sub: Any, name: str, help: str, description: str) -> argparse.ArgumentParser:
     """A client command's parser: --controller, --json and the client security flags,
     the same for every command that talks to the controller."""
     p: argparse.ArgumentParser = sub.add_parser(name, help=help, description=description)
-    p.add_argument("--controller", metavar="HOST:PORT",
-                   help=f"controller address (default $MILLWHEEL_CONTROLLER or {DEFAULT_CONTROLLER})")
+    p.add_argument("--controller", metavar=CONTROLLER_METAVAR, help=CONTROLLER_HELP)
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     security.add_args(p, server=False)
     return p
@@ -179,7 +178,7 @@ def _read_records(path: str) -> Iterator[Record]:
                 continue
             where = f"{name}:{n}"
             rec = parse_json_record(line, where)
-            if rec.record_id == where:  # no "id" given: the controller assigns one
+            if rec.record_id == where:  # no "id" given: inject_messages assigns one
                 rec = Record(rec.key, rec.value, rec.timestamp, "")
             yield rec
     finally:
@@ -247,6 +246,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         errors = status_lines(client)
     data = {
         "store": s.store_url,
+        "leader": s.leader, "leader_epoch": s.leader_epoch, "answered_by": s.answered_by,
         "workers": [{"id": w.worker_id, "address": w.address, "metrics": w.metrics_address,
                      "alive": w.alive, "draining": w.draining, "ranges": w.ranges,
                      "last_heartbeat_age_s": round(w.last_heartbeat_age_s, 3)} for w in s.workers],
@@ -257,7 +257,11 @@ def cmd_status(args: argparse.Namespace) -> int:
         "watermarks": [{"node": w.node, "low_watermark": w.low_watermark, "lag_us": w.lag_us}
                        for w in s.watermarks],
     }
-    parts = [f"store: {s.store_url}", "", table(
+    leader = (f"leader: {s.leader} (epoch {s.leader_epoch})" if s.leader
+              else "leader: none elected yet")
+    if s.answered_by and s.answered_by != s.leader:
+        leader += f"; answered by standby {s.answered_by} (worker liveness unknown there)"
+    parts = [f"store: {s.store_url}", leader, "", table(
         ["WORKER", "ADDRESS", "STATE", "RANGES", "LAST HEARTBEAT", "METRICS"],
         [(w.worker_id, w.address, "draining" if w.draining else "alive" if w.alive else "dead",
           w.ranges, f"{w.last_heartbeat_age_s:.1f}s ago", w.metrics_address) for w in s.workers]),

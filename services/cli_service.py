@@ -20,7 +20,7 @@ from millwheel.errors import InvalidSpecError
 from millwheel.state.url import describe_store
 
 from . import security
-from .client import DEFAULT_CONTROLLER, ControllerClient, controller_address
+from .client import CONTROLLER_HELP, CONTROLLER_METAVAR, ControllerClient, controller_address
 from .limits import InjectLimits
 from .restarter import Restarter
 from .ui.server import add_args as console_args
@@ -35,6 +35,10 @@ def add_commands(sub: Any) -> None:
                         "machine, sharing one store (embedded SQLite by default, or --store "
                         "redis://HOST:PORT/DB). Ctrl-C drains the workers and stops everything.")
     up.add_argument("--workers", type=int, default=2, help="number of workers (default 2)")
+    up.add_argument("--controllers", type=int, default=1, metavar="N",
+                    help="number of controllers (default 1): one leads, the others stand by on "
+                         "--port+1, --port+2, ... and take over if it dies (the console is "
+                         "served by the first)")
     up.add_argument("--no-watchdog", action="store_true", help="start the workers with --no-watchdog")
     _server_args(up, port=7070, up=True)
     _allow_code_arg(up)
@@ -61,6 +65,21 @@ def add_commands(sub: Any) -> None:
                           "(default one day; 0 = no limit)")
     ctl.add_argument("--inject-batch", type=int, default=5000, metavar="N",
                      help="Inject messages larger than N records go to the worker in pieces of N")
+    ha = ctl.add_argument_group(
+        "several controllers (docs/service.md, Controller high availability)",
+        "Start any number of controllers on one store: one leads (it holds a lease in the "
+        "store), the others stand by, answer reads, forward writes and take over when the "
+        "leader stops renewing its lease. Give clients and workers every address: "
+        "--controller a:7070,b:7070.")
+    ha.add_argument("--advertise", metavar="HOST",
+                    help="the host the other controllers and the workers reach this one at "
+                         "(default --host, or this machine's name when --host is 0.0.0.0)")
+    ha.add_argument("--lease-ttl", type=float, default=2.0, metavar="SECONDS",
+                    help="the leader's lease runs out this long after its last renewal (renewed "
+                         "every quarter of it); a standby takes over within about this (default 2)")
+    ha.add_argument("--takeover-grace", type=float, default=10.0, metavar="SECONDS",
+                    help="a new leader gives the workers it finds this long to heartbeat before "
+                         "declaring any dead, so a leader change moves no range (default 10)")
     ctl.set_defaults(func=cmd_controller)
 
     wk = sub.add_parser("worker", help="run a worker",
@@ -68,8 +87,7 @@ def add_commands(sub: Any) -> None:
                         "it is assigned and processes them. SIGTERM drains it gracefully.")
     _server_args(wk, port=0)
     _allow_code_arg(wk)
-    wk.add_argument("--controller", metavar="HOST:PORT", default=None,
-                    help=f"controller address (default $MILLWHEEL_CONTROLLER or {DEFAULT_CONTROLLER})")
+    wk.add_argument("--controller", metavar=CONTROLLER_METAVAR, default=None, help=CONTROLLER_HELP)
     wk.add_argument("--id", dest="worker_id", help="worker id (default ADDRESS/PID)")
     wk.add_argument("--advertise", metavar="HOST",
                     help="host name other processes reach this worker by (default --host, or this "
@@ -139,13 +157,15 @@ def cmd_controller(args: argparse.Namespace) -> int:
         args.store, args.host, args.port, None if args.metrics_port < 0 else args.metrics_port,
         heartbeat_timeout_s=args.heartbeat_timeout, max_value_bytes=args.max_value_bytes,
         inject_wait_s=args.inject_wait, inject_batch=args.inject_batch, allow_code=args.allow_code,
+        advertise=args.advertise,
+        lease_ttl_s=args.lease_ttl, takeover_grace_s=args.takeover_grace,
         limits=InjectLimits(max_records=args.max_inject_records, max_value_bytes=args.max_value_bytes,
                             max_future_us=args.max_future_us))
     print(f"millwheel controller listening on {args.host}:{port} (metrics port {mport}, "
           f"store {describe_store(args.store)})", file=sys.stderr, flush=True)
     start_console(service, args)
     _wait_for_signal()
-    service.close()
+    service.close()  # a leader hands the lease over at once
     server.stop(grace=1.0).wait(2.0)
     service.store.close()
     return 0
@@ -174,21 +194,27 @@ def cmd_worker(args: argparse.Namespace) -> int:
 def cmd_up(args: argparse.Namespace) -> int:
     if args.workers < 1:
         raise InvalidSpecError("--workers must be at least 1")
+    if not 1 <= args.controllers <= 9:
+        raise InvalidSpecError("--controllers must be 1..9")
     if args.store.startswith("sqlite:///"):
         Path(args.store[len("sqlite:///"):].split("?")[0]).parent.mkdir(parents=True, exist_ok=True)
     import socket
 
-    with socket.socket() as probe:
-        if probe.connect_ex(("127.0.0.1" if args.host == "0.0.0.0" else args.host, args.port)) == 0:
-            raise InvalidSpecError(
-                f"port {args.port} on {args.host} is in use (another millwheel controller?); "
-                "choose another with --port")
+    ports = [args.port + i for i in range(args.controllers)]
+    for port in ports:
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1" if args.host == "0.0.0.0" else args.host, port)) == 0:
+                raise InvalidSpecError(
+                    f"port {port} on {args.host} is in use (another millwheel controller?); "
+                    "choose another with --port")
     base = [sys.executable, "-m", f"{__package__}.cli"]
     client_sec, secure_args, how = security.up_credentials(args)
     common = ["--store", args.store, "--host", args.host, "--log-level", args.log_level,
               "--allow-code", args.allow_code, *secure_args]
     procs: list[subprocess.Popen[bytes]] = []
-    controller = f"{'127.0.0.1' if args.host == '0.0.0.0' else args.host}:{args.port}"
+    host = '127.0.0.1' if args.host == '0.0.0.0' else args.host
+    controller = ",".join(f"{host}:{port}" for port in ports)
+    first = len(ports)  # procs[:first] are the controllers, the rest workers
 
     def worker() -> subprocess.Popen[bytes]:
         return subprocess.Popen([*base, "worker", *common, "--controller", controller,
@@ -199,9 +225,11 @@ def cmd_up(args: argparse.Namespace) -> int:
     # Every child is stopped on the way out, whatever the way: a controller that never
     # answers, Ctrl-C while starting, an error, or the end of a normal run.
     try:
-        procs.append(subprocess.Popen([*base, "controller", *common, "--port", str(args.port),
-                                       "--metrics-port", str(args.metrics_port), "--ui-port", str(ui_port)],
-                                      start_new_session=True))
+        for i, port in enumerate(ports):
+            procs.append(subprocess.Popen(
+                [*base, "controller", *common, "--port", str(port),
+                 "--metrics-port", str(args.metrics_port if i == 0 else 0),
+                 "--ui-port", str(ui_port if i == 0 else -1)], start_new_session=True))
         with ControllerClient(controller, security=client_sec) as client:
             deadline = time.monotonic() + 20
             while True:
@@ -209,7 +237,7 @@ def cmd_up(args: argparse.Namespace) -> int:
                     client.status()
                     break
                 except Exception:
-                    if procs[0].poll() is not None or time.monotonic() > deadline:
+                    if all(p.poll() is not None for p in procs) or time.monotonic() > deadline:
                         print("millwheel up: the controller did not start", file=sys.stderr)
                         return 1
                     time.sleep(0.1)
@@ -219,24 +247,25 @@ def cmd_up(args: argparse.Namespace) -> int:
                 if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
                     break
                 time.sleep(0.1)
-        print(f"millwheel is up: controller {controller}, {args.workers} workers, "
+        print(f"millwheel is up: controller{'s' if first > 1 else ''} {controller}, {args.workers} workers, "
               f"store {describe_store(args.store)}\n"
               + "".join(f"{line}\n" for line in how)
-              + (f"  console: {'https' if client_sec.tls_cert else 'http'}://{controller.rpartition(':')[0]}:"
+              + (f"  console: {'https' if client_sec.tls_cert else 'http'}://{host}:"
                  f"{ui_port}/\n" if ui_port >= 0 else "")
               + f"  try: millwheel status --controller {controller}\n  Ctrl-C stops everything.",
               file=sys.stderr, flush=True)
-        _wait_for_signal(Restarter(procs, 1, worker).check)  # a dead worker is restarted
+        _wait_for_signal(Restarter(procs, first, worker).check)  # a dead worker is restarted
     finally:
         if procs:
             print("millwheel up: stopping workers, then the controller", file=sys.stderr, flush=True)
-        for p in procs[1:]:
+        for p in procs[first:]:
             p.send_signal(signal.SIGTERM)
-        for p in procs[1:]:
+        for p in procs[first:]:
             _reap(p, 20)
-        if procs:
-            procs[0].send_signal(signal.SIGTERM)
-            _reap(procs[0], 10)
+        for p in procs[:first]:
+            p.send_signal(signal.SIGTERM)
+        for p in procs[:first]:
+            _reap(p, 10)
     return 0
 
 

@@ -3,7 +3,7 @@
     from millwheel import Record
     from millwheel_service.client import ControllerClient   # `services.client` in a checkout
 
-    with ControllerClient("127.0.0.1:7070") as mw:          # token/TLS from the environment
+    with ControllerClient("10.0.0.1:7070,10.0.0.2:7070") as mw:  # token/TLS from the environment
         mw.register(topology)                              # a millwheel.Topology, all or nothing
         mw.inject_records("clicks", records, done=True)    # backpressure handled, nothing resent twice
         for seq, record in mw.subscribe("counts"):
@@ -14,15 +14,24 @@ gRPC failures come back as millwheel errors of the matching class (via
 :mod:`services.status`: NotFoundError, InvalidSpecError, PermissionDeniedError, ...)
 with the server's message and the gRPC status in ``.status`` (a ``grpc.StatusCode``),
 so callers handle one kind of error whether the failure was local or remote.
+
+Several controllers (``"a:7070,b:7070"``, as ``--controller`` and
+``$MILLWHEEL_CONTROLLER`` take them): a call that fails with UNAVAILABLE or
+DEADLINE_EXCEEDED, or that a controller does not even start within 1.5 s (a stopped
+process), goes to the leader the failed controller named, else to the next address
+(:mod:`services.controller_link`), for up to ``failover_s``; then an UnavailableError
+names every address tried. Subscribe resumes after the last record it yielded; Inject
+resends the messages of the broken call (see :meth:`ControllerClient.inject`). With a
+single address and no leader named, a failure is raised at once, as it always was.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import random
-import threading
+import secrets
 import time
-from functools import partial
 from typing import Any, Callable, Iterable, Iterator, TypeVar, cast
 
 import grpc
@@ -31,16 +40,21 @@ from millwheel.errors import MillWheelError
 from millwheel.record import MIN_TIMESTAMP, Record
 from millwheel.topology import Topology
 
+from .controller_link import SEVERAL_DEADLINE_S, ControllerLink, Tried, await_start, fails_over, leader_hint
 from .generated import millwheel_pb2 as pb
 from .generated import millwheel_pb2_grpc as pb_grpc
-from .grpc_server import channel
+from .inject_feed import CallFeed
 from .security import Security, client_security
 from .status import UnavailableError, error_class
 
 DEFAULT_CONTROLLER = "127.0.0.1:7070"
+#: ``--controller`` of every command that calls a controller (clients and workers).
+CONTROLLER_METAVAR = "HOST:PORT[,HOST:PORT...]"
+CONTROLLER_HELP = ("the controller's address, or several comma-separated (a:7070,b:7070): calls "
+                   "that find one down, stopped or a standby go to the leader it names, else the "
+                   "next address (default $MILLWHEEL_CONTROLLER, which takes the same list, else "
+                   f"{DEFAULT_CONTROLLER})")
 T = TypeVar("T")
-
-
 
 
 def controller_address(given: str | None = None) -> str:
@@ -49,18 +63,37 @@ def controller_address(given: str | None = None) -> str:
 
 class ControllerClient:
     def __init__(self, address: str | None = None, timeout_s: float = 30.0,
-                 security: Security | None = None) -> None:
-        """``security``: token and TLS settings (default: from the environment, see
-        :func:`services.security.client_security`)."""
-        self.address = controller_address(address)
-        self.timeout_s = timeout_s
+                 security: Security | None = None, failover_s: float = 30.0,
+                 answer_s: float = SEVERAL_DEADLINE_S) -> None:
+        """``address``: one controller or several, comma-separated (default
+        ``$MILLWHEEL_CONTROLLER``, else 127.0.0.1:7070). ``security``: token and TLS
+        settings (default: from the environment, see
+        :func:`services.security.client_security`). ``failover_s``: how long a call
+        keeps going from controller to controller before it gives up; ``answer_s``: with
+        several addresses, how long a controller may take to start a call before the
+        client moves on (a stopped controller accepts connections and answers nothing)."""
         self.security = security or client_security()
-        self._channel = channel(self.address, self.security, self.security.client_token)
-        self.stub = pb_grpc.ControllerStub(self._channel)
+        self.link = ControllerLink(controller_address(address), self.security,
+                                   self.security.client_token)
+        self.addresses = self.link.addresses
+        self.timeout_s = timeout_s
+        self.failover_s = failover_s
+        self.answer_s = answer_s
         self.busy_retries = 0  # Inject calls resent after a backpressure refusal
+        self.failovers = 0  # calls (or streams) moved to another controller
+
+    @property
+    def address(self) -> str:
+        """The controller calls go to now."""
+        return self.link.current
+
+    @property
+    def stub(self) -> pb_grpc.ControllerStub:
+        """The Controller stub of the current controller (one attempt, no failover)."""
+        return self.link.stub(pb_grpc.ControllerStub)
 
     def close(self) -> None:
-        self._channel.close()
+        self.link.close()
 
     def __enter__(self) -> ControllerClient:
         return self
@@ -69,15 +102,59 @@ class ControllerClient:
         self.close()
 
     def call(self, fn: Callable[[], T]) -> T:
-        try:
-            return fn()
-        except grpc.RpcError as exc:
-            raise self.error(exc) from None
+        """``fn()`` (which calls ``self.stub``), moved to another controller and
+        retried while it fails with UNAVAILABLE or DEADLINE_EXCEEDED and there is
+        another to try, for up to ``failover_s``; other errors are raised at once."""
+        return self._retrying(lambda _address: fn())
 
-    def error(self, exc: grpc.RpcError) -> MillWheelError:
+    def _retrying(self, fn: Callable[[str], T]) -> T:
+        """:meth:`call` of ``fn(address)``, which calls the controller at ``address``."""
+        tried = Tried(self.failover_s)
+        while True:
+            address = self.address
+            try:
+                result = fn(address)
+            except grpc.RpcError as exc:
+                self._fail_over(address, exc, tried)
+                continue
+            self.link.succeeded(address)
+            return result
+
+    def _fail_over(self, address: str, exc: grpc.RpcError, tried: Tried) -> None:
+        """Switch to the next controller after ``exc`` on ``address``, or raise it (as a
+        millwheel error) if it is not a failover status, there is nowhere to go, or
+        the time is up."""
+        hint = leader_hint(exc)
+        if not fails_over(exc):
+            raise self.error(exc) from None  # an answer (NOT_FOUND, ...), whoever gave it
+        if not self.link.may_fail_over(address, hint):
+            raise self.error(exc, tried) from None
+        tried.add(address, exc)
+        if tried.expired():
+            raise self.error(exc, tried) from None
+        self.failovers += 1
+        _, wait = self.link.choose(address, hint)
+        time.sleep(min(wait, tried.left()))
+
+    def _unary(self, method: str, request: Any, timeout: float | None) -> Any:
+        """One unary call with failover; with several controllers, one that does not
+        start it within ``answer_s`` is left for the next."""
+        def attempt(address: str) -> Any:
+            fn = getattr(self.link.stub(pb_grpc.ControllerStub, address), method)
+            if not self.link.several:
+                return fn(request, timeout=timeout)
+            fut = fn.future(request, timeout=timeout)
+            await_start(fut, address, self.answer_s)
+            return fut.result()
+        return self._retrying(attempt)
+
+    def error(self, exc: grpc.RpcError, tried: Tried | None = None) -> MillWheelError:
         code = exc.code()
         err: MillWheelError
-        if code == grpc.StatusCode.UNAVAILABLE:
+        if tried is not None and tried.failures:
+            err = UnavailableError(f"{tried.describe(self.addresses)} [{code.name}]")
+            code = grpc.StatusCode.UNAVAILABLE
+        elif code == grpc.StatusCode.UNAVAILABLE:
             err = UnavailableError(f"controller {self.address}: {exc.details()} [UNAVAILABLE]")
         else:
             err = error_class(code)(f"{exc.details()} [{code.name}]")
@@ -106,7 +183,7 @@ class ControllerClient:
     def register_computation(self, spec: pb.ComputationSpec, log_streams: Iterable[str] = ()
                              ) -> pb.RegisterComputationResponse:
         req = pb.RegisterComputationRequest(spec=spec, log_streams=list(log_streams))
-        return self.call(lambda: self.stub.RegisterComputation(req, timeout=self.timeout_s))
+        return cast(pb.RegisterComputationResponse, self._unary("RegisterComputation", req, self.timeout_s))
 
     def register_topology(self, computations: Iterable[pb.ComputationSpec],
                           injectors: Iterable[tuple[str, str]], log_streams: Iterable[str] = ()
@@ -115,49 +192,50 @@ class ControllerClient:
         req = pb.RegisterTopologyRequest(
             computations=list(computations), log_streams=list(log_streams),
             injectors=[pb.InjectorSpec(name=n, stream=s) for n, s in injectors])
-        return self.call(lambda: self.stub.RegisterTopology(req, timeout=self.timeout_s))
+        return cast(pb.RegisterTopologyResponse, self._unary("RegisterTopology", req, self.timeout_s))
 
     def register_injector(self, name: str, stream: str) -> pb.RegisterInjectorResponse:
         req = pb.RegisterInjectorRequest(spec=pb.InjectorSpec(name=name, stream=stream))
-        return self.call(lambda: self.stub.RegisterInjector(req, timeout=self.timeout_s))
+        return cast(pb.RegisterInjectorResponse, self._unary("RegisterInjector", req, self.timeout_s))
 
     def unregister(self, name: str) -> None:
         req = pb.UnregisterComputationRequest(name=name)
-        self.call(lambda: self.stub.UnregisterComputation(req, timeout=self.timeout_s))
+        self._unary("UnregisterComputation", req, self.timeout_s)
 
     def computations(self) -> pb.ListComputationsResponse:
-        return self.call(lambda: self.stub.ListComputations(pb.ListComputationsRequest(),
-                                                            timeout=self.timeout_s))
+        return cast(pb.ListComputationsResponse,
+                    self._unary("ListComputations", pb.ListComputationsRequest(), self.timeout_s))
 
     def describe(self, computation: str) -> pb.ComputationInfo:
         req = pb.DescribeComputationRequest(name=computation)
-        return self.call(lambda: self.stub.DescribeComputation(req, timeout=self.timeout_s))
+        return cast(pb.ComputationInfo, self._unary("DescribeComputation", req, self.timeout_s))
 
     def replay_dead_letters(self, computation: str) -> pb.ReplayDeadLettersResponse:
         req = pb.ReplayDeadLettersRequest(computation=computation)
-        return self.call(lambda: self.stub.ReplayDeadLetters(req, timeout=max(self.timeout_s, 120)))
+        return cast(pb.ReplayDeadLettersResponse,
+                    self._unary("ReplayDeadLetters", req, max(self.timeout_s, 120)))
 
     def watermarks(self, node: str = "") -> list[pb.NodeWatermark]:
         req = pb.GetWatermarkRequest(computation=node)
-        return list(self.call(lambda: self.stub.GetWatermark(req, timeout=self.timeout_s)).watermarks)
+        return list(self._unary("GetWatermark", req, self.timeout_s).watermarks)
 
     def state(self, computation: str, key: str) -> pb.GetStateResponse:
         req = pb.GetStateRequest(computation=computation, key=key)
-        return self.call(lambda: self.stub.GetState(req, timeout=self.timeout_s))
+        return cast(pb.GetStateResponse, self._unary("GetState", req, self.timeout_s))
 
     def keys(self, computation: str, page_size: int = 1000) -> Iterator[str]:
         token = ""
         while True:
             req = pb.ListKeysRequest(computation=computation, page_token=token, page_size=page_size)
-            resp = self.call(partial(self.stub.ListKeys, req, timeout=self.timeout_s))
+            resp = self._unary("ListKeys", req, self.timeout_s)
             yield from resp.keys
             token = resp.next_page_token
             if not token:
                 return
 
     def status(self) -> pb.ClusterStatusResponse:
-        return self.call(lambda: self.stub.ClusterStatus(pb.ClusterStatusRequest(),
-                                                         timeout=self.timeout_s))
+        return cast(pb.ClusterStatusResponse,
+                    self._unary("ClusterStatus", pb.ClusterStatusRequest(), self.timeout_s))
 
     def inject(self, messages: Iterable[pb.InjectRequest], *, busy_retry_s: float = 600.0,
                messages_per_call: int = 64) -> pb.InjectResponse:
@@ -167,15 +245,21 @@ class ControllerClient:
         A call refused for backpressure (RESOURCE_EXHAUSTED with a ``retry-after-ms``
         hint: the injector's outbox is full) is resent from its first message not yet
         accepted, after the hint grown exponentially with jitter, for up to
-        ``busy_retry_s``; nothing is lost or sent twice. An error raised while producing
-        the messages (a bad input line) is raised as itself."""
+        ``busy_retry_s``; nothing is lost or sent twice. A call broken by its controller
+        (UNAVAILABLE, DEADLINE_EXCEEDED, or not started: killed, restarting, stopped) is
+        resent to the next controller, every message of it not known to be accepted, for
+        up to ``failover_s``: a message the broken controller had taken is then sent
+        twice, which is a no-op downstream only because its records carry IDs (consumers
+        drop a record ID they have seen). :func:`inject_messages` gives every record
+        an ID before the first send; messages built otherwise should carry IDs too. An
+        error raised while producing the messages (a bad input line) is raised as itself."""
         accepted = 0
         watermark = MIN_TIMESTAMP
         source = iter(messages)
         while True:
-            feed = _CallFeed(source, messages_per_call)
+            feed = CallFeed(source, messages_per_call)
             try:
-                resp = self._inject_call(feed.messages(), feed.sent, busy_retry_s)
+                resp = self._inject_call(feed, busy_retry_s)
             except BaseException:
                 feed.stop()
                 if feed.failed is not None:
@@ -187,87 +271,73 @@ class ControllerClient:
             if feed.ended:
                 return pb.InjectResponse(accepted=accepted, watermark=watermark)
 
-    def _inject_call(self, first: Iterator[pb.InjectRequest], sent: list[pb.InjectRequest],
-                     busy_retry_s: float) -> pb.InjectResponse:
-        """One call fed by ``first`` (which appends what it yields to ``sent``); after a
-        backpressure refusal, the messages not accepted are resent."""
-        deadline = time.monotonic() + busy_retry_s
+    def _inject_call(self, feed: CallFeed, busy_retry_s: float) -> pb.InjectResponse:
+        """One call fed by ``feed``; after a backpressure refusal, the messages not
+        accepted are resent; after a failed controller, those not known to be accepted
+        are resent to the next one."""
+        busy_deadline = time.monotonic() + busy_retry_s
+        tried = Tried(self.failover_s)
         accepted = 0
         attempt = 0
-        requests, current = first, sent
+        done = 0  # messages of feed.sent known to be accepted
+        requests: Iterator[pb.InjectRequest] = feed
         while True:
+            address = self.address
             try:
-                resp = self.stub.Inject(requests, timeout=None)
+                call = self.link.stub(pb_grpc.ControllerStub, address).Inject.future(requests, timeout=None)
+                if self.link.several:
+                    await_start(call, address, self.answer_s)
+                resp = call.result()
+                self.link.succeeded(address)
                 return pb.InjectResponse(accepted=accepted + resp.accepted, watermark=resp.watermark)
             except grpc.RpcError as exc:
+                if feed.failed is not None:
+                    raise
                 meta: dict[str, Any] = dict(cast(Any, exc.trailing_metadata()) or ())
                 hint = meta.get("retry-after-ms")
-                if exc.code() != grpc.StatusCode.RESOURCE_EXHAUSTED or hint is None \
-                        or time.monotonic() > deadline:
+                busy = exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and hint is not None
+                if not busy:
+                    self._fail_over(address, exc, tried)  # raises unless another may serve it
+                elif time.monotonic() > busy_deadline:
                     raise self.error(exc) from None
+                feed.finish()  # what the failed call had not consumed yet joins the resend
                 k = int(meta.get("accepted-messages", "0"))
-                for _ in first:  # what the refused call had not consumed yet joins the resend
-                    pass
-                accepted += sum(len(m.records) for m in current[:k])
-                current = current[k:]
-                requests = iter(current)
-                attempt = 0 if k else attempt + 1
-                self.busy_retries += 1
-                time.sleep(min(10.0, int(hint) / 1000 * 2 ** min(attempt, 4)) * random.uniform(0.5, 1.0))
+                accepted += sum(len(m.records) for m in feed.sent[done:done + k])
+                done += k
+                requests = iter(feed.sent[done:])
+                if busy:
+                    attempt = 0 if k else attempt + 1
+                    self.busy_retries += 1
+                    time.sleep(min(10.0, int(cast(str, hint)) / 1000 * 2 ** min(attempt, 4)) * random.uniform(0.5, 1.0))
 
     def subscribe(self, stream: str, after_seq: int = 0, follow: bool = False
                   ) -> Iterator[tuple[int, Record]]:
-        req = pb.SubscribeRequest(stream=stream, after_seq=after_seq, follow=follow)
-        try:
-            for resp in self.stub.Subscribe(req):
-                r = resp.record
-                yield resp.seq, Record(r.key, bytes(r.value), r.timestamp, r.id)
-        except grpc.RpcError as exc:
-            raise self.error(exc) from None
-
-
-class _CallFeed:
-    """Feeds one Inject call from ``source``, up to ``limit`` messages, keeping what it
-    yielded (for a resend) and whether the source ended or failed.
-
-    gRPC pulls the messages on a thread of its own. After a failed call, :meth:`stop`
-    makes that thread read nothing more and waits until it is out of ``source``: a
-    process that exits while that thread holds stdin's buffer lock aborts at
-    interpreter shutdown (``Fatal Python error: _enter_buffered_busy``)."""
-
-    _END = object()
-
-    def __init__(self, source: Iterator[pb.InjectRequest], limit: int) -> None:
-        self.source = source
-        self.limit = limit
-        self.sent: list[pb.InjectRequest] = []
-        self.failed: BaseException | None = None
-        self.ended = False
-        self._stopped = False
-        self._idle = threading.Event()
-        self._idle.set()
-
-    def messages(self) -> Iterator[pb.InjectRequest]:
-        while len(self.sent) < self.limit:
-            self._idle.clear()
+        """(seq, record) of ``stream`` after ``after_seq``. A stream broken by its
+        controller (UNAVAILABLE), or one a controller does not start, goes on from the
+        next controller after the last record yielded: none twice, none skipped (the
+        positions are the store's, the same on every controller)."""
+        after = after_seq
+        tried = Tried(self.failover_s)
+        while True:
+            address = self.address
+            began, got = time.monotonic(), False
+            stub = self.link.stub(pb_grpc.ControllerStub, address)
+            call = stub.Subscribe(pb.SubscribeRequest(stream=stream, after_seq=after, follow=follow))
             try:
-                if self._stopped:
-                    return
-                msg = next(self.source, self._END)
-            except BaseException as exc:
-                self.failed = exc
-                raise
-            finally:
-                self._idle.set()
-            if msg is self._END:
-                self.ended = True
+                if self.link.several:
+                    await_start(call, address, self.answer_s)
+                for resp in call:
+                    r = resp.record
+                    after, got = resp.seq, True
+                    yield resp.seq, Record(r.key, bytes(r.value), r.timestamp, r.id)
+                self.link.succeeded(address)
                 return
-            self.sent.append(cast(pb.InjectRequest, msg))
-            yield cast(pb.InjectRequest, msg)
-
-    def stop(self, wait_s: float = 5.0) -> None:
-        self._stopped = True
-        self._idle.wait(wait_s)
+            except grpc.RpcError as exc:
+                if got or time.monotonic() - began > self.answer_s:
+                    tried = Tried(self.failover_s)  # it worked for a while: a fresh failure
+                self._fail_over(address, exc, tried)
+            finally:
+                call.cancel()
 
 
 def inject_messages(
@@ -276,9 +346,21 @@ def inject_messages(
 ) -> Iterator[pb.InjectRequest]:
     """Batches of records as Inject messages. Each message carries the watermark
     ``max timestamp so far - max_disorder_us`` (none if ``max_disorder_us`` is None);
-    ``done`` ends with ``done=true`` (no more records, ever: the injector is closed)."""
+    ``done`` ends with ``done=true`` (no more records, ever: the injector is closed).
+
+    Every record without an ID gets one here, ``INJECTOR/cSESSION/MESSAGE/INDEX``
+    (SESSION random per call of this function), fixed before anything is sent: a
+    message :meth:`ControllerClient.inject` resends after a controller failed mid-call
+    carries the same IDs, and consumers, which drop record IDs they have already seen,
+    make the resend a no-op. Records keep the IDs they have. (The same records injected
+    again by another call get other IDs: give your own for exactly-once across calls.)"""
+    session = secrets.token_hex(6)
+    # Record IDs are at most 256 bytes: a long injector name is replaced by its digest.
+    name = injector if len(injector.encode()) <= 160 else hashlib.sha256(injector.encode()).hexdigest()[:32]
+    prefix = f"{name}/c{session}/"
     max_seen = MIN_TIMESTAMP
     buf: list[pb.Record] = []
+    index = 0
 
     def message(final: bool) -> pb.InjectRequest:
         msg = pb.InjectRequest(injector=injector, stream=stream, records=buf)
@@ -290,9 +372,10 @@ def inject_messages(
 
     for rec in records:
         buf.append(pb.Record(key=rec.key, value=rec.value, timestamp=rec.timestamp,
-                             id=rec.record_id))
+                             id=rec.record_id or f"{prefix}{index}/{len(buf)}"))
         max_seen = max(max_seen, rec.timestamp)
         if len(buf) >= batch:
             yield message(False)
             buf = []
+            index += 1
     yield message(True)

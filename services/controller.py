@@ -17,33 +17,35 @@ dead letters in :mod:`services.controller_errors`.
 from __future__ import annotations
 
 import logging
+import socket
 import threading
-import time
-from typing import Any, Iterator
+from typing import Any, cast
 
 import grpc
 
 from millwheel.clock import SystemClock
-from millwheel.errors import FencedError, InvalidSpecError, NotFoundError
+from millwheel.errors import FencedError, InvalidSpecError
 from millwheel.importing import AllowList
-from millwheel.keys import key_range
-from millwheel.limits import MAX_NAME_CHARS
 from millwheel.record import MAX_TIMESTAMP, MIN_TIMESTAMP
+from millwheel.state.lease import LeadershipLostError
 from millwheel.state.protocol import StateStore
 from millwheel.state.url import redact
-from millwheel.topology import InjectorSpec, injector_node
+from millwheel.topology import InjectorSpec
 
 from . import convert
 from .controller_assign import Assigner
 from .controller_errors import Replayer, error_info
+from .controller_ha import Replicated
 from .controller_inject import INJECT_BATCH, Injecting
+from .controller_queries import Queries
 from .controller_registry import Registry
 from .generated import millwheel_pb2 as pb
 from .grpc_server import check, start_server
 from .health_monitor import HealthMonitor
+from .leader import Elector, LeaderStore
 from .limits import InjectLimits
 from .metrics import PrometheusSensors
-from .status import rpc, rpc_stream
+from .status import rpc
 from .store_lock import open_service_store
 from .worker_link import PeerLink
 
@@ -53,36 +55,53 @@ Ctx = grpc.ServicerContext
 DEFAULT_MAX_VALUE_BYTES = 1024 * 1024
 
 
-class ControllerService(Injecting):
+class ControllerService(Queries, Replicated, Injecting):
     def __init__(
         self, store: StateStore, *, heartbeat_timeout_s: float = 3.0,
         max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES, sensors: PrometheusSensors | None = None,
         inject_timeout_s: float = 15.0, inject_wait_s: float = 10.0, inject_batch: int = INJECT_BATCH,
         limits: InjectLimits | None = None, allow_code: AllowList | None = None,
+        lease_ttl_s: float = 2.0, takeover_grace_s: float = 10.0,
     ) -> None:
+        """Nothing runs until :meth:`start`: it leads if it wins the store's lease, else
+        stands by (services/controller_ha.py)."""
         self.limits = limits or InjectLimits(max_value_bytes=max_value_bytes)
         self.inject_batch = inject_batch
         self.inject_timeout_s = inject_timeout_s
         self.inject_wait_s = inject_wait_s
-        self.store = store
         self.clock = SystemClock()
         self.sensors = sensors
         self.max_value_bytes = max_value_bytes
+        self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.takeover_grace_s = takeover_grace_s
+        self.allow_code = allow_code or AllowList()
         self.lock = threading.RLock()
-        self.registry = Registry(store, allow_code)
-        self.assigner = Assigner(store, heartbeat_timeout_s)
-        self.assigner.sync_units(self.registry.nodes())
+        self.elector = Elector(store, "", lease_ttl_s, self._on_elected, self._on_deposed)
+        # Every write the controller makes carries the leader epoch (services/leader.py).
+        self.store = cast(StateStore, LeaderStore(store, self.elector))
+        self.registry = Registry(self.store, self.allow_code)
+        self.assigner = Assigner(self.store, heartbeat_timeout_s, check_tokens=False)  # a view until elected
         self._served: dict[str, int] = {}
         self._pending: dict[tuple[str, int], int] = {}  # outbox entries per range, as last reported
         self._links: dict[str, PeerLink] = {}
+        self._leader_channels = {}
         self._stop = threading.Event()
         self._reaper = threading.Thread(target=self._reap_loop, name="reaper", daemon=True)
-        self._reaper.start()
 
     health_monitor: HealthMonitor | None = None
 
+    def start(self, address: str) -> None:
+        """Elect (leading at once if the lease is free) and run. ``address``: where the
+        other controllers and the workers reach this one (its --advertise)."""
+        self.elector.start(address)
+        self._reaper.start()
+
     def close(self) -> None:
+        """Stop; a leader hands the lease over at once (a standby takes over)."""
         self._stop.set()
+        self.elector.stop(release=True)
+        for ch in self._leader_channels.values():
+            ch.close()
         if self.health_monitor is not None:
             self.health_monitor.stop()
 
@@ -90,11 +109,17 @@ class ControllerService(Injecting):
     def _reap_loop(self) -> None:
         while not self._stop.wait(0.1):
             try:
+                if not self.leading():
+                    self._standby_pass()
+                    self._publish_watermarks()
+                    continue
                 with self.lock:
                     if self.assigner.reap():
                         self.assigner.rebalance()
                     self.assigner.forget_dead()
                     self._publish_watermarks()
+            except LeadershipLostError as exc:
+                log.warning("reaper: %s", exc)
             except Exception:
                 log.exception("reaper pass failed")
 
@@ -126,6 +151,7 @@ class ControllerService(Injecting):
     def _publish_watermarks(self) -> None:
         if self.sensors is None:
             return
+        self.sensors.controller_role(self.leading(), self.elector.leader_epoch)
         out, _ = self.watermarks()
         now = self.clock.now_us()
         self.sensors.keep_nodes(set(out))  # no series for what is no longer registered
@@ -165,6 +191,8 @@ class ControllerService(Injecting):
     @rpc
     def RegisterComputation(self, request: Any, context: Ctx) -> pb.RegisterComputationResponse:
         check(request)
+        if not self.leading():
+            return self.forward("RegisterComputation", request, context)
         if not request.HasField("spec"):
             raise InvalidSpecError("RegisterComputation: 'spec' is required")
         spec = convert.spec_from_proto(request.spec)
@@ -178,6 +206,8 @@ class ControllerService(Injecting):
     def RegisterTopology(self, request: Any, context: Ctx) -> pb.RegisterTopologyResponse:
         """All of it or nothing: validated whole, stored in one write."""
         check(request)
+        if not self.leading():
+            return self.forward("RegisterTopology", request, context)
         comps = [convert.spec_from_proto(s) for s in request.computations]
         injectors = [InjectorSpec(i.name, i.stream) for i in request.injectors]
         with self.lock:
@@ -192,6 +222,8 @@ class ControllerService(Injecting):
     @rpc
     def RegisterInjector(self, request: Any, context: Ctx) -> pb.RegisterInjectorResponse:
         check(request)
+        if not self.leading():
+            return self.forward("RegisterInjector", request, context)
         spec = InjectorSpec(request.spec.name, request.spec.stream)
         with self.lock:
             if self.registry.register_injector(spec):
@@ -202,6 +234,8 @@ class ControllerService(Injecting):
     @rpc
     def UnregisterComputation(self, request: Any, context: Ctx) -> pb.UnregisterComputationResponse:
         check(request)
+        if not self.leading():
+            return self.forward("UnregisterComputation", request, context)
         with self.lock:
             self.registry.unregister_computation(request.name)
             self._registry_changed()
@@ -222,93 +256,12 @@ class ControllerService(Injecting):
         with self.lock:
             return self._info(request.name)
 
-    # -- queries ---------------------------------------------------------------------
-    @rpc
-    def GetWatermark(self, request: Any, context: Ctx) -> pb.GetWatermarkResponse:
-        check(request)
-        with self.lock:
-            out, inputs = self.watermarks()
-            if request.computation:
-                node = request.computation
-                if node not in out and injector_node(node) in out and node not in inputs:
-                    node = injector_node(node)
-                if node not in out:
-                    raise NotFoundError(
-                        f"no computation or injector named {request.computation[:MAX_NAME_CHARS]!r} "
-                        f"(known: {', '.join(sorted(out)) or 'none registered'})")
-                nodes = [node]
-            else:
-                nodes = sorted(out)
-            return pb.GetWatermarkResponse(
-                watermarks=[self._node_wm_proto(n, out, inputs) for n in nodes])
-
-    @rpc
-    def GetState(self, request: Any, context: Ctx) -> pb.GetStateResponse:
-        check(request)
-        with self.lock:
-            spec = self.registry.computation(request.computation)
-        if not request.key:
-            raise InvalidSpecError(f"GetState of {spec.name!r}: key must not be empty")
-        state = self.store.read_state(spec.name, [request.key]).get(request.key)
-        timers = self.store.read_key_timers(spec.name, request.key)
-        return pb.GetStateResponse(
-            exists=state is not None or bool(timers), state=state or b"",
-            timers=[convert.timer_to_proto(t) for t in timers],
-            range_id=key_range(request.key, spec.options.key_ranges))
-
-    @rpc
-    def ListKeys(self, request: Any, context: Ctx) -> pb.ListKeysResponse:
-        check(request)
-        with self.lock:
-            spec = self.registry.computation(request.computation)
-        size = request.page_size or 100
-        if not 1 <= size <= 10_000:
-            raise InvalidSpecError(f"ListKeys: page_size must be 1..10000, got {size}")
-        keys = self.store.list_keys(spec.name, request.page_token or None, size + 1)
-        more = len(keys) > size
-        keys = keys[:size]
-        return pb.ListKeysResponse(keys=keys, next_page_token=keys[-1] if more else "")
-
-    @rpc
-    def ClusterStatus(self, request: Any, context: Ctx) -> pb.ClusterStatusResponse:
-        check(request)
-        now = time.monotonic()
-        with self.lock:
-            out, inputs = self.watermarks()
-            workers = [
-                pb.WorkerInfo(worker_id=w.worker_id, address=w.address,
-                              metrics_address=w.metrics_address, alive=w.alive,
-                              draining=w.draining, last_heartbeat_age_s=now - w.last_seen,
-                              ranges=len(self.assigner.owned_by(w.worker_id)))
-                for w in sorted(self.assigner.workers.values(), key=lambda w: w.worker_id)
-            ]
-            return pb.ClusterStatusResponse(
-                workers=workers, ranges=self._ranges(),
-                watermarks=[self._node_wm_proto(n, out, inputs) for n in sorted(out)],
-                store_url=redact(self.store.url))  # never the password
-
-    # -- data out (Inject is in services/controller_inject.py) ----------------------
-    @rpc_stream
-    def Subscribe(self, request: Any, context: Ctx) -> Iterator[pb.SubscribeResponse]:
-        check(request)
-        with self.lock:
-            logged = self.registry.topology.logged_streams()
-        if request.stream not in logged:
-            raise NotFoundError(convert.unlogged_stream_message(self.registry.topology, request.stream))
-        pos = request.after_seq
-        while context.is_active() and not self._stop.is_set():
-            entries = self.store.read_log(request.stream, pos, 500)
-            for seq, rec in entries:
-                yield pb.SubscribeResponse(seq=seq, record=convert.record_to_proto(rec))
-                pos = seq
-            if not entries:
-                if not request.follow:
-                    return
-                time.sleep(0.05)
-
+    # -- queries are in services/controller_queries.py; Inject in services/controller_inject.py
     @rpc
     def ReplayDeadLetters(self, request: Any, context: Ctx) -> pb.ReplayDeadLettersResponse:
         check(request)
+        if not self.leading():
+            return self.forward("ReplayDeadLetters", request, context)
         return Replayer(self).replay(request.computation)
 
     # -- workers ---------------------------------------------------------------------
@@ -317,6 +270,8 @@ class ControllerService(Injecting):
         check(request)
         if not request.worker_id or not request.address:
             raise InvalidSpecError("Heartbeat: worker_id and address are required")
+        if not self.leading():
+            raise self.redirect(context)  # workers heartbeat to the leader alone
         if request.liveness_only:  # a busy worker's watchdog: last-seen only (services/watchdog.py)
             self.assigner.touch(request.worker_id)
             return pb.HeartbeatResponse()
@@ -352,18 +307,25 @@ def serve(
     store_url: str, host: str = "127.0.0.1", port: int = 7070, metrics_port: int | None = 0,
     heartbeat_timeout_s: float = 3.0, max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
     inject_wait_s: float = 10.0, inject_batch: int = INJECT_BATCH, limits: InjectLimits | None = None,
-    allow_code: str | None = None,
+    allow_code: str | None = None, advertise: str | None = None, lease_ttl_s: float = 2.0,
+    takeover_grace_s: float = 10.0,
 ) -> tuple[grpc.Server, int, int, ControllerService]:
-    """Start a controller; returns (server, port, metrics port or 0, service)."""
+    """Start a controller; returns (server, port, metrics port or 0, service). It leads
+    or stands by (services/controller_ha.py); ``advertise`` is the host the others
+    reach it at (default ``host``, the machine's name when ``host`` is 0.0.0.0)."""
     store = open_service_store(store_url)
     sensors = PrometheusSensors("controller")
     service = ControllerService(store, heartbeat_timeout_s=heartbeat_timeout_s,
                                 max_value_bytes=max_value_bytes, sensors=sensors,
                                 inject_wait_s=inject_wait_s, inject_batch=inject_batch, limits=limits,
-                                allow_code=AllowList.parse(allow_code))
+                                allow_code=AllowList.parse(allow_code), lease_ttl_s=lease_ttl_s,
+                                takeover_grace_s=takeover_grace_s)
     server, bound, health = start_server(
         f"{host}:{port}", {"Controller": service, "Cluster": service}, max_workers=32)
-    service.health_monitor = HealthMonitor(health, store)
+    service.health_monitor = HealthMonitor(health, store, problem=service.readiness_problem)
+    if advertise is None:
+        advertise = socket.getfqdn() if host in ("0.0.0.0", "::", "") else host
+    service.start(f"{advertise}:{bound}")
     mport = sensors.serve(host, metrics_port) if metrics_port is not None else 0
     log.info("controller listening on %s:%d (store %s, metrics port %d)", host, bound, redact(store_url), mport)
     return server, bound, mport, service

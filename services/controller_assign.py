@@ -33,6 +33,7 @@ class WorkerState:
     alive: bool = True
     draining: bool = False
     refuses: frozenset[str] = frozenset()  # computations its --allow-code refuses
+    grace_until: float = 0.0  # not declared dead before this (monotonic): a new leader's grace
 
 
 @dataclass
@@ -46,21 +47,27 @@ def _unit_key(unit: Unit) -> str:
 
 
 class Assigner:
-    def __init__(self, store: StateStore, timeout_s: float) -> None:
+    def __init__(self, store: StateStore, timeout_s: float, grace_s: float = 0.0,
+                 check_tokens: bool = True) -> None:
+        """Load the assignment from the store (reads only). The workers found there get
+        ``max(timeout_s, grace_s)`` to heartbeat before they are declared dead: a new
+        leader keeps the assignment its workers report instead of moving every range.
+        ``check_tokens`` False: a standby's read-only view (no token read per range)."""
         self.store = store
         self.timeout_s = timeout_s
         self.workers: dict[str, WorkerState] = {}
         self.units: dict[Unit, Owner] = {}
+        grace_until = time.monotonic() + grace_s
         for name, value in store.list_meta(WORKER_PREFIX).items():
             data = json.loads(value)
             self.workers[name[len(WORKER_PREFIX):]] = WorkerState(
-                data["id"], data["address"], data.get("metrics", ""))
+                data["id"], data["address"], data.get("metrics", ""), grace_until=grace_until)
         for name, value in store.list_meta(ASSIGN_PREFIX).items():
             node, _, rid = name[len(ASSIGN_PREFIX):].rpartition("\x1f")
             data = json.loads(value)
             unit = (node, int(rid))
             owner = Owner(data["worker"], int(data["token"]))
-            if owner.token != store.current_token(*unit):  # a move was cut short: redo it
+            if check_tokens and owner.token != store.current_token(*unit):  # a move was cut short: redo it
                 owner.worker_id = None
             self.units[unit] = owner
 
@@ -93,7 +100,7 @@ class Assigner:
         now = time.monotonic()
         changed = False
         for w in self.workers.values():
-            if w.alive and now - w.last_seen > self.timeout_s:
+            if w.alive and now - w.last_seen > self.timeout_s and now > w.grace_until:
                 log.warning("worker %s (%s) silent for %.1fs: declared dead", w.worker_id,
                             w.address, now - w.last_seen)
                 w.alive = False

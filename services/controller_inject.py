@@ -16,7 +16,7 @@ import time
 from collections import deque
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, cast
 
 import grpc
 
@@ -58,6 +58,8 @@ class Injecting:
     _links: dict[str, PeerLink]
     _stop: threading.Event
     _registry_changed: Callable[[], None]
+    leading: Callable[[], bool]
+    forward_stream: Callable[[str, Iterator[Any], Ctx], Any]
 
     def _injector_for(self, msg: Any, index: int) -> InjectorSpec:
         where = f"inject message {index}"
@@ -172,7 +174,13 @@ class Injecting:
         and checkpointed into the injector's outbox before it counts as accepted. Up to
         ``INJECT_WINDOW`` messages are in flight at once on one ordered stream; the worker
         takes a message only after its predecessor, so after any refusal the rest are
-        handed over one by one from the first refused message, in order."""
+        handed over one by one from the first refused message, in order. A standby
+        forwards the call to the leader as it comes (services/controller_ha.py)."""
+        if not self.leading():
+            try:
+                return cast(pb.InjectResponse, self.forward_stream("Inject", request_iterator, context))
+            except MillWheelError as exc:
+                context.abort(code_for(exc), str(exc))
         call = _InjectCall(self, secrets.token_hex(8))
         try:
             for index, msg in enumerate(request_iterator):

@@ -4,7 +4,8 @@ Listening is not enough: a worker that cannot reach its store cannot checkpoint,
 one that cannot reach its controller will lose its ranges. A :class:`HealthMonitor`
 pings the store every ``interval_s`` (a cheap metadata read, with a time limit: a
 hung store counts as unreachable) and, for a worker, asks how long its heartbeats
-have been failing; it sets the health of the whole server ("" and every millwheel
+have been failing (a controller: whether a leader is known, so it can serve or
+forward a request); it sets the health of the whole server ("" and every millwheel
 service) to NOT_SERVING while either check fails and back to SERVING once both pass.
 It never touches a key range or a batch.
 """
@@ -30,11 +31,12 @@ NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 class HealthMonitor:
     def __init__(self, servicer: health.HealthServicer, store: StateStore, *,
                  controller_failing_s: Callable[[], float] | None = None,
-                 interval_s: float = 1.0, store_timeout_s: float = 3.0,
+                 problem: Callable[[], str] | None = None, interval_s: float = 1.0, store_timeout_s: float = 3.0,
                  controller_grace_s: float = 10.0) -> None:
         self.servicer = servicer
         self.store = store
         self.controller_failing_s = controller_failing_s
+        self.problem_check = problem  # a process's own readiness condition: '' when fine
         self.interval_s = interval_s
         self.store_timeout_s = store_timeout_s
         self.controller_grace_s = controller_grace_s
@@ -85,6 +87,8 @@ class HealthMonitor:
             failing = self.controller_failing_s()
             if failing > self.controller_grace_s:
                 problem = f"heartbeats to the controller failing for {failing:.0f} s"
+        if not problem and self.problem_check is not None:
+            problem = self.problem_check()
         serving = not problem
         if serving != self.serving or problem != self.problem:
             if serving:

@@ -72,6 +72,13 @@ class PrometheusSensors:
         self._up = Gauge("millwheel_process_info", "Which millwheel process this is", ["process"],
                          registry=r)
         self._up.labels(process).set(1)
+        self._leader: Gauge | None = None
+        self._epoch: Gauge | None = None
+        if process == "controller":
+            self._leader = Gauge("millwheel_controller_leader", "1 while this controller leads "
+                                 "(holds the store's lease), 0 while it stands by", registry=r)
+            self._epoch = Gauge("millwheel_controller_leader_epoch", "The leader epoch this "
+                                "controller last saw (+1 each time leadership changes hands)", registry=r)
 
     # -- millwheel.sensors.Sensors -------------------------------------------------
     def records_in(self, computation: str, count: int) -> None:
@@ -116,6 +123,11 @@ class PrometheusSensors:
 
     def owned_ranges(self, count: int) -> None:
         self._ranges.set(count)
+
+    def controller_role(self, leading: bool, epoch: int) -> None:
+        if self._leader is not None and self._epoch is not None:
+            self._leader.set(1 if leading else 0)
+            self._epoch.set(epoch)
 
     def controller_view(self, view: Callable[[], ControllerView]) -> None:
         """Series computed when scraped, from the controller's state (``view`` returns

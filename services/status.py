@@ -22,6 +22,7 @@ from millwheel.errors import (
     ResourceLimitError,
     StoreError,
 )
+from millwheel.state.lease import LeadershipLostError
 
 log = logging.getLogger("millwheel.service")
 
@@ -34,6 +35,12 @@ class PreconditionError(MillWheelError):
 
 class UnavailableError(MillWheelError):
     """A process the request needs cannot be reached (yet); retrying may succeed."""
+
+
+class NotLeaderError(UnavailableError):
+    """This controller is a standby: ask the leader (the answer names it when known).
+    Expected during a leader change and for every worker heartbeat that reaches a
+    standby, so it is not logged."""
 
 
 class BusyError(ResourceLimitError):
@@ -50,6 +57,7 @@ CODES: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (AlreadyExistsError, grpc.StatusCode.ALREADY_EXISTS),
     (ResourceLimitError, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (FencedError, grpc.StatusCode.ABORTED),
+    (LeadershipLostError, grpc.StatusCode.UNAVAILABLE),  # ask the leader (or retry: one is elected)
     (PermissionDeniedError, grpc.StatusCode.PERMISSION_DENIED),
     (PreconditionError, grpc.StatusCode.FAILED_PRECONDITION),
     (StoreError, grpc.StatusCode.UNAVAILABLE),
@@ -58,6 +66,9 @@ CODES: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
 
 
 def code_for(exc: BaseException) -> grpc.StatusCode:
+    status = getattr(exc, "status", None)  # an answer passed on from another controller
+    if isinstance(status, grpc.StatusCode):
+        return status
     for cls, code in CODES:
         if isinstance(exc, cls):
             return code
@@ -81,7 +92,8 @@ def rpc(fn: F) -> F:
             return fn(self, request, context)
         except MillWheelError as exc:
             code = code_for(exc)
-            if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL):
+            if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL) \
+                    and not isinstance(exc, NotLeaderError):
                 log.error("%s failed: %s", fn.__name__, exc)
             context.abort(code, str(exc))
         except Exception as exc:  # a bug: say so rather than hang the client

@@ -22,6 +22,7 @@ from millwheel.state.protocol import StateStore
 
 WRITES = frozenset({
     "acquire", "checkpoint", "ack", "expire_ids", "append_log", "report_watermark", "put_meta",
+    "claim_lease", "renew_lease", "release_lease",
 })
 
 

@@ -89,8 +89,7 @@ def _state(pid: int) -> str | None:
 
 class _Loop:
     def __init__(self, cfg: dict[str, Any]) -> None:
-        from .generated import millwheel_pb2_grpc as pb_grpc
-        from .grpc_server import channel
+        from .controller_link import ControllerLink
         from .worker_progress import ProgressBlock
 
         self.cfg = cfg
@@ -101,7 +100,7 @@ class _Loop:
         self.interval = min(0.5, max(0.05, hb))
         self.late_s = max(0.5, 3 * hb)  # the worker's own heartbeats count as late after this
         security.configure(security.Security(**json.loads(os.environ.pop(SECURITY_ENV, "{}"))))
-        self.stub = pb_grpc.ClusterStub(channel(cfg["controller"]))
+        self.link = ControllerLink(cfg["controller"])  # the worker's controllers, in its order
         self.paused = 0.0  # seconds the worker spent stopped, in all
         self.paused_at: dict[tuple[int, int], float] = {}  # batch -> self.paused when first seen
         self.last_sent = 0.0
@@ -172,14 +171,22 @@ class _Loop:
         raise SystemExit(0)
 
     def liveness(self) -> None:
+        """One liveness-only heartbeat; a controller that fails it (away, stopped, or a
+        standby) leaves the next one to the next controller, as the worker's own do."""
+        from .controller_link import fails_over
         from .generated import millwheel_pb2 as pb
+        from .generated import millwheel_pb2_grpc as pb_grpc
 
+        address = self.link.current
         try:
-            self.stub.Heartbeat(pb.HeartbeatRequest(
+            self.link.stub(pb_grpc.ClusterStub, address).Heartbeat(pb.HeartbeatRequest(
                 worker_id=self.cfg["worker_id"], address=self.cfg["address"],
                 metrics_address=self.cfg["metrics_address"], liveness_only=True), timeout=1.0)
+            self.link.succeeded(address)
         except Exception as exc:  # noqa: BLE001 - the controller may be away; try again later
-            log.debug("liveness heartbeat failed: %s", exc)
+            log.debug("liveness heartbeat to %s failed: %s", address, exc)
+            if fails_over(exc):
+                self.link.failover_from(address, exc)  # type: ignore[arg-type]
 
 
 def main(argv: list[str]) -> int:

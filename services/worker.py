@@ -44,9 +44,10 @@ from millwheel.runtime.routing import Router
 from millwheel.topology import Topology
 
 from . import convert, watchdog
+from .controller_link import ControllerLink, fails_over
 from .generated import millwheel_pb2 as pb
 from .generated import millwheel_pb2_grpc as pb_grpc
-from .grpc_server import channel, start_server
+from .grpc_server import start_server
 from .health_monitor import HealthMonitor
 from .metrics import PrometheusSensors
 from .store_lock import open_service_store
@@ -80,6 +81,8 @@ class WorkerProcess(Receiver, Sender):
         min_heartbeat_s: float = 0.025, allow_code: str | None = None, use_watchdog: bool = True,
     ) -> None:
         self.allow_code = AllowList.parse(allow_code)
+        # One controller or several (comma-separated): heartbeats fail over between them.
+        self.controller_link = ControllerLink(controller)
         self.store = open_service_store(store_url)
         self.sensors = PrometheusSensors("worker")
         self.clock = SystemClock()
@@ -120,12 +123,11 @@ class WorkerProcess(Receiver, Sender):
         self.worker_id = worker_id or f"{self.address}/{os.getpid()}"
         self.metrics_port = self.sensors.serve(host, metrics_port) if metrics_port is not None else 0
         self.metrics_address = f"{advertise}:{self.metrics_port}" if self.metrics_port else ""
-        self._controller_channel = channel(controller)
-        self.controller = pb_grpc.ClusterStub(self._controller_channel)
         # User code runs under a deadline kept by a watchdog process (services/watchdog.py).
         self.progress = ProgressBlock() if use_watchdog else NoProgress()
         self.watchdog = watchdog.start(
-            self.progress.fd, controller=controller, store_url=store_url, worker_id=self.worker_id,
+            self.progress.fd, controller=",".join(self.controller_link.addresses), store_url=store_url,
+            worker_id=self.worker_id,
             address=self.address, metrics_address=self.metrics_address, heartbeat_s=heartbeat_s,
         ) if isinstance(self.progress, ProgressBlock) else None
         self._hb_failing_since: float | None = None
@@ -160,7 +162,7 @@ class WorkerProcess(Receiver, Sender):
             t.join(timeout=2.0)
         for link in self.links.values():
             link.close()
-        self._controller_channel.close()
+        self.controller_link.close()
         self.health_monitor.stop()
         if self.watchdog is not None:
             self.watchdog.stop()
@@ -172,7 +174,12 @@ class WorkerProcess(Receiver, Sender):
         """Heartbeat every ``heartbeat_s``, or sooner (at most every ``min_heartbeat_s``)
         when a watermark may have moved: an input watermark came in, an outbox drained,
         timers fired or an injector advanced. A watermark then crosses a stage in about
-        a round trip to the controller rather than a heartbeat period."""
+        a round trip to the controller rather than a heartbeat period.
+
+        A heartbeat that fails with UNAVAILABLE or DEADLINE_EXCEEDED moves to the next
+        controller (the leader a standby names, else the next address; see
+        :mod:`services.controller_link`) for the next heartbeat; the owned ranges are
+        worked on meanwhile, as while no controller answers at all."""
         last_error = 0.0
         while not self.stopped.is_set():
             self._hb_wake.wait(self.heartbeat_s)
@@ -205,10 +212,19 @@ class WorkerProcess(Receiver, Sender):
         fenced, self._fenced_unreported = self._fenced_unreported, []
         reports += [pb.WatermarkReport(node=n, range_id=r, token=t, watermark=MIN_TIMESTAMP)
                     for n, r, t in fenced]
-        resp = self.controller.Heartbeat(pb.HeartbeatRequest(
-            worker_id=self.worker_id, address=self.address, metrics_address=self.metrics_address,
-            draining=draining, known_topology_version=self.version, reports=reports,
-            refused=sorted(self.refused)), timeout=5.0)
+        link = self.controller_link
+        address = link.current
+        try:
+            resp = link.stub(pb_grpc.ClusterStub, address).Heartbeat(pb.HeartbeatRequest(
+                worker_id=self.worker_id, address=self.address, metrics_address=self.metrics_address,
+                draining=draining, known_topology_version=self.version, reports=reports,
+                refused=sorted(self.refused)), timeout=link.deadline_s)
+        except grpc.RpcError as exc:
+            self._fenced_unreported = fenced + self._fenced_unreported  # report them next time
+            if fails_over(exc):
+                link.failover_from(address, exc)
+            raise
+        link.succeeded(address)
         if draining:
             self._drain_seen = True
         self._apply(resp)

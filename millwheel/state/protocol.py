@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Iterator, Protocol, Sequence
 
 from millwheel.record import Record, Timer
+from millwheel.state.lease import Lease
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,8 +105,11 @@ class StateStore(Protocol):
     url: str
 
     # -- ownership ---------------------------------------------------------------
-    def acquire(self, computation: str, range_id: int) -> int:
-        """Atomically bump and return the range's sequencer token (first is 1)."""
+    def acquire(self, computation: str, range_id: int, epoch: int | None = None) -> int:
+        """Atomically bump and return the range's sequencer token (first is 1).
+
+        ``epoch``: the calling controller's leader epoch; the bump is applied only
+        while it is current (else :class:`~millwheel.state.lease.LeadershipLostError`)."""
         ...
 
     def current_token(self, computation: str, range_id: int) -> int:
@@ -192,10 +196,32 @@ class StateStore(Protocol):
     def read_watermarks(self, node: str) -> dict[int, int]: ...
 
     # -- small metadata (the service's registry) ---------------------------------
-    def put_meta(self, name: str, value: bytes | None) -> None: ...
+    def put_meta(self, name: str, value: bytes | None, epoch: int | None = None) -> None:
+        """Set (None: delete) one metadata entry; with ``epoch``, only while that leader
+        epoch is current (checked in the same atomic write). ``lease/`` names are reserved."""
+        ...
 
     def get_meta(self, name: str) -> bytes | None: ...
 
     def list_meta(self, prefix: str) -> dict[str, bytes]: ...
+
+    # -- the controller lease (millwheel.state.lease) -------------------------------
+    def claim_lease(self, holder: str, ttl_ms: int) -> int | None:
+        """Take the lease if free or run out (a new epoch), or extend it if ``holder``
+        has it (same epoch); returns the epoch, or None if another controller holds it."""
+        ...
+
+    def renew_lease(self, holder: str, epoch: int, ttl_ms: int) -> bool:
+        """Extend the lease for ``(holder, epoch)``; False if it changed hands."""
+        ...
+
+    def release_lease(self, holder: str, epoch: int) -> None:
+        """End the lease now if ``(holder, epoch)`` has it (a clean shutdown: a standby
+        takes over without waiting for it to run out). The epoch stays."""
+        ...
+
+    def read_lease(self) -> Lease | None:
+        """The lease as stored, None if no controller ever held it."""
+        ...
 
     def close(self) -> None: ...

@@ -17,21 +17,28 @@ from functools import partial
 from typing import Any, Iterable, Iterator, Sequence
 
 from millwheel.record import Record, TimeDomain, Timer
+from millwheel.state.lease import check_meta_name
 from millwheel.state.protocol import RECENT_ERRORS, Checkpoint, ErrorReport, Production
 from millwheel.state.redis_connection import RedisConnection
 from millwheel.state.redis_keys import _CHUNK, _field, _frame, _glob_escape, _show, _timer_json, _unframe
+from millwheel.state.redis_lease import RedisLease
 from millwheel.state.redis_lua import ACK, APPEND_LOG, BUMP_ATTEMPTS, CHECKPOINT, EXPIRE, WATERMARK
 
 
-class RedisStore(RedisConnection):
+class RedisStore(RedisLease, RedisConnection):
     """A :class:`~millwheel.state.protocol.StateStore` on Redis (see the module docstring)."""
 
     # -- ownership ----------------------------------------------------------------
-    def acquire(self, computation: str, range_id: int) -> int:
+    def acquire(self, computation: str, range_id: int, epoch: int | None = None) -> int:
         """Register the range, then INCR its token (one atomic bump: a retry after a lost
-        reply bumps once more, which only fences harder)."""
+        reply bumps once more, which only fences harder). With ``epoch``, the bump is a
+        script checking the leader epoch (millwheel.state.redis_lease)."""
         rk = self._range(computation, range_id)
         registry = self._registry(computation)
+        if epoch is not None:
+            token = self._acquire_fenced(rk.token, computation, range_id, epoch)
+            self._call("acquire", [registry], lambda: self._write(registry, "SADD", registry, range_id))
+            return token
         if self._wait_replicas:  # two slots, each write replicated on its own connection
             self._call("acquire", [registry], lambda: self._write(registry, "SADD", registry, range_id))
             return int(self._call("acquire", [rk.token], lambda: self._write(rk.token, "INCR", rk.token)))
@@ -317,7 +324,11 @@ class RedisStore(RedisConnection):
         return out
 
     # -- metadata -----------------------------------------------------------------------
-    def put_meta(self, name: str, value: bytes | None) -> None:
+    def put_meta(self, name: str, value: bytes | None, epoch: int | None = None) -> None:
+        check_meta_name(name)
+        if epoch is not None:
+            self._put_meta_fenced(name, value, epoch)
+            return
         key = self._meta()
         if value is None:
             self._call("put_meta", [key], lambda: self._write(key, "HDEL", key, name))

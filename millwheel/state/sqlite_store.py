@@ -18,15 +18,18 @@ from typing import Iterable, Iterator, Sequence
 
 from millwheel.errors import CorruptDataError
 from millwheel.record import Record, TimeDomain, Timer
+from millwheel.state.lease import check_meta_name
 from millwheel.state.protocol import RECENT_ERRORS, Checkpoint, ErrorReport, Production
+from millwheel.state.sqlite_lease import SQLiteLease
 from millwheel.state.sqlite_schema import SQLiteFile, _insert_rows, _json_list
 
 
-class SQLiteStore(SQLiteFile):
+class SQLiteStore(SQLiteLease, SQLiteFile):
     """A :class:`~millwheel.state.protocol.StateStore` in one SQLite file."""
     # -- ownership -----------------------------------------------------------
-    def acquire(self, computation: str, range_id: int) -> int:
+    def acquire(self, computation: str, range_id: int, epoch: int | None = None) -> int:
         def txn() -> int:
+            self._check_epoch(f"acquire of {computation!r} range {range_id}", epoch)
             self._db.execute(
                 "INSERT INTO tokens VALUES (?, ?, 1) ON CONFLICT (computation, range_id) "
                 "DO UPDATE SET token = token + 1",
@@ -373,8 +376,11 @@ class SQLiteStore(SQLiteFile):
         return {int(r): int(w) for r, w in rows}
 
     # -- metadata ------------------------------------------------------------
-    def put_meta(self, name: str, value: bytes | None) -> None:
+    def put_meta(self, name: str, value: bytes | None, epoch: int | None = None) -> None:
+        check_meta_name(name)
+
         def txn() -> None:
+            self._check_epoch(f"put_meta {name[:100]!r}", epoch)
             if value is None:
                 self._db.execute("DELETE FROM meta WHERE name=?", (name,))
             else:

@@ -323,7 +323,9 @@ def controller_view(controller: ControllerService) -> Callable[[], ControllerVie
     and copied here first), the error counts from the store."""
     def view() -> ControllerView:
         topo = controller.registry.topology
-        workers = {w.worker_id: w.alive for w in list(controller.assigner.workers.values())}
+        # Only the leader hears heartbeats: a standby reports no worker (not "all dead").
+        workers = ({w.worker_id: w.alive for w in list(controller.assigner.workers.values())}
+                   if controller.leading() else {})
         errors = {}
         for spec in topo.computations:
             e = error_info(controller.store, spec)

@@ -70,10 +70,13 @@ class Cluster:
             "--heartbeat-timeout", str(self.heartbeat_timeout_s), *self.controller_args])
         wait_for(lambda: _ok(self.client.status), 20, "controller to answer")
 
-    def start_worker(self, *extra: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    def start_worker(self, *extra: str, env: dict[str, str] | None = None,
+                     controller: str | None = None) -> subprocess.Popen[bytes]:
+        """A worker of this cluster's store; ``controller``: its ``--controller``
+        (default this cluster's controller; a comma-separated list is allowed)."""
         n = len(self.workers)
         proc = self._spawn(f"worker{n}", [
-            "worker", "--store", self.store_url, "--controller", self.address,
+            "worker", "--store", self.store_url, "--controller", controller or self.address,
             "--delivery-timeout", "2", "--batch-size", "100", *self.worker_args, *extra], env)
         self.workers.append(proc)
         wait_for(lambda: self.worker_id(proc) is not None, 20, f"worker {n} to join")

@@ -149,8 +149,13 @@ def test_k8s_millwheel_commands_are_accepted_by_the_cli() -> None:
     assert set(commands) == {"controller", "worker"}
     ctl_wl, ctl, ctl_args = commands["controller"]
     wk_wl, wk, wk_args = commands["worker"]
-    assert ctl_wl["kind"] == "Deployment" and ctl_wl["spec"]["replicas"] == 1
-    assert ctl_wl["spec"]["strategy"]["type"] == "Recreate"  # never two controllers
+    # Two controller replicas (one leads, one stands by), replaced one at a time.
+    assert ctl_wl["kind"] == "Deployment" and ctl_wl["spec"]["replicas"] == 2
+    assert ctl_wl["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 1
+    # The leader's address, as standbys name it to workers, must be its pod IP.
+    ctl_env = {v["name"]: v.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") for v in ctl["env"]}
+    assert ctl["args"][ctl["args"].index("--advertise") + 1] == "$(POD_IP)"
+    assert ctl_env["POD_IP"] == "status.podIP"
 
     # Workers reach the controller through its Service, at the port it listens on.
     host, port = hostport(wk_args.controller)
@@ -285,7 +290,7 @@ def test_k8s_network_policy_admits_only_cluster_and_prometheus_traffic() -> None
 
     labels = {wl["metadata"]["name"]: wl["spec"]["template"]["metadata"]["labels"] for wl in workloads()}
     ctl, wk, redis = labels["millwheel-controller"], labels["millwheel-worker"], labels["millwheel-redis"]
-    assert peers(ctl, "grpc") == {"worker", "millwheel.io/client=true"}
+    assert peers(ctl, "grpc") == {"worker", "controller", "millwheel.io/client=true"}
     assert peers(wk, "grpc") == {"controller", "worker"}
     assert peers(redis, "redis") == {"controller", "worker"}
     for pod in (ctl, wk):

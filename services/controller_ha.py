@@ -1,0 +1,187 @@
+"""Controller replicas: what a controller does as the leader or as a standby.
+
+Any number of controllers run over one store; :class:`services.leader.Elector` makes
+one of them the leader. Only the leader writes (registry, assignment, tokens, the
+watermark reports of workers), each write fenced by its epoch
+(:class:`services.leader.LeaderStore`). A standby
+
+* answers reads itself from the store: watermarks, state, keys, the registry
+  (re-read when its version changes), Subscribe;
+* forwards public writes (register, unregister, Inject, dead-letter replay) and
+  ClusterStatus (worker liveness is known to the leader alone) to the leader, with
+  the process's own client credentials, marked so a request is forwarded once at
+  most (two controllers that each think the other leads cannot bounce it);
+* refuses worker heartbeats with UNAVAILABLE and the leader's address in the
+  ``millwheel-leader`` trailing metadata: workers go to the leader themselves.
+
+On election the new leader reloads the registry and the assignment from the store and
+gives the workers found there ``takeover_grace_s`` to heartbeat before declaring any
+dead, so a leader change moves no range whose worker is alive.
+
+:class:`Replicated` is a mixin of :class:`services.controller.ControllerService`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from typing import Any, Callable, Iterator
+
+import grpc
+
+from millwheel.importing import AllowList
+from millwheel.state.protocol import StateStore
+
+from .controller_assign import Assigner
+from .controller_registry import REGISTRY_KEY, Registry
+from .generated import millwheel_pb2_grpc as pb_grpc
+from .grpc_server import channel
+from .leader import Elector
+from .security import process
+from .status import NotLeaderError, UnavailableError
+
+log = logging.getLogger("millwheel.controller")
+
+LEADER_METADATA = "millwheel-leader"  # trailing metadata of a refused heartbeat: where the leader is
+FORWARDED_METADATA = "millwheel-forwarded"  # set on a request a standby forwards: never forwarded again
+STANDBY_REFRESH_S = 0.5  # how often a standby re-reads the registry version and the assignment
+
+
+class RemoteError(UnavailableError):
+    """The leader's answer to a forwarded request, passed on with the leader's status."""
+
+    def __init__(self, message: str, status: grpc.StatusCode) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class Replicated:
+    """Leader or standby (a mixin of ControllerService)."""
+
+    # Set by ControllerService.__init__ (services/controller.py).
+    store: StateStore
+    registry: Registry
+    assigner: Assigner
+    lock: threading.RLock
+    elector: Elector
+    allow_code: AllowList
+    heartbeat_timeout_s: float
+    takeover_grace_s: float
+    _registry_changed: Callable[[], None]
+
+    _view_at = 0.0
+    _leader_channels: dict[str, grpc.Channel]
+
+    @property
+    def address(self) -> str:
+        return self.elector.address
+
+    def leading(self) -> bool:
+        return self.elector.is_leader()
+
+    _leaderless_since: float | None = None
+
+    def readiness_problem(self) -> str:
+        """'' while this controller can serve a request (it leads, or it knows the
+        leader to forward to); else, after two lease TTLs without a leader, why not."""
+        if self.leading() or self.elector.leader_address:
+            self._leaderless_since = None
+            return ""
+        now = time.monotonic()
+        self._leaderless_since = self._leaderless_since or now
+        if now - self._leaderless_since > 2 * self.elector.ttl_s:
+            return f"no controller has led for {now - self._leaderless_since:.0f} s"
+        return ""
+
+    # -- role changes (called by the elector's thread) --------------------------------
+    def _on_elected(self, epoch: int) -> None:
+        """Take over: the registry and the assignment as stored, workers given a grace."""
+        started = time.monotonic()
+        with self.lock:
+            self.registry = Registry(self.store, self.allow_code)
+            self.assigner = Assigner(self.store, self.heartbeat_timeout_s,
+                                     grace_s=max(self.takeover_grace_s, self.heartbeat_timeout_s))
+            self._registry_changed()  # units for every registered node; moves only orphans
+        log.warning("leader %s (epoch %d) took over in %.3f s: registry version %d, %d ranges, "
+                    "%d known workers", self.address, epoch, time.monotonic() - started,
+                    self.registry.version, len(self.assigner.units), len(self.assigner.workers))
+
+    def _on_deposed(self) -> None:
+        self._view_at = 0.0  # re-read the store's view at the next standby pass
+
+    def _standby_pass(self) -> None:
+        """A standby's view: the registry when its version changed, and the assignment
+        (read only, for status and the console), every STANDBY_REFRESH_S."""
+        now = time.monotonic()
+        if now - self._view_at < STANDBY_REFRESH_S:
+            return
+        self._view_at = now
+        raw = self.store.get_meta(REGISTRY_KEY)
+        version = int(json.loads(raw)["version"]) if raw is not None else 0
+        view = Assigner(self.store, self.heartbeat_timeout_s, check_tokens=False)
+        with self.lock:
+            if self.leading():
+                return
+            if version != self.registry.version:
+                self.registry = Registry(self.store, self.allow_code)
+            for w in view.workers.values():
+                w.alive = False  # unknown here: heartbeats go to the leader
+            self.assigner = view
+
+    # -- answering for the leader --------------------------------------------------------
+    def _not_leader(self) -> str:
+        leader = self.elector.leader_address
+        if leader and leader != self.address:
+            return f"controller {self.address} is a standby; the leader is {leader}"
+        return f"controller {self.address} is a standby and no leader is elected yet; retry shortly"
+
+    def redirect(self, context: grpc.ServicerContext) -> NotLeaderError:
+        """Refuse a worker's call: UNAVAILABLE (raise what this returns), with where the
+        leader is in the trailing metadata."""
+        leader = self.elector.leader_address
+        if leader and leader != self.address:
+            context.set_trailing_metadata(((LEADER_METADATA, leader),))
+        return NotLeaderError(self._not_leader())
+
+    def _leader_stub(self, context: grpc.ServicerContext) -> pb_grpc.ControllerStub:
+        if any(k == FORWARDED_METADATA for k, _v in context.invocation_metadata()):
+            raise NotLeaderError(f"{self._not_leader()} (a forwarded request is not forwarded again)")
+        leader = self.elector.leader_address
+        if not leader or leader == self.address:
+            raise NotLeaderError(self._not_leader())
+        ch = self._leader_channels.get(leader)
+        if ch is None:
+            sec = process()
+            ch = self._leader_channels[leader] = channel(leader, sec, sec.client_token)
+        return pb_grpc.ControllerStub(ch)
+
+    def forward(self, method: str, request: Any, context: grpc.ServicerContext) -> Any:
+        """Forward a unary call to the leader and pass its answer (or status) back."""
+        stub = self._leader_stub(context)
+        remaining = context.time_remaining()
+        try:
+            return getattr(stub, method)(request, timeout=min(remaining or 120.0, 120.0),
+                                         metadata=((FORWARDED_METADATA, self.address),))
+        except grpc.RpcError as exc:
+            raise self._remote(exc, context) from None
+
+    def forward_stream(self, method: str, requests: Iterator[Any], context: grpc.ServicerContext) -> Any:
+        """Forward a client-streaming call (Inject) to the leader, message by message as
+        they arrive; its trailing metadata (backpressure hints) comes back too."""
+        stub = self._leader_stub(context)
+        try:
+            return getattr(stub, method)(requests, metadata=((FORWARDED_METADATA, self.address),))
+        except grpc.RpcError as exc:
+            raise self._remote(exc, context) from None
+
+    def _remote(self, exc: grpc.RpcError, context: grpc.ServicerContext) -> RemoteError:
+        trailing = exc.trailing_metadata()
+        if trailing:
+            context.set_trailing_metadata(tuple((m.key, m.value) for m in trailing))
+        code = exc.code()
+        details = exc.details() or code.name
+        if code == grpc.StatusCode.UNAVAILABLE:
+            details = f"leader {self.elector.leader_address}: {details}"
+        return RemoteError(details, code)

@@ -1,0 +1,146 @@
+"""The controller's read-only RPCs: watermarks, state, keys, cluster status, Subscribe.
+
+Every controller answers these itself, leader or standby (a standby from the registry
+and assignment it re-reads from the store; services/controller_ha.py), except
+ClusterStatus, which a standby forwards to the leader: only the leader hears the
+workers' heartbeats, so only it knows which are alive.
+
+:class:`Queries` is a mixin of :class:`services.controller.ControllerService`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Callable, Iterator
+
+import grpc
+
+from millwheel.clock import SystemClock
+from millwheel.errors import InvalidSpecError, NotFoundError
+from millwheel.keys import key_range
+from millwheel.limits import MAX_NAME_CHARS
+from millwheel.state.protocol import StateStore
+from millwheel.state.url import redact
+from millwheel.topology import injector_node
+
+from . import convert
+from .controller_assign import Assigner
+from .controller_registry import Registry
+from .generated import millwheel_pb2 as pb
+from .grpc_server import check
+from .leader import Elector
+from .status import UnavailableError, rpc, rpc_stream
+
+log = logging.getLogger("millwheel.controller")
+Ctx = grpc.ServicerContext
+
+
+class Queries:
+    """GetWatermark, GetState, ListKeys, ClusterStatus, Subscribe (a mixin of ControllerService)."""
+
+    # Set by ControllerService.__init__ (services/controller.py) or defined by its other parts.
+    store: StateStore
+    registry: Registry
+    assigner: Assigner
+    lock: threading.RLock
+    elector: Elector
+    clock: SystemClock
+    _stop: threading.Event
+    address: str
+    leading: Callable[[], bool]
+    forward: Callable[[str, Any, Ctx], Any]
+    watermarks: Callable[[], tuple[dict[str, int], dict[str, int]]]
+    _node_wm_proto: Callable[[str, dict[str, int], dict[str, int]], pb.NodeWatermark]
+    _ranges: Callable[..., list[pb.RangeInfo]]
+
+    # -- queries ---------------------------------------------------------------------
+    @rpc
+    def GetWatermark(self, request: Any, context: Ctx) -> pb.GetWatermarkResponse:
+        check(request)
+        with self.lock:
+            out, inputs = self.watermarks()
+            if request.computation:
+                node = request.computation
+                if node not in out and injector_node(node) in out and node not in inputs:
+                    node = injector_node(node)
+                if node not in out:
+                    raise NotFoundError(
+                        f"no computation or injector named {request.computation[:MAX_NAME_CHARS]!r} "
+                        f"(known: {', '.join(sorted(out)) or 'none registered'})")
+                nodes = [node]
+            else:
+                nodes = sorted(out)
+            return pb.GetWatermarkResponse(
+                watermarks=[self._node_wm_proto(n, out, inputs) for n in nodes])
+
+    @rpc
+    def GetState(self, request: Any, context: Ctx) -> pb.GetStateResponse:
+        check(request)
+        with self.lock:
+            spec = self.registry.computation(request.computation)
+        if not request.key:
+            raise InvalidSpecError(f"GetState of {spec.name!r}: key must not be empty")
+        state = self.store.read_state(spec.name, [request.key]).get(request.key)
+        timers = self.store.read_key_timers(spec.name, request.key)
+        return pb.GetStateResponse(
+            exists=state is not None or bool(timers), state=state or b"",
+            timers=[convert.timer_to_proto(t) for t in timers],
+            range_id=key_range(request.key, spec.options.key_ranges))
+
+    @rpc
+    def ListKeys(self, request: Any, context: Ctx) -> pb.ListKeysResponse:
+        check(request)
+        with self.lock:
+            spec = self.registry.computation(request.computation)
+        size = request.page_size or 100
+        if not 1 <= size <= 10_000:
+            raise InvalidSpecError(f"ListKeys: page_size must be 1..10000, got {size}")
+        keys = self.store.list_keys(spec.name, request.page_token or None, size + 1)
+        more = len(keys) > size
+        keys = keys[:size]
+        return pb.ListKeysResponse(keys=keys, next_page_token=keys[-1] if more else "")
+
+    @rpc
+    def ClusterStatus(self, request: Any, context: Ctx) -> pb.ClusterStatusResponse:
+        check(request)
+        if not self.leading() and self.elector.leader_address not in (None, self.address):
+            try:
+                return self.forward("ClusterStatus", request, context)
+            except UnavailableError as exc:  # the leader cannot be reached: the store's view
+                log.info("ClusterStatus from the store's view: %s", exc)
+        now = time.monotonic()
+        with self.lock:
+            out, inputs = self.watermarks()
+            workers = [
+                pb.WorkerInfo(worker_id=w.worker_id, address=w.address,
+                              metrics_address=w.metrics_address, alive=w.alive,
+                              draining=w.draining, last_heartbeat_age_s=now - w.last_seen,
+                              ranges=len(self.assigner.owned_by(w.worker_id)))
+                for w in sorted(self.assigner.workers.values(), key=lambda w: w.worker_id)
+            ]
+            return pb.ClusterStatusResponse(
+                workers=workers, ranges=self._ranges(),
+                watermarks=[self._node_wm_proto(n, out, inputs) for n in sorted(out)],
+                store_url=redact(self.store.url),  # never the password
+                leader=self.elector.leader_address or "", leader_epoch=self.elector.leader_epoch,
+                answered_by=self.address)
+
+    @rpc_stream
+    def Subscribe(self, request: Any, context: Ctx) -> Iterator[pb.SubscribeResponse]:
+        check(request)
+        with self.lock:
+            logged = self.registry.topology.logged_streams()
+        if request.stream not in logged:
+            raise NotFoundError(convert.unlogged_stream_message(self.registry.topology, request.stream))
+        pos = request.after_seq
+        while context.is_active() and not self._stop.is_set():
+            entries = self.store.read_log(request.stream, pos, 500)
+            for seq, rec in entries:
+                yield pb.SubscribeResponse(seq=seq, record=convert.record_to_proto(rec))
+                pos = seq
+            if not entries:
+                if not request.follow:
+                    return
+                time.sleep(0.05)

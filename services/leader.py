@@ -1,0 +1,169 @@
+"""Leader election among controller replicas, through the store's lease.
+
+Every controller runs an :class:`Elector`: a thread that, every quarter of the lease's
+time to live, renews the lease if this controller holds it or tries to claim it if
+not (millwheel.state.lease). The holder string starts with the controller's
+advertised address, so every replica knows where the leader is (standbys redirect
+workers there and forward client writes to it).
+
+Safety does not rest on timing. A leader believes it leads only until
+``renewed_at + ttl * SAFETY`` on its own monotonic clock (which keeps running while
+the process is SIGSTOPped), and every write it makes carries its epoch
+(:class:`LeaderStore`), which the store checks in the same atomic operation: a deposed
+leader that wakes up writes nothing, whatever it still believes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import threading
+import time
+from typing import Any, Callable
+
+from millwheel.errors import MillWheelError
+from millwheel.state.lease import LeadershipLostError
+from millwheel.state.protocol import StateStore
+
+log = logging.getLogger("millwheel.controller")
+
+SAFETY = 0.75  # of the TTL: how long after a renewal was SENT a leader trusts it
+
+
+class Elector:
+    def __init__(self, store: StateStore, address: str, ttl_s: float = 2.0,
+                 on_elected: Callable[[int], None] = lambda e: None,
+                 on_deposed: Callable[[], None] = lambda: None) -> None:
+        self.store = store
+        self.address = address
+        self.holder = ""
+        self.ttl_s = ttl_s
+        self.on_elected = on_elected
+        self.on_deposed = on_deposed
+        self.epoch: int | None = None  # ours while we lead
+        self.leader_address: str | None = None  # whoever leads, as last read
+        self.leader_epoch = 0
+        self.elected_at: float | None = None  # monotonic time we became leader
+        self._valid_until = 0.0
+        self._stop = threading.Event()
+        self._step_lock = threading.Lock()
+        self._thread = threading.Thread(target=self._loop, name="elector", daemon=True)
+
+    def start(self, address: str | None = None) -> None:
+        """Take part from now on as ``address`` (the holder string starts with it, so
+        the others learn where the leader is)."""
+        self.address = address or self.address
+        self.holder = f"{self.address} {os.getpid()} {secrets.token_hex(4)}"
+        self.step()  # lead from the first moment if the lease is free
+        self._thread.start()
+
+    def is_leader(self) -> bool:
+        return self.epoch is not None and time.monotonic() < self._valid_until
+
+    def stop(self, release: bool = True) -> None:
+        """Stop electing; hand the lease over at once (a standby need not wait for it to
+        run out) when ``release``."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(self.ttl_s)
+        epoch, self.epoch = self.epoch, None
+        if release and epoch is not None:
+            try:
+                self.store.release_lease(self.holder, epoch)
+            except MillWheelError as exc:
+                log.warning("could not release the controller lease: %s", exc)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.ttl_s / 4):
+            try:
+                self.step()
+            except Exception:
+                log.exception("leader election step failed")
+
+    def step(self) -> None:
+        """One round: renew (leader) or try to claim (standby), then learn the leader."""
+        with self._step_lock:
+            self._step()
+
+    def _step(self) -> None:
+        ttl_ms = max(1, int(self.ttl_s * 1000))
+        sent = time.monotonic()
+        if self.epoch is not None:
+            try:
+                renewed: bool | None = self.store.renew_lease(self.holder, self.epoch, ttl_ms)
+            except MillWheelError as exc:
+                log.warning("cannot renew the controller lease: %s", exc)
+                renewed = None
+            if renewed:
+                self._valid_until = sent + self.ttl_s * SAFETY
+            elif renewed is False or time.monotonic() >= self._valid_until:
+                self._lose("the lease changed hands" if renewed is False else "the lease ran out")
+        else:
+            try:
+                epoch = self.store.claim_lease(self.holder, ttl_ms)
+            except MillWheelError as exc:
+                log.warning("cannot claim the controller lease: %s", exc)
+                epoch = None
+            if epoch is not None:
+                self._valid_until = sent + self.ttl_s * SAFETY
+                self.epoch = epoch
+                self.elected_at = time.monotonic()
+                self.leader_address, self.leader_epoch = self.address, epoch
+                log.warning("controller %s is the leader (epoch %d)", self.address, epoch)
+                try:
+                    self.on_elected(epoch)
+                except Exception:
+                    log.exception("taking over as leader failed; standing by")
+                    self._lose("taking over failed")
+                    self.store.release_lease(self.holder, epoch)
+                    return
+        try:
+            lease = self.store.read_lease()
+        except MillWheelError:
+            return
+        if lease is not None:
+            self.leader_epoch = lease.epoch
+            self.leader_address = lease.holder.split(" ", 1)[0] if lease.held else None
+
+    def _lose(self, why: str) -> None:
+        log.warning("controller %s is no longer the leader (epoch %s): %s; standing by",
+                    self.address, self.epoch, why)
+        self.epoch = None
+        self.elected_at = None
+        self.on_deposed()
+
+
+class LeaderStore:
+    """The store as the leader writes it: ``acquire`` and ``put_meta`` carry the
+    leader epoch (checked by the store atomically with the write); every write is
+    refused at once, before reaching the store, when this controller no longer
+    believes it leads. Reads pass through."""
+
+    _EPOCH_WRITES = frozenset({"acquire", "put_meta"})
+
+    def __init__(self, store: StateStore, elector: Elector) -> None:
+        self._store = store
+        self._elector = elector
+
+    def _epoch(self, what: str) -> int:
+        epoch = self._elector.epoch
+        if epoch is None or not self._elector.is_leader():
+            raise LeadershipLostError(what, epoch or 0, None)
+        return epoch
+
+    def acquire(self, computation: str, range_id: int) -> int:
+        epoch = self._epoch(f"acquire of {computation!r} range {range_id}")
+        return self._store.acquire(computation, range_id, epoch=epoch)
+
+    def put_meta(self, name: str, value: bytes | None) -> None:
+        self._store.put_meta(name, value, epoch=self._epoch(f"put_meta {name[:100]!r}"))
+
+    def report_watermark(self, node: str, range_id: int, token: int, watermark: int) -> int:
+        """Fenced by the range's token in the store (the owner's report is true whoever
+        relays it); refused here too once this controller stopped leading."""
+        self._epoch(f"report_watermark of {node!r} range {range_id}")
+        return self._store.report_watermark(node, range_id, token, watermark)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)

@@ -1,0 +1,242 @@
+"""Several controllers on one store: one leads, the others stand by and take over.
+
+Real processes on loopback: two or three ``millwheel controller`` over one store,
+workers and the client given every address (``--controller a,b``). What a user checks:
+
+* started together, they elect one leader; registrations through a standby are seen
+  by all; no range moves more than once;
+* the leader killed -9 mid-stream: a standby leads within 5 s, no range moves (the
+  new leader keeps the assignment its workers report), the output equals a
+  failure-free run record for record, watermarks never go backwards;
+* a leader SIGSTOPped until a standby took over, then SIGCONTed, writes nothing: the
+  lease, tokens and assignment stay as the new leader set them, and it stands by.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from millwheel.state import open_store
+from millwheel.state.lease import Lease
+from millwheel.topology import Topology
+from services.client import ControllerClient
+from services.security import Security
+from tests.integration.service_cluster import (
+    PIPELINE_CODE,
+    Cluster,
+    WatermarkMonitor,
+    expected_outputs,
+    wait_for,
+)
+from tests.support import pipelines
+from tests.support.redis_server import RedisServer, free_port
+
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
+DISORDER = 2 * pipelines.SECOND
+MOVE = re.compile(r"range (\S+)/(\d+): (\S+) -> (\S+) \(token (\d+)\)")
+
+
+class HACluster(Cluster):
+    """A :class:`Cluster` with several controllers; workers and client know them all."""
+
+    def __init__(self, tmp: Path, n: int = 2, **kwargs: object) -> None:
+        super().__init__(tmp, allow_code=PIPELINE_CODE, **kwargs)  # type: ignore[arg-type]
+        self.ports = [self.port, *(free_port() for _ in range(n - 1))]
+        self.addresses = [f"127.0.0.1:{p}" for p in self.ports]
+        self.address = ",".join(self.addresses)
+        self.client.close()
+        self.client = ControllerClient(self.address, timeout_s=10, security=Security())
+        self.controllers: list[subprocess.Popen[bytes] | None] = [None] * n
+
+    def start_controller(self, i: int | None = None) -> None:  # type: ignore[override]
+        for j in ([i] if i is not None else range(len(self.ports))):
+            self.controllers[j] = self._spawn(f"controller{j}", [
+                "controller", "--store", self.store_url, "--port", str(self.ports[j]),
+                "--heartbeat-timeout", str(self.heartbeat_timeout_s), *self.controller_args])
+        wait_for(lambda: self.leader() is not None, 20, "a leader to be elected")
+        self.controller = self.controllers[0]
+
+    def one(self, i: int) -> ControllerClient:
+        """A client of controller ``i`` alone."""
+        return ControllerClient(self.addresses[i], timeout_s=5, failover_s=0, security=Security())
+
+    def leader(self) -> str | None:
+        """The leader every live controller names (None until they agree)."""
+        named = set()
+        for i, proc in enumerate(self.controllers):
+            if proc is None or proc.poll() is not None or _stopped(proc.pid):
+                continue
+            with self.one(i) as c:
+                named.add(c.status().leader)
+        return named.pop() if len(named) == 1 and "" not in named else None
+
+    def lease(self) -> Lease | None:
+        store = open_store(self.store_url)
+        try:
+            return store.read_lease()
+        finally:
+            store.close()
+
+    def moves(self) -> list[tuple[str, int, str, str, int]]:
+        """Every range move any controller logged."""
+        return [(m[1], int(m[2]), m[3], m[4], int(m[5]))
+                for j in range(len(self.ports)) for m in MOVE.finditer(self.log(f"controller{j}"))]
+
+    def owners(self) -> dict[tuple[str, int], tuple[str, int]]:
+        return {(r.node, r.range_id): (r.worker_id, r.token) for r in self.client.status().ranges}
+
+    def stop(self) -> None:
+        for p in self.controllers:
+            if p is not None and p.poll() is None:
+                if _stopped(p.pid):
+                    os.kill(p.pid, signal.SIGCONT)
+                p.kill()
+                p.wait(10)
+        self.controller = None
+        super().stop()
+
+
+def _stopped(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] == "T"
+    except OSError:
+        return False
+
+
+@pytest.fixture(params=["sqlite", "redis"])
+def ha(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[HACluster]:
+    redis = RedisServer(appendonly=True) if request.param == "redis" else None
+    c = HACluster(tmp_path, store_url=redis.url if redis else None)
+    try:
+        yield c
+    finally:
+        c.stop()
+        if redis is not None:
+            redis.stop()
+
+
+def _inject_and_check(ha: HACluster, tmp_path: Path, topology: Topology, fault_at: int,
+                      fault: object) -> WatermarkMonitor:
+    records = pipelines.workload(n=1500)
+    monitor = WatermarkMonitor(ha.client)
+
+    def between(i: int) -> None:
+        time.sleep(0.04)
+        if i == fault_at:
+            fault()  # type: ignore[operator]
+
+    ha.inject("events", "events", records, batch=60, max_disorder_us=DISORDER, done=True, between=between)
+    ha.wait_watermark("totals", timeout=120)
+    monitor.stop()
+    want = expected_outputs(tmp_path, topology, pipelines.sources(records), ("counts", "totals"))
+    assert ha.outputs("counts") == want["counts"]
+    assert ha.outputs("totals") == want["totals"]
+    assert monitor.backwards == []
+    return monitor
+
+
+def test_controllers_started_together_elect_one_leader(ha: HACluster, tmp_path: Path) -> None:
+    ha.start_controller()
+    leader = ha.leader()
+    assert leader in ha.addresses
+    statuses = []
+    for i in range(2):
+        with ha.one(i) as c:
+            statuses.append(c.status())
+    assert {s.answered_by for s in statuses} == {leader}  # a standby forwards status to the leader
+    assert len({s.leader_epoch for s in statuses}) == 1
+    ha.start_worker()
+    ha.start_worker()
+    standby = 1 - ha.addresses.index(leader)
+    topology = pipelines.topology(key_ranges=3)
+    with ha.one(standby) as c:  # registered through the standby: forwarded to the leader
+        c.register(topology)
+    for i in range(2):
+        with ha.one(i) as c:
+            wait_for(lambda c=c: {x.spec.name for x in c.computations().computations}
+                     == {x.name for x in topology.computations}, 10, f"controller {i} to see the registry")
+    ha.wait_balanced()
+    _inject_and_check(ha, tmp_path, topology, 5, lambda: None)
+    units = sum(c.options.key_ranges for c in topology.computations) + len(topology.injectors)
+    moves = ha.moves()
+    print(f"range moves: {len(moves)} for {units} ranges")
+    assert len(moves) <= units
+    assert all(m[2] == "None" for m in moves)  # each range assigned once, never moved
+
+
+def test_leader_killed_mid_stream_standby_takes_over(ha: HACluster, tmp_path: Path) -> None:
+    ha.start_controller()
+    leader = ha.leader()
+    assert leader is not None
+    victim = ha.controllers[ha.addresses.index(leader)]
+    assert victim is not None
+    ha.start_worker()
+    ha.start_worker()
+    topology = pipelines.topology(key_ranges=3)
+    ha.register(topology)
+    ha.wait_balanced()
+    took: dict[str, float] = {}
+    before: dict[tuple[str, int], tuple[str, int]] = {}
+
+    def kill() -> None:
+        before.update(ha.owners())
+        t0 = time.monotonic()
+        os.kill(victim.pid, signal.SIGKILL)
+        new = wait_for(lambda: ha.leader() not in (None, leader) and ha.leader(), 10, "a standby to lead")
+        took["s"] = time.monotonic() - t0
+        took["leader"] = new  # type: ignore[assignment]
+
+    _inject_and_check(ha, tmp_path, topology, 8, kill)
+    print(f"leader {leader} killed -9: {took['leader']} leads after {took['s']:.2f} s")
+    assert took["s"] < 5.0
+    after = ha.owners()
+    assert after == before, "a leader change moved ranges whose workers were alive"
+    assert all(w.alive for w in ha.client.status().workers)
+
+
+def test_deposed_leader_resumed_writes_nothing(ha: HACluster, tmp_path: Path) -> None:
+    ha.start_controller()
+    leader = ha.leader()
+    assert leader is not None
+    i = ha.addresses.index(leader)
+    paused = ha.controllers[i]
+    assert paused is not None
+    ha.start_worker()
+    ha.start_worker()
+    topology = pipelines.topology(key_ranges=3)
+    ha.register(topology)
+    ha.wait_balanced()
+    seen: dict[str, object] = {}
+
+    def pause() -> None:
+        old = ha.lease()
+        assert old is not None and old.holder.startswith(leader)
+        os.kill(paused.pid, signal.SIGSTOP)
+        wait_for(lambda: ha.leader() not in (None, leader), 15, "a standby to lead")
+        lease = ha.lease()
+        assert lease is not None and lease.epoch > old.epoch
+        seen["lease"] = (lease.holder, lease.epoch)
+        seen["owners"] = ha.owners()
+        os.kill(paused.pid, signal.SIGCONT)
+        wait_for(lambda: "no longer the leader" in ha.log(f"controller{i}"), 10,
+                 "the resumed controller to notice it was deposed")
+        time.sleep(1.0)  # what it had queued while paused has run by now
+
+    _inject_and_check(ha, tmp_path, topology, 6, pause)
+    lease = ha.lease()
+    assert lease is not None and (lease.holder, lease.epoch) == seen["lease"]
+    assert ha.owners() == seen["owners"]
+    with ha.one(i) as c:  # it stands by and names the new leader
+        status = c.status()
+        assert status.leader != leader and status.answered_by == status.leader
+    deposed_log = ha.log(f"controller{i}")
+    tail = deposed_log[deposed_log.index("no longer the leader"):]
+    assert not MOVE.search(tail), "the deposed leader moved a range after it was deposed"
