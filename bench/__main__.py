@@ -38,7 +38,9 @@ Sections (all by default, in this order; latency uses throughput's figures):
               Redis AOF everysec): backlog through Inject to Subscribe, and
               window-result latency at 50% of that rate
   ha          the same service pipeline on a Redis Cluster (3 masters + 3
-              replicas) against one Redis, AOF always, interleaved rounds: the ratio
+              replicas) against one Redis, AOF always, interleaved rounds: the
+              ratio; and leader kill -9 with 2 controllers: time until a standby
+              leads and until the next window result
   peer        Bytewax's keyed windowed count, its recovery off and on
 
 --quick takes under 3 minutes (20k-record cases, a reduced matrix); the full run

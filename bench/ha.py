@@ -18,7 +18,13 @@ Reported: every round's records/s, the medians, and the ratio cluster / single (
 the medians, and per round). On one machine the cluster's six servers share its
 cores: the ratio is the cost of cluster mode here, not what separate machines give.
 
-    .venv/bin/python -m bench.ha [--records 20000] [--rounds 2] [--wait-replicas]
+**Leader failover** (bench/ha_failover.py): two controllers, two workers, records
+injected steadily into a windowed count; the leading controller is killed -9 a few
+times; per kill, the time until a standby leads and until the first window result
+that only a working pipeline could produce after the kill; median and max.
+
+    .venv/bin/python -m bench.ha [--only cluster|failover] [--records 20000] [--rounds 2]
+                                 [--wait-replicas] [--kills 3] [--lease-ttl S]
 """
 
 from __future__ import annotations
@@ -78,12 +84,56 @@ def cluster_vs_single(n: int, rounds: int, out: list[dict[str, Any]], case: Call
     return result
 
 
+def failover(kills: int, out: list[dict[str, Any]], case: Callable[..., dict[str, Any]],
+             lease_ttl_s: float | None = None) -> dict[str, Any]:
+    """Leader kill -9 ``kills`` times in one deployment (bench/ha_failover.py)."""
+    from bench.ha_failover import failover as run
+
+    return case(out, f"leader kill -9 x{kills}", {"figure": "failover"}, run, kills, lease_ttl_s=lease_ttl_s,
+                summary=lambda r: f"first window result after the kill: median "
+                                  f"{r['to_first_result_s']['median'] or 0:.2f} s, max "
+                                  f"{r['to_first_result_s']['max'] or 0:.2f} s; a standby leads after median "
+                                  f"{r['takeover_s']['median'] or 0:.2f} s")
+
+
 def section(n: int, full: bool, out: list[dict[str, Any]], case: Callable[..., dict[str, Any]]) -> None:
-    """The suite's "ha" section: half-size cases, 2 rounds quick / 3 full."""
+    """The suite's "ha" section: half-size cases, 2 rounds quick / 3 full; 3 / 5 kills."""
     cluster_vs_single(max(1000, n // 2), 3 if full else 2, out, case, wait_replicas=full)
+    failover(5 if full else 3, out, case)
 
 
 def markdown(entries: list[dict[str, Any]]) -> list[str]:
+    return _markdown_cluster(entries) + _markdown_failover(entries)
+
+
+def _markdown_failover(entries: list[dict[str, Any]]) -> list[str]:
+    e = next((e for e in entries if e.get("figure") == "failover"), None)
+    if e is None:
+        return []
+    lines = ["", "## Controller failover: leader kill -9 (2 controllers, 2 workers)", ""]
+    r = e.get("result")
+    if r is None:
+        return lines + [f"failed: {e.get('error', '')}"]
+    lines += [f"Single-stage windowed count, {r['rate']:,.0f} records/s injected steadily (event time "
+              f"{r['speedup']}x wall clock: a window closes every {10 / r['speedup']:.1f} s), store {r['store']}, "
+              f"lease TTL {r['lease_ttl_s'] or 'default (2 s)'}; the leader killed {r['kills']} times "
+              f"{r['gap_s']:.0f} s apart. First result: kill -> first row of the first window closed by a "
+              f"watermark injected after the kill. Result latency before any kill: p50 "
+              f"{r['result_latency_ms_before']['p50'] or 0:.0f} ms. Output: "
+              f"{'exact' if r['correct']['ok'] else 'WRONG: ' + r['correct']['detail']}.", "",
+              "| kill | a standby leads after s | first window result after s |", "|---|---|---|"]
+    for i, k in enumerate(r["per_kill"]):
+        lines.append(f"| {i + 1} | {k['takeover_s']:.2f} | {_s(k['to_first_result_s'])} |")
+    lines.append(f"| median / max | {_s(r['takeover_s']['median'])} / {_s(r['takeover_s']['max'])} | "
+                 f"{_s(r['to_first_result_s']['median'])} / {_s(r['to_first_result_s']['max'])} |")
+    return lines
+
+
+def _s(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.2f}"
+
+
+def _markdown_cluster(entries: list[dict[str, Any]]) -> list[str]:
     s = next((e for e in entries if e.get("figure") == "cluster_vs_single_summary"), None)
     if s is None:
         return []
@@ -126,12 +176,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=1000, help="records per Inject message (default 1000)")
     ap.add_argument("--wait-replicas", action="store_true",
                     help="also the cluster with wait_replicas=1 (writes wait for their replica)")
+    ap.add_argument("--only", choices=("cluster", "failover"), help="one of the two figures")
+    ap.add_argument("--kills", type=int, default=3, help="leader kills in the failover figure (default 3)")
+    ap.add_argument("--lease-ttl", type=float, default=None, metavar="S",
+                    help="the controllers' --lease-ttl (default theirs: 2 s)")
     args = ap.parse_args(argv)
     out: list[dict[str, Any]] = []
-    result = cluster_vs_single(args.records, args.rounds, out, _local_case, args.wait_replicas, args.batch)
-    print(json.dumps(result), flush=True)
+    if args.only != "failover":
+        result = cluster_vs_single(args.records, args.rounds, out, _local_case, args.wait_replicas, args.batch)
+        print(json.dumps(result), flush=True)
+    if args.only != "cluster":
+        failover(args.kills, out, _local_case, args.lease_ttl)
     print("\n".join(markdown(out)), file=sys.stderr)
-    bad = [e for e in out if e.get("figure") == "cluster_vs_single" and _rate(e) is None]
+    bad = [e for e in out if e.get("figure") in ("cluster_vs_single", "failover")
+           and not (e.get("result") or {}).get("correct", {}).get("ok")]
     return 1 if bad else 0
 
 

@@ -79,6 +79,10 @@ def ratios_and_targets(res: dict[str, Any]) -> tuple[dict[str, Any], list[dict[s
         _target("recovery to first record after kill -9 <= 5 s (worst store)", max(rec) if rec else None, 5.0, "s",
                 lower=True),
     ]
+    fo = next((e["result"] for e in res.get("ha", []) if e.get("figure") == "failover" and "result" in e), None)
+    if fo is not None:
+        targets.append(_target("controller failover: leader kill -9 -> a standby leads <= 5 s (max over kills)",
+                               fo["takeover_s"]["max"], 5.0, "s", lower=True))
     return ratios, targets
 
 
