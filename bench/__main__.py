@@ -17,7 +17,7 @@ from pathlib import Path
 
 from bench import report, suite
 
-SECTIONS = ("limits", "throughput", "latency", "recovery", "service", "peer")
+SECTIONS = ("limits", "throughput", "latency", "recovery", "service", "ha", "peer")
 RESULTS = Path(__file__).resolve().parent / "results"
 
 DESCRIPTION = """\
@@ -37,6 +37,10 @@ Sections (all by default, in this order; latency uses throughput's figures):
   service     the three-stage pipeline across `millwheel up --workers 2` (SQLite,
               Redis AOF everysec): backlog through Inject to Subscribe, and
               window-result latency at 50% of that rate
+  ha          the same service pipeline on a Redis Cluster (3 masters + 3
+              replicas) against one Redis, AOF always, interleaved rounds: the
+              ratio; and leader kill -9 with 2 controllers: time until a standby
+              leads and until the next window result
   peer        Bytewax's keyed windowed count, its recovery off and on
 
 --quick takes under 3 minutes (20k-record cases, a reduced matrix); the full run
@@ -110,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / f"{stem}.md").write_text(md)
     print(md)
     print(f"wrote {args.out / stem}.json and .md in {meta['duration_s']:.0f} s", file=sys.stderr)
-    wrong = [e for sec in ("throughput", "latency", "recovery", "service") for e in results.get(sec, [])
+    wrong = [e for sec in ("throughput", "latency", "recovery", "service", "ha") for e in results.get(sec, [])
              if "result" in e and not e["result"]["correct"]["ok"]]
     return 1 if wrong else 0
 

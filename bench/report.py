@@ -53,6 +53,9 @@ def ratios_and_targets(res: dict[str, Any]) -> tuple[dict[str, Any], list[dict[s
         "three_sqlite_eo_strong / three_sqlite_at_least_once":
             _div(three["sqlite"], rps(pipeline="three", store="sqlite", config="at-least-once")),
     }
+    ha = next((e for e in res.get("ha", []) if e.get("figure") == "cluster_vs_single_summary"), None)
+    ratios["service_redis_cluster / service_redis_always (interleaved rounds, medians)"] = \
+        ha["ratio_to_single"].get("redis-cluster") if ha else None
     lat = _find(res["latency"], pipeline="single", store="redis-aof", load_pct=50)
     lags = [e["result"]["watermark_lag_added_ms"] for e in res["latency"]
             if "result" in e and e.get("load_pct") == 50]
@@ -76,6 +79,10 @@ def ratios_and_targets(res: dict[str, Any]) -> tuple[dict[str, Any], list[dict[s
         _target("recovery to first record after kill -9 <= 5 s (worst store)", max(rec) if rec else None, 5.0, "s",
                 lower=True),
     ]
+    fo = next((e["result"] for e in res.get("ha", []) if e.get("figure") == "failover" and "result" in e), None)
+    if fo is not None:
+        targets.append(_target("controller failover: leader kill -9 -> a standby leads <= 5 s (max over kills)",
+                               fo["takeover_s"]["max"], 5.0, "s", lower=True))
     return ratios, targets
 
 
@@ -162,6 +169,10 @@ def markdown(doc: dict[str, Any]) -> str:
         from bench import service
 
         lines += service.markdown(res["service"])
+    if res.get("ha"):
+        from bench import ha
+
+        lines += ha.markdown(res["ha"])
     lines += ["", "## Physical limits (same machine, same run, same record sizes)", "",
               "| limit | setting | records/s (or ops/s) |", "|---|---|---|"]
     for e in res["limits"]:

@@ -187,12 +187,25 @@ def _register(client: ControllerClient, productions: str) -> None:
         client.register_computation(spec_to_proto(spec), logged)
 
 
+#: Store kinds: SQLite; one redis-server without AOF, AOF everysec, AOF always; a Redis
+#: Cluster of 3 masters + 3 replicas with AOF always (tests/support/redis_cluster.py),
+#: and the same with ``wait_replicas=1`` (each write waits for its replica: docs/redis.md).
+STORE_KINDS = ("sqlite", "redis", "redis-aof", "redis-always", "redis-cluster", "redis-cluster-wait")
+
+
 def _store(kind: str, tmp: Path) -> tuple[str, Any]:
+    if kind not in STORE_KINDS:
+        raise ValueError(f"store kind {kind!r} is not one of {', '.join(STORE_KINDS)}")
     if kind == "sqlite":
         return f"sqlite:///{tmp}/service.db", None
+    if kind.startswith("redis-cluster"):  # 3 masters + 3 replicas, AOF always (bench/ha.py)
+        from tests.support.redis_cluster import RedisClusterNodes
+
+        nodes = RedisClusterNodes()
+        return nodes.url + ("?wait_replicas=1" if kind == "redis-cluster-wait" else ""), nodes
     from tests.support.redis_server import RedisServer
 
-    server = RedisServer(appendonly=kind == "redis-aof", appendfsync="everysec")
+    server = RedisServer(appendonly=kind != "redis", appendfsync="always" if kind == "redis-always" else "everysec")
     return server.url, server
 
 
@@ -442,7 +455,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.service",
                                  description="the service figures alone (see bench/service.py)")
     ap.add_argument("--records", type=int, default=50_000)
-    ap.add_argument("--store", default="sqlite", choices=("sqlite", "redis", "redis-aof"))
+    ap.add_argument("--store", default="sqlite", choices=STORE_KINDS)
     ap.add_argument("--batch", type=int, default=1000, help="records per Inject message")
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--latency", action="store_true", help="also the latency at 50%% of the rate")

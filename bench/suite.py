@@ -130,7 +130,7 @@ def _lat(r: dict[str, Any]) -> str:
 
 def run(mode: Mode, sections: set[str]) -> dict[str, Any]:
     out: dict[str, Any] = {"throughput": [], "latency": [], "recovery": [], "limits": [], "peer": [],
-                           "service": [], "notes": []}
+                           "service": [], "ha": [], "notes": []}
     stores = Stores()
     uniform1k = WorkloadArgs(mode.n, 1_000, "uniform")
     try:
@@ -151,6 +151,11 @@ def run(mode: Mode, sections: set[str]) -> dict[str, Any]:
             from bench import service
 
             service.section(mode.n, mode.full_matrix, out["service"], _case)
+        if "ha" in sections:
+            log("== ha: Redis Cluster (3 masters + 3 replicas) vs one Redis, service pipeline")
+            from bench import ha
+
+            ha.section(mode.n, mode.full_matrix, out["ha"], _case)
         if "peer" in sections:
             log("== peer: Bytewax")
             _peer(mode, out, uniform1k)
