@@ -85,6 +85,8 @@ class ControllerService(Queries, Replicated, Injecting):
         self._pending: dict[tuple[str, int], int] = {}  # outbox entries per range, as last reported
         self._links: dict[str, PeerLink] = {}
         self._leader_channels = {}
+        self._forwards = {}
+        self._forwards_lock = threading.Lock()
         self._stop = threading.Event()
         self._reaper = threading.Thread(target=self._reap_loop, name="reaper", daemon=True)
 
@@ -109,6 +111,7 @@ class ControllerService(Queries, Replicated, Injecting):
     def _reap_loop(self) -> None:
         while not self._stop.wait(0.1):
             try:
+                self.cancel_stale_forwards()
                 if not self.leading():
                     self._standby_pass()
                     self._publish_watermarks()

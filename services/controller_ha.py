@@ -47,6 +47,7 @@ log = logging.getLogger("millwheel.controller")
 LEADER_METADATA = "millwheel-leader"  # trailing metadata of a refused heartbeat: where the leader is
 FORWARDED_METADATA = "millwheel-forwarded"  # set on a request a standby forwards: never forwarded again
 STANDBY_REFRESH_S = 0.5  # how often a standby re-reads the registry version and the assignment
+FORWARD_KEEPALIVE_S = 2.0  # a forward to a leader that stops answering pings fails after ~2x this
 
 
 class RemoteError(UnavailableError):
@@ -73,6 +74,8 @@ class Replicated:
 
     _view_at = 0.0
     _leader_channels: dict[str, grpc.Channel]
+    _forwards: dict[int, tuple[str, Any]]  # forwarded calls in flight: (their leader, the call)
+    _forwards_lock: threading.Lock
 
     @property
     def address(self) -> str:
@@ -153,7 +156,7 @@ class Replicated:
             context.set_trailing_metadata(((LEADER_METADATA, leader),))
         return NotLeaderError(self._not_leader())
 
-    def _leader_stub(self, context: grpc.ServicerContext) -> pb_grpc.ControllerStub:
+    def _leader_stub(self, context: grpc.ServicerContext) -> tuple[str, pb_grpc.ControllerStub]:
         if any(k == FORWARDED_METADATA for k, _v in context.invocation_metadata()):
             raise NotLeaderError(f"{self._not_leader()} (a forwarded request is not forwarded again)")
         leader = self.elector.leader_address
@@ -162,27 +165,50 @@ class Replicated:
         ch = self._leader_channels.get(leader)
         if ch is None:
             sec = process()
-            ch = self._leader_channels[leader] = channel(leader, sec, sec.client_token)
-        return pb_grpc.ControllerStub(ch)
+            ch = self._leader_channels[leader] = channel(leader, sec, sec.client_token,
+                                                         keepalive_s=FORWARD_KEEPALIVE_S)
+        return leader, pb_grpc.ControllerStub(ch)
 
     def forward(self, method: str, request: Any, context: grpc.ServicerContext) -> Any:
         """Forward a unary call to the leader and pass its answer (or status) back."""
-        stub = self._leader_stub(context)
+        leader, stub = self._leader_stub(context)
         remaining = context.time_remaining()
-        try:
-            return getattr(stub, method)(request, timeout=min(remaining or 120.0, 120.0),
-                                         metadata=((FORWARDED_METADATA, self.address),))
-        except grpc.RpcError as exc:
-            raise self._remote(exc, context) from None
+        call = getattr(stub, method).future(request, timeout=min(remaining or 120.0, 120.0),
+                                            metadata=((FORWARDED_METADATA, self.address),))
+        return self._forwarded(leader, call, context)
 
     def forward_stream(self, method: str, requests: Iterator[Any], context: grpc.ServicerContext) -> Any:
         """Forward a client-streaming call (Inject) to the leader, message by message as
         they arrive; its trailing metadata (backpressure hints) comes back too."""
-        stub = self._leader_stub(context)
+        leader, stub = self._leader_stub(context)
+        call = getattr(stub, method).future(requests, metadata=((FORWARDED_METADATA, self.address),))
+        return self._forwarded(leader, call, context)
+
+    def _forwarded(self, leader: str, call: Any, context: grpc.ServicerContext) -> Any:
+        """Wait for a forwarded call. It is cancelled when its caller goes away, and when
+        ``leader`` stops being the leader (:meth:`cancel_stale_forwards`): a partitioned
+        leader sends no reset, so nothing else would end it before the partition heals."""
+        with self._forwards_lock:
+            self._forwards[id(call)] = (leader, call)
+        context.add_callback(call.cancel)
         try:
-            return getattr(stub, method)(requests, metadata=((FORWARDED_METADATA, self.address),))
+            return call.result()
+        except grpc.FutureCancelledError:
+            raise NotLeaderError(f"the request was forwarded to {leader}, which stopped leading "
+                                 "meanwhile; send it again (to the new leader)") from None
         except grpc.RpcError as exc:
             raise self._remote(exc, context) from None
+        finally:
+            with self._forwards_lock:
+                self._forwards.pop(id(call), None)
+
+    def cancel_stale_forwards(self) -> None:
+        """Cancel the forwarded calls whose leader no longer leads (called every reaper pass)."""
+        leader = self.elector.leader_address
+        with self._forwards_lock:
+            stale = [call for target, call in self._forwards.values() if target != leader]
+        for call in stale:
+            call.cancel()
 
     def _remote(self, exc: grpc.RpcError, context: grpc.ServicerContext) -> RemoteError:
         trailing = exc.trailing_metadata()

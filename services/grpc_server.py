@@ -121,6 +121,10 @@ def start_server(
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ("grpc.so_reuseport", 0),
+            # Peers that send keepalive pings (a standby's forwards to the leader: a
+            # partitioned leader must not hold a forwarded call forever) are welcome.
+            ("grpc.http2.min_ping_interval_without_data_ms", 1000),
+            ("grpc.http2.max_ping_strikes", 0),
         ],
     )
     names = [add_service(server, name, servicer) for name, servicer in services.items()]
@@ -163,11 +167,18 @@ def _health_only(main: grpc.Server, host: str, port: int, servicer: health.Healt
     main.stop = lambda grace: (probe.stop(grace), stop(grace))[1]  # type: ignore[method-assign]
 
 
-def channel(address: str, security: Security | None = None, token: str | None = None) -> grpc.Channel:
+def channel(address: str, security: Security | None = None, token: str | None = None,
+            keepalive_s: float | None = None) -> grpc.Channel:
     """A channel to ``address``. By default an internal one: the process's TLS settings,
-    presenting the cluster secret; a client passes its own ``security`` and ``token``."""
+    presenting the cluster secret; a client passes its own ``security`` and ``token``.
+    ``keepalive_s``: ping the peer that often while calls are open and fail them if a
+    ping goes unanswered as long (a partitioned peer sends no reset)."""
     sec = security or process()
-    return sec.open_channel(address, token if security is not None else sec.cluster_secret, [
+    options: list[tuple[str, Any]] = [
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-    ])
+    ]
+    if keepalive_s is not None:
+        options += [("grpc.keepalive_time_ms", int(keepalive_s * 1000)),
+                    ("grpc.keepalive_timeout_ms", int(keepalive_s * 1000))]
+    return sec.open_channel(address, token if security is not None else sec.cluster_secret, options)
