@@ -92,6 +92,7 @@ class Snapshotter:
     def refresh(self) -> None:
         c = self.controller
         mono = time.monotonic()
+        leading = c.leading()  # a standby hears no heartbeats: worker liveness is unknown there
         with c.lock:  # only what ClusterStatus reads under it, copied
             topo = c.registry.topology
             version = c.registry.version
@@ -104,7 +105,7 @@ class Snapshotter:
         t = time.time()
         self.topology = topo
         addr = {w[0]: w[1] for w in workers}
-        samples = self._scrape([(w[0], w[2]) for w in workers if w[3] and w[2]])
+        samples = self._scrape([(w[0], w[2]) for w in workers if (w[3] or not leading) and w[2]])
         rates = self._rates(samples, t)
         comps: dict[str, Any] = {}
         for spec in topo.computations:
@@ -151,7 +152,7 @@ class Snapshotter:
                 **rates.get(node, _no_rates())}
             self.history.add("outbox", node, t, outbox)
         worker_rows = [{"id": w[0], "address": w[1], "metrics": w[2],
-                        "state": "draining" if w[4] else "alive" if w[3] else "dead",
+                        "state": "draining" if w[4] else "alive" if w[3] else "dead" if leading else "unknown",
                         "last_heartbeat_s": round(w[5], 2),
                         "ranges": sorted(f"{n}/{r}" for (n, r), o in units.items() if o[0] == w[0])}
                        for w in sorted(workers)]
@@ -160,6 +161,7 @@ class Snapshotter:
         self.history.keep([*comps, *(injector_node(i) for i in injectors)])
         self.snapshot = {
             "ready": True, "time_us": now_us, "version": version, "store": c.store.url,
+            "leader": c.elector.leader_address or "", "leading": leading,
             "computations": comps, "injectors": injectors, "workers": worker_rows,
             "logged_streams": logged, "graph": _graph(topo, comps, injectors),
         }

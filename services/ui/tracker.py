@@ -104,6 +104,7 @@ class Tracker:
         comps = s.get("computations", {})
         return {
             "time_us": s.get("time_us"), "version": s.get("version"), "store": s.get("store"),
+            "leader": s.get("leader", ""), "leading": s.get("leading", True),
             "graph": s.get("graph", {"nodes": [], "edges": []}),
             "computations": [{k: c[k] for k in (
                 "name", "health", "health_reason", "low_watermark", "input_low_watermark", "lag_s",

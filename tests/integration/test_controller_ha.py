@@ -49,8 +49,9 @@ MOVE = re.compile(r"range (\S+)/(\d+): (\S+) -> (\S+) \(token (\d+)\)")
 class HACluster(Cluster):
     """A :class:`Cluster` with several controllers; workers and client know them all."""
 
-    def __init__(self, tmp: Path, n: int = 2, **kwargs: object) -> None:
+    def __init__(self, tmp: Path, n: int = 2, ui_ports: list[int] | None = None, **kwargs: object) -> None:
         super().__init__(tmp, allow_code=PIPELINE_CODE, **kwargs)  # type: ignore[arg-type]
+        self.ui_ports = ui_ports
         self.ports = [self.port, *(free_port() for _ in range(n - 1))]
         self.addresses = [f"127.0.0.1:{p}" for p in self.ports]
         self.address = ",".join(self.addresses)
@@ -62,13 +63,14 @@ class HACluster(Cluster):
         for j in ([i] if i is not None else range(len(self.ports))):
             self.controllers[j] = self._spawn(f"controller{j}", [
                 "controller", "--store", self.store_url, "--port", str(self.ports[j]),
-                "--heartbeat-timeout", str(self.heartbeat_timeout_s), *self.controller_args])
+                "--heartbeat-timeout", str(self.heartbeat_timeout_s), *self.controller_args,
+                *(["--ui-port", str(self.ui_ports[j])] if self.ui_ports else [])])
         wait_for(lambda: self.leader() is not None, 20, "a leader to be elected")
         self.controller = self.controllers[0]
 
     def one(self, i: int) -> ControllerClient:
         """A client of controller ``i`` alone."""
-        return ControllerClient(self.addresses[i], timeout_s=5, failover_s=0, security=Security())
+        return ControllerClient(self.addresses[i], timeout_s=5, failover_s=0, security=self.client.security)
 
     def leader(self) -> str | None:
         """The leader every live controller names (None until they agree)."""
@@ -239,3 +241,27 @@ def test_deposed_leader_resumed_writes_nothing(ha: HACluster, tmp_path: Path) ->
     deposed_log = ha.log(f"controller{i}")
     tail = deposed_log[deposed_log.index("no longer the leader"):]
     assert not MOVE.search(tail), "the deposed leader moved a range after it was deposed"
+
+
+def test_a_standbys_console_names_the_leader(tmp_path: Path) -> None:
+    """The console of a standby says it stands by and who leads, and shows worker
+    liveness as unknown (only the leader hears heartbeats), not every worker dead."""
+    from tests.integration.ui_cluster import SECRET, TOKEN, Console
+
+    ports = [free_port(), free_port()]
+    ha = HACluster(tmp_path, ui_ports=ports, env={"MILLWHEEL_AUTH_TOKEN": TOKEN,
+                                                  "MILLWHEEL_CLUSTER_SECRET": SECRET})
+    ha.client.close()
+    ha.client = ControllerClient(ha.address, timeout_s=10, security=Security(client_token=TOKEN))
+    try:
+        leader, _topology = _running(ha)
+        i = ha.addresses.index(leader)
+        standby, lead = Console(ha, ports[1 - i]), Console(ha, ports[i])
+        wait_for(lambda: standby.api("/api/v1/overview")["computations"], 20, "the standby's console")
+        over = standby.api("/api/v1/overview")
+        assert over["leading"] is False and over["leader"] == leader
+        assert {w["state"] for w in standby.api("/api/v1/workers")["workers"]} == {"unknown"}
+        wait_for(lambda: lead.api("/api/v1/overview")["workers"]["alive"] == 2, 20, "the leader's console")
+        assert lead.api("/api/v1/overview")["leading"] is True
+    finally:
+        ha.stop()

@@ -215,7 +215,9 @@
       $("fatal").hidden = true;
       const bad = o.computations.filter((c) => c.health !== "ok").length;
       $("summary").textContent = `${o.computations.length} computations, ${o.injectors.length} injectors, ` +
-        `${o.workers.alive}/${o.workers.total} workers alive` + (bad ? `, ${bad} not ok` : "");
+        (o.leading ? `${o.workers.alive}/${o.workers.total} workers alive`
+          : `${o.workers.total} workers (liveness known to the leader ${o.leader || "(none elected)"}; this controller stands by)`) +
+        (bad ? `, ${bad} not ok` : "");
       $("updated").textContent = "updated " + new Date().toLocaleTimeString();
       drawGraph(o.graph);
       const names = o.computations.map((c) => c.name).sort();
