@@ -94,40 +94,44 @@ class GroupedStore:
 
     def _cancel_acked(self, held: list[Checkpoint | _Ack | Callable[[], object]]) -> list[Callable[[], object]]:
         """The held writes as calls, minus outbox entries both written and acked here."""
-        written: dict[tuple[str, int, str, str], int] = {}  # entry -> index of its checkpoint
+        # (producer, range) -> {(consumer, record ID): index of the checkpoint writing it}
+        written: dict[tuple[str, int], dict[tuple[str, str], int]] = {}
         for i, item in enumerate(held):
-            if isinstance(item, Checkpoint):
-                for p in item.productions:
-                    written[item.computation, item.range_id, p.consumer, p.record.record_id] = i
+            if type(item) is Checkpoint and item.productions:
+                entries = written.setdefault((item.computation, item.range_id), {})
+                entries.update(dict.fromkeys([(p.consumer, p.record.record_id) for p in item.productions], i))
         drop: dict[int, set[tuple[str, str]]] = {}
         acks: dict[int, _Ack] = {}
-        if written:
-            for i, item in enumerate(held):
-                if isinstance(item, tuple):
-                    producer, range_id, token, entries = item
-                    kept = []
-                    for consumer, record_id in entries:
-                        j = written.get((producer, range_id, consumer, record_id))
-                        if j is not None and j < i:
-                            drop.setdefault(j, set()).add((consumer, record_id))
-                        else:
-                            kept.append((consumer, record_id))
-                    if len(kept) < len(entries):
-                        acks[i] = (producer, range_id, token, kept)
+        for i, item in enumerate(held):
+            if type(item) is tuple and written:
+                producer, range_id, token, acked = item
+                mine = written.get((producer, range_id))
+                if not mine:
+                    continue
+                kept = []
+                for entry in acked:
+                    j = mine.get(entry)
+                    if j is not None and j < i:
+                        drop.setdefault(j, set()).add(entry)
+                    else:
+                        kept.append(entry)
+                if len(kept) < len(acked):
+                    acks[i] = (producer, range_id, token, kept)
         inner = self.inner
         jobs: list[Callable[[], object]] = []
         for i, item in enumerate(held):
-            if isinstance(item, Checkpoint):
+            if type(item) is Checkpoint:
                 gone = drop.get(i)
                 if gone:
                     self.cancelled += len(gone)
-                    item = replace(item, productions=[
-                        p for p in item.productions if (p.consumer, p.record.record_id) not in gone])
+                    kept_p = [] if len(gone) == len(item.productions) else [
+                        p for p in item.productions if (p.consumer, p.record.record_id) not in gone]
+                    item = replace(item, productions=kept_p)
                 jobs.append(_call(inner.checkpoint, item))
-            elif isinstance(item, tuple):  # an ack; with no entries left it still checks the fence
+            elif type(item) is tuple:  # an ack; with no entries left it still checks the fence
                 jobs.append(_call(inner.ack, *acks.get(i, item)))
             else:
-                jobs.append(item)
+                jobs.append(item)  # type: ignore[arg-type]
         return jobs
 
     # -- the held writes -----------------------------------------------------------

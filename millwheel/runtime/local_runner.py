@@ -269,7 +269,9 @@ class LocalRunner:
             moved += self._send(node)
             if node in self.workers:
                 self._update_watermarks()
-                moved += self._fire_timers(node)
+                fired = self._fire_timers(node)
+                if fired:  # their productions go downstream in this step (and its write group)
+                    moved += fired + self._send(node)
         self._update_watermarks()
         self._report_watermarks()  # 4
         return moved > 0
