@@ -22,6 +22,9 @@ delivered and acked within the step that made it, so the outbox costs nothing un
 step ends before its entries are acked. Only a store with ``write_group`` (SQLite) is
 deferred: elsewhere writes are applied at once, as before.
 
+A held checkpoint costs its range nothing until the flush, so the checkpoint time the
+range reports to its Sensors is that of handing it over; the store's time is the step's.
+
 What the runner reads must include what it wrote: every read first applies the held
 writes, except :meth:`GroupedStore.contains_ids` (the dedup confirmation on a Bloom
 maybe-hit), which answers from the held checkpoints' IDs plus the store.
