@@ -108,13 +108,15 @@ def _percentiles(values: list[float]) -> dict[str, float | None]:
     return {"p50": pct(0.50), "p95": pct(0.95), "p99": pct(0.99), "n": len(s)}
 
 
-def _probe_commits(runner: LocalRunner, stage: str, done_at: dict[int, float]) -> None:
-    """Stamp the wall time each record's checkpoint in ``stage`` committed."""
+def _probe_commits(runner: LocalRunner, stage: str, committed: list[int]) -> None:
+    """Collect in ``committed`` the records of each checkpoint of ``stage``; the caller
+    stamps them when the step that made it returned (``step()`` returns once its writes
+    are applied, so the stamp is an upper bound of the commit time)."""
     for worker in runner.workers[stage]:
-        _wrap(worker, done_at)
+        _wrap(worker, committed)
 
 
-def _wrap(worker: RangeWorker, done_at: dict[int, float]) -> None:
+def _wrap(worker: RangeWorker, committed: list[int]) -> None:
     process, commit = worker.process_records, worker.commit
     pending: dict[int, list[int]] = {}
 
@@ -125,9 +127,7 @@ def _wrap(worker: RangeWorker, done_at: dict[int, float]) -> None:
 
     def commit_(txn: Any, include_productions: bool = True) -> None:
         commit(txn, include_productions)
-        now = time.time()
-        for i in pending.pop(id(txn), ()):
-            done_at.setdefault(i, now)
+        committed.extend(pending.pop(id(txn), ()))
 
     worker.process_records = process_records  # type: ignore[method-assign]
     worker.commit = commit_  # type: ignore[method-assign]
@@ -159,7 +159,8 @@ def paced_case(wa: WorkloadArgs, pipeline: str, store_url: str, rate: float, eo:
     source = pipelines.PacedSource(records, rate)
     runner, sensors = _runner(w, pipeline, store_url, source, eo, productions, batch_size)
     done_at: dict[int, float] = {}
-    _probe_commits(runner, "count", done_at)
+    committed: list[int] = []
+    _probe_commits(runner, "count", committed)
     nodes = ["injector:events", *pipelines.stage_names(pipeline)]
     samples: dict[str, list[tuple[float, int]]] = {n: [] for n in nodes}
     sink = pipelines.sink_stream(pipeline)
@@ -168,8 +169,11 @@ def paced_case(wa: WorkloadArgs, pipeline: str, store_url: str, rate: float, eo:
     source.t0 = time.time()
     started = time.perf_counter()
     while True:
-        moved = runner.step()
+        moved = runner.step()  # returns when its writes are applied
         now = time.time()
+        for i in committed:
+            done_at.setdefault(i, now)
+        committed.clear()
         for n in nodes:
             samples[n].append((now, runner.watermark(n)))
         for seq, rec in runner.store.read_log(sink, after, 100_000):

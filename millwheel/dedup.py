@@ -43,11 +43,20 @@ class ScalableBloom:
         return any(item in f for f in self._filters)
 
     def maybe_seen(self, items: Sequence[str]) -> list[str]:
-        """The items the filter may have seen (a superset of those added)."""
-        if len(self._filters) == 1:
-            f = self._filters[0]
+        """The items the filter may have seen (a superset of those added), in no order.
+
+        One pass over the batch per filter (a C-level membership test per item) rather
+        than a Python call per item trying each filter: the filters multiply as a long
+        run retains more IDs (5 at 2.5M per range), and the per-item call cost 1.5 us
+        there against 0.8 us this way (docs/bench.md, "Speed round 2")."""
+        filters = self._filters
+        if len(filters) == 1:
+            f = filters[0]
             return [i for i in items if i in f]
-        return [i for i in items if self.__contains__(i)]
+        found: set[str] = set()
+        for f in filters:
+            found.update([i for i in items if i in f])
+        return list(found)
 
     def update(self, items: Sequence[str]) -> None:
         start = 0

@@ -21,6 +21,7 @@ from millwheel.operators.windows import Windowing
 from millwheel.record import Record, Timer
 
 AGGREGATIONS = ("count", "sum", "min", "max", "mean")
+MAX_DECODED_KEYS = 200_000  # keys whose decoded windows are kept (then the cache restarts)
 
 
 class WindowedAggregate(Computation):
@@ -43,6 +44,11 @@ class WindowedAggregate(Computation):
         self.field = field
         self.output = output
         self.allowed_lateness_us = int(allowed_lateness_us)
+        # key -> (the state bytes this operator last wrote, its windows decoded): when
+        # ctx.state is that very object the JSON is not decoded again. Identity, not
+        # equality: a state reloaded from the store (after a rollback, a restart or a
+        # cache eviction) is a new object and is decoded.
+        self._decoded: dict[str, tuple[bytes, dict[str, list[Any]]]] = {}
 
     def bind_outputs(self, outputs: tuple[str, ...]) -> None:
         if self.output is None:
@@ -67,15 +73,40 @@ class WindowedAggregate(Computation):
     def process_record(self, ctx: Context, record: Record) -> None:
         self.process_records(ctx, (record,))
 
+    def _windows(self, ctx: Context) -> dict[str, list[Any]]:
+        """The key's windows, to be changed and then passed to :meth:`_store`. Taken out
+        of the decoded cache, so an exception between the two leaves no stale entry."""
+        state = ctx.state
+        cached = self._decoded.pop(ctx.key, None)
+        if cached is not None and state is cached[0]:
+            return cached[1]
+        return _load(state)
+
+    def _store(self, ctx: Context, windows: dict[str, list[Any]]) -> None:
+        if not windows:
+            ctx.set_state(None)
+            return
+        state = _dump(windows)
+        ctx.set_state(state)
+        if len(self._decoded) >= MAX_DECODED_KEYS:
+            self._decoded.clear()
+        self._decoded[ctx.key] = (state, windows)
+
     def process_records(self, ctx: Context, records: Iterable[Record]) -> None:
-        """The per-key batch hook: the key's windows are decoded once, updated by
-        every record in order, and encoded once."""
-        windows = _load(ctx.state)
+        """The per-key batch hook: the key's windows are decoded once (or not at all:
+        see ``_decoded``), updated by every record in order, and encoded once."""
+        windows = self._windows(ctx)
         windowing = self.windowing
         size = windowing.size_us
         lateness = self.allowed_lateness_us
         watermark = ctx.input_watermark
         counting = self.aggregation == "count"
+        timestamps = getattr(records, "timestamps", None)
+        if counting and not lateness and windowing.period_us is None and timestamps is not None:
+            # Tumbling count without lateness: nothing is produced per record (a window
+            # already fired is gone), so whole-batch counting over the timestamps.
+            self._count(ctx, windows, timestamps(), size, watermark)
+            return
         for record in records:
             x = 0.0 if counting else self._number(record)
             changed_fired: list[str] = []
@@ -99,13 +130,34 @@ class WindowedAggregate(Computation):
                     changed_fired.append(start_s)
             for start_s in changed_fired:  # a late record updated a window already produced
                 self._emit(ctx, int(start_s), windows[start_s])
-        ctx.set_state(_dump(windows))
+        self._store(ctx, windows)
+
+    def _count(self, ctx: Context, windows: dict[str, list[Any]], timestamps: list[int], size: int,
+               watermark: int) -> None:
+        """What the per-record loop does for a tumbling count without lateness."""
+        per_start: dict[int, int] = {}
+        for ts in timestamps:
+            start = ts - ts % size
+            per_start[start] = per_start.get(start, 0) + 1
+        for start, n in per_start.items():
+            start_s = str(start)
+            acc = windows.get(start_s)
+            if acc is None:
+                if start + size - 1 < watermark:
+                    continue  # closed for good: the lateness policy let it through, skip
+                acc = windows[start_s] = [0, 0.0, 0.0, 0.0, False]
+                ctx.set_timer(f"end:{start}", start + size - 1)
+            acc[0] += n
+        self._store(ctx, windows)
 
     def process_timer(self, ctx: Context, timer: Timer) -> None:
         kind, _, start_s = timer.tag.partition(":")
-        windows = _load(ctx.state)
+        windows = self._windows(ctx)
         acc = windows.get(start_s)
-        if acc is None:
+        if acc is None:  # unchanged: nothing written, back in the decoded cache
+            state = ctx.state
+            if state is not None:
+                self._decoded[ctx.key] = (state, windows)
             return
         if kind == "end":
             self._emit(ctx, int(start_s), acc)
@@ -114,7 +166,7 @@ class WindowedAggregate(Computation):
                 del windows[start_s]
         elif kind == "gc":
             del windows[start_s]
-        ctx.set_state(_dump(windows) if windows else None)
+        self._store(ctx, windows)
 
     def _emit(self, ctx: Context, start: int, acc: list[Any]) -> None:
         count, total, lo, hi = acc[0], acc[1], acc[2], acc[3]

@@ -159,6 +159,11 @@ class KeyRecords:
     def __len__(self) -> int:
         return len(self._records)
 
+    def timestamps(self) -> list[int]:
+        """The records' timestamps, in order, without moving ``ctx`` to each record: for
+        code that produces nothing per record (a built-in count needs only these)."""
+        return [r.timestamp for r in self._records]
+
     def __iter__(self) -> Iterator[Record]:
         if self._iterated:
             yield from self._records

@@ -19,12 +19,13 @@ checkpointed.
 
 from __future__ import annotations
 
+import functools
 import gc
 import sys
 import time
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import Callable, Mapping, cast
 
 from millwheel.clock import Clock, SystemClock
 from millwheel.errors import FencedError, InvalidSpecError, UserCodeError
@@ -33,6 +34,7 @@ from millwheel.operators import build_computation
 from millwheel.record import MAX_TIMESTAMP, MIN_TIMESTAMP, Record
 from millwheel.runtime import poison
 from millwheel.runtime.context import RangeTransaction
+from millwheel.runtime.grouped import GroupedStore
 from millwheel.runtime.injector import InjectorWorker
 from millwheel.runtime.outbox import Outbox
 from millwheel.runtime.range_worker import CrashHook, RangeWorker, no_crash
@@ -97,7 +99,10 @@ class LocalRunner:
             if inj.name not in sources:
                 raise InvalidSpecError(f"injector {inj.name!r} has no source")
         self.topology = topology
-        self.store = store
+        # A step's writes are applied together at its end (runtime/grouped.py).
+        self._pipe = GroupedStore(store)
+        self.store = cast(StateStore, self._pipe)
+        store = self.store
         self.clock = clock or SystemClock()
         self.sensors = sensors or NullSensors()
         self.crash = crash
@@ -226,14 +231,16 @@ class LocalRunner:
         if not force and now - self._last_report < self._report_interval:
             return
         self._last_report = now
+        report = self._pipe.inner.report_watermark
+        submit = self._pipe.submit
         for node, inj in self.injectors.items():
             wm = self.watermarks.output_watermark(node)
-            self.store.report_watermark(node, 0, inj.token, wm)
+            submit(functools.partial(report, node, 0, inj.token, wm))
             self.sensors.watermark(node, wm, now - wm)
         for name, workers in self.workers.items():
             input_wm = self.watermarks.input_watermark(name)
             for w in workers:
-                self.store.report_watermark(name, w.range_id, w.token, min(input_wm, w.hold()))
+                submit(functools.partial(report, name, w.range_id, w.token, min(input_wm, w.hold())))
             wm = self.watermarks.output_watermark(name)
             self.sensors.watermark(name, wm, now - wm)
             for w in workers:
@@ -242,7 +249,18 @@ class LocalRunner:
 
     # -- the loop --------------------------------------------------------------
     def step(self) -> bool:
-        """One pass of steps 1-4; True if anything moved."""
+        """One pass of steps 1-4; True if anything moved. Its store writes are held and
+        applied together, in order, before it returns (runtime/grouped.py)."""
+        with self._pipe.deferring():
+            moved = self._step()
+        self._pipe.flush()
+        return moved
+
+    def flush(self) -> None:
+        """Apply every store write held so far (raises the first that failed)."""
+        self._pipe.flush()
+
+    def _step(self) -> bool:
         moved = 0
         for inj in self.injectors.values():  # 1
             moved += inj.pull(self.batch_size, self.max_pending)
@@ -251,7 +269,9 @@ class LocalRunner:
             moved += self._send(node)
             if node in self.workers:
                 self._update_watermarks()
-                moved += self._fire_timers(node)
+                fired = self._fire_timers(node)
+                if fired:  # their productions go downstream in this step (and its write group)
+                    moved += fired + self._send(node)
         self._update_watermarks()
         self._report_watermarks()  # 4
         return moved > 0

@@ -11,8 +11,9 @@ import functools
 import json
 import sqlite3
 import threading
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Sequence, TypeVar
+from typing import Callable, Iterator, Sequence, TypeVar
 
 from millwheel.errors import FencedError, StoreError
 
@@ -149,6 +150,7 @@ class SQLiteFile:
         if synchronous.upper() not in {"OFF", "NORMAL", "FULL", "EXTRA"}:
             raise StoreError(f"{self.url}: synchronous must be OFF, NORMAL, FULL or EXTRA")
         self._lock = threading.RLock()
+        self._grouped = False  # inside write_group
         self._db = sqlite3.connect(
             self.path, isolation_level=None, check_same_thread=False, timeout=30.0
         )
@@ -178,6 +180,8 @@ class SQLiteFile:
 
     def _write(self, fn: Callable[[], T]) -> T:
         with self._lock:
+            if self._grouped:  # inside write_group: part of its transaction
+                return fn()
             try:
                 self._db.execute("BEGIN IMMEDIATE")
             except sqlite3.Error as exc:
@@ -189,6 +193,29 @@ class SQLiteFile:
                 raise
             self._db.execute("COMMIT")
             return result
+
+    @contextmanager
+    def write_group(self) -> Iterator[None]:
+        """Make the writes of the block one transaction: all of them or, if the block
+        raises, none. The local runner groups the writes of a step (runtime/grouped.py):
+        one commit, and outbox rows written and acked within the group never written."""
+        with self._lock:
+            if self._grouped:
+                yield
+                return
+            try:
+                self._db.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error as exc:
+                raise StoreError(f"{self.url}: cannot begin a transaction: {exc}") from exc
+            self._grouped = True
+            try:
+                yield
+            except BaseException:
+                self._grouped = False
+                self._db.execute("ROLLBACK")
+                raise
+            self._grouped = False
+            self._db.execute("COMMIT")
 
     def close(self) -> None:
         with self._lock:

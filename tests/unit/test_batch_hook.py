@@ -109,3 +109,43 @@ def test_aggregate_state_is_the_compact_json_of_its_windows(windows: dict[str, l
     assert _dump(windows) == json.dumps(windows, separators=(",", ":")).encode()
     if all(isfinite(v) for acc in windows.values() for v in acc[1:4]):  # type: ignore[arg-type]
         assert _load(_dump(windows)) == windows
+
+
+class PerRecordCount(WindowedAggregate):
+    def process_record(self, ctx: Context, record: Record) -> None:
+        super().process_record(ctx, record)
+
+
+def test_tumbling_count_whole_batch_path_matches_the_per_record_path(tmp_path: Path) -> None:
+    """Counting over a batch's timestamps (no per-record ctx) gives the same state bytes,
+    timers and results, late records included (policy process: a closed window is skipped)."""
+    options = Options(key_ranges=1, late_policy=LatePolicy.PROCESS)
+    params = {"size_us": 100}
+    batches = [
+        ([rec(1, "a", 10), rec(2, "b", 20), rec(3, "a", 150), rec(4, "a", 30), rec(5, "b", 250)], 0),
+        ([rec(6, "a", 60), rec(7, "b", 170), rec(8, "a", 120)], 120),
+        ([rec(9, "a", 70), rec(10, "b", 180), rec(11, "a", 205), rec(12, "a", 5)], 160),
+        ([], 400),
+    ]
+    fast = run(tmp_path, "fast", WindowedAggregate(**params), batches, options)  # type: ignore[arg-type]
+    slow = run(tmp_path, "slow", PerRecordCount(**params), batches, options)  # type: ignore[arg-type]
+    assert fast == slow
+    assert {(json.loads(v)["key"], json.loads(v)["start"], json.loads(v)["count"]) for _, v in fast[2]} == {
+        ("a", 0, 3), ("b", 0, 1), ("a", 100, 2), ("b", 100, 2), ("a", 200, 1), ("b", 200, 1)}
+
+
+def test_decoded_windows_are_not_reused_after_a_rollback(tmp_path: Path) -> None:
+    """A batch processed, rolled back (not checkpointed) and processed again counts once:
+    the operator's decoded windows of the first attempt are not the store's state."""
+    store = SQLiteStore(tmp_path / "s.db")
+    spec = ComputationSpec("c", (InputSpec("in"),), ("out",), CodeRef("x:Y"), Options(key_ranges=1))
+    code = WindowedAggregate(size_us=100)
+    code.bind_outputs(("out",))
+    worker = RangeWorker(spec, 0, store, code, Router(Topology((spec,), (InjectorSpec("i", "in"),))),
+                         ManualClock(1_000), CountingSensors())
+    worker.commit(worker.process_records([rec(1, "a", 10)], 0))
+    worker.process_records([rec(2, "a", 20)], 0)  # not checkpointed
+    worker.rollback()
+    worker.commit(worker.process_records([rec(2, "a", 20)], 0))
+    assert _load(store.read_state("c", ["a"])["a"]) == {"0": [2, 0.0, 0.0, 0.0, False]}
+    store.close()
