@@ -39,15 +39,17 @@ PIPELINES = ("single", "three")
 
 
 def options(exactly_once: bool = True, productions: str = "strong", key_ranges: int = 4,
-            late_policy: LatePolicy = LatePolicy.PROCESS) -> Options:
+            late_policy: LatePolicy = LatePolicy.PROCESS, state_ttl_us: int | None = None) -> Options:
     return Options(exactly_once=exactly_once, productions=Productions(productions),
-                   late_policy=late_policy, key_ranges=key_ranges)
+                   late_policy=late_policy, key_ranges=key_ranges, state_ttl_us=state_ttl_us)
 
 
 def topology(pipeline: str, *, exactly_once: bool = True, productions: str = "strong",
-             key_ranges: int = 4, count_code: str = "window_aggregate") -> Topology:
-    """``count_code`` may name a subclass of the built-in (the recovery probe)."""
-    count_opts = options(exactly_once, productions, key_ranges, LatePolicy.DROP)
+             key_ranges: int = 4, count_code: str = "window_aggregate",
+             state_ttl_us: int | None = None) -> Topology:
+    """``count_code`` may name a subclass of the built-in (the recovery probe);
+    ``state_ttl_us`` is the count stage's state TTL (bench/ttl.py)."""
+    count_opts = options(exactly_once, productions, key_ranges, LatePolicy.DROP, state_ttl_us)
     count_params = {"size_us": WINDOW_US}
     if pipeline == "single":
         return Topology(

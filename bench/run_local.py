@@ -48,10 +48,10 @@ def peak_rss_mb() -> float:
 
 
 def _runner(w: Workload, pipeline: str, store_url: str, source: Any, eo: bool, productions: str,
-            batch_size: int) -> tuple[LocalRunner, CountingSensors]:
+            batch_size: int, state_ttl_us: int | None = None) -> tuple[LocalRunner, CountingSensors]:
     store = open_store(store_url)
     sensors = CountingSensors()
-    topo = pipelines.topology(pipeline, exactly_once=eo, productions=productions)
+    topo = pipelines.topology(pipeline, exactly_once=eo, productions=productions, state_ttl_us=state_ttl_us)
     runner = LocalRunner(topo, store, {"events": source}, sensors=sensors, batch_size=batch_size)
     return runner, sensors
 
@@ -62,10 +62,11 @@ def _verdict(w: Workload, runner: LocalRunner, sensors: CountingSensors, pipelin
 
 
 def backlog_case(wa: WorkloadArgs, pipeline: str, store_url: str, eo: bool = True,
-                 productions: str = "strong", batch_size: int = 5000) -> dict[str, Any]:
+                 productions: str = "strong", batch_size: int = 5000,
+                 state_ttl_us: int | None = None) -> dict[str, Any]:
     w = wa.build()
     source = pipelines.BacklogSource(pipelines.injected(w.records, pipeline))
-    runner, sensors = _runner(w, pipeline, store_url, source, eo, productions, batch_size)
+    runner, sensors = _runner(w, pipeline, store_url, source, eo, productions, batch_size, state_ttl_us)
     memory = None
     paused = 0.0
     cpu_started = time.process_time()

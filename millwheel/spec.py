@@ -85,8 +85,10 @@ def _options(data: Any, where: str) -> Options:
             values["on_error"] = ErrorPolicy(values["on_error"])
     except ValueError as exc:
         raise InvalidSpecError(f"{where}.options: {exc}") from None
-    for field in ("key_ranges", "allowed_lateness_us", "record_id_retention_us", "max_attempts"):
-        if field in values and (isinstance(values[field], bool) or not isinstance(values[field], int)):
+    for field in ("key_ranges", "allowed_lateness_us", "record_id_retention_us", "max_attempts",
+                  "state_ttl_us"):
+        value = values.get(field)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
             raise InvalidSpecError(f"{where}.options.{field}: must be an integer")
     seconds = values.get("max_batch_seconds")
     if seconds is not None:

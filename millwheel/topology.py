@@ -44,6 +44,10 @@ class Productions(enum.StrEnum):
     WEAK = "weak"  # send first; checkpoint only what downstream is slow to ack
 
 
+MIN_STATE_TTL_US = 1_000  # 1 ms
+MAX_STATE_TTL_US = 100 * 365 * 86_400 * 1_000_000  # a century
+
+
 @dataclass(frozen=True)
 class Options:
     exactly_once: bool = True
@@ -57,6 +61,7 @@ class Options:
     max_attempts: int = 3
     dead_letter_stream: str | None = None  # None: "<computation>.dead_letters"
     max_batch_seconds: float = 60.0  # deadline on user code per batch (services/watchdog.py)
+    state_ttl_us: int | None = None  # per-key state expiry after its last write (millwheel.runtime.ttl)
 
     def validate(self, where: str) -> None:
         if not 1 <= self.key_ranges <= MAX_KEY_RANGES:
@@ -77,6 +82,12 @@ class Options:
         if isinstance(self.max_attempts, bool) or not isinstance(self.max_attempts, int) \
                 or not 1 <= self.max_attempts <= 1000:
             raise InvalidSpecError(f"{where}: max_attempts must be an integer 1..1000, got {self.max_attempts!r}")
+        if self.state_ttl_us is not None and (
+                isinstance(self.state_ttl_us, bool) or not isinstance(self.state_ttl_us, int)
+                or not MIN_STATE_TTL_US <= self.state_ttl_us <= MAX_STATE_TTL_US):
+            raise InvalidSpecError(
+                f"{where}: state_ttl_us must be an integer {MIN_STATE_TTL_US}..{MAX_STATE_TTL_US} "
+                f"(microseconds) or unset, got {self.state_ttl_us!r}")
         if self.dead_letter_stream is not None and (
                 not isinstance(self.dead_letter_stream, str) or not self.dead_letter_stream):
             raise InvalidSpecError(f"{where}: dead_letter_stream must be a non-empty stream name")

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Iterator, Sequence
 
 from millwheel.errors import InvalidSpecError
 from millwheel.record import Record, TimeDomain, Timer, derive_record_id, well_formed
+from millwheel.runtime import ttl
 from millwheel.runtime.routing import record_of
 from millwheel.state.protocol import Checkpoint, Production
 
@@ -33,6 +34,7 @@ class RangeTransaction:
         self.errors: list[bytes] = []
         self.given_up_timers: list[Timer] = []
         self.timers_run: list[Timer] = []
+        self.expired = 0  # keys whose state its TTL deleted (millwheel.runtime.ttl)
 
     def to_checkpoint(self, token: int, now_us: int, include_productions: bool) -> Checkpoint:
         w = self.worker
@@ -94,8 +96,11 @@ class KeyContext:
                 f"computation {self._txn.worker.name!r} key {self._key!r}: state must be bytes "
                 f"or None, got {type(value).__name__}"
             )
-        self._txn.worker.put_state(self._key, value)
+        worker = self._txn.worker
+        worker.put_state(self._key, value)
         self._txn.state_writes[self._key] = value
+        if worker.state_ttl_us is not None:
+            ttl.after_write(self._txn, self._key, value, worker.state_ttl_us)
 
     def set_timer(
         self, tag: str, time: int, domain: TimeDomain = TimeDomain.EVENT, *, hold: bool = True
@@ -105,11 +110,13 @@ class KeyContext:
                 f"computation {self._txn.worker.name!r} key {self._key!r}: timer {tag!r} "
                 f"time must be integer microseconds, got {type(time).__name__}"
             )
+        ttl.check_user_tag(self._txn.worker.name, self._key, tag)
         timer = Timer(self._key, tag, time, TimeDomain(domain), hold)
         self._txn.worker.timers.set(timer)
         self._txn.timer_ops[(self._key, tag)] = timer
 
     def clear_timer(self, tag: str) -> None:
+        ttl.check_user_tag(self._txn.worker.name, self._key, tag)
         self._txn.worker.timers.clear(self._key, tag)
         self._txn.timer_ops[(self._key, tag)] = None
 

@@ -31,6 +31,7 @@ from millwheel.computation import Computation
 from millwheel.dedup import Deduplicator
 from millwheel.errors import UserCodeError
 from millwheel.record import Record, Timer, derive_record_id, timer_cause
+from millwheel.runtime import ttl
 from millwheel.runtime.context import KeyContext, KeyRecords, RangeTransaction
 from millwheel.runtime.outbox import Outbox
 from millwheel.runtime.routing import KEY_ERROR_PREFIX, Router
@@ -89,6 +90,7 @@ class RangeWorker:
         token: int | None = None,
     ) -> None:
         self.spec = spec
+        self.state_ttl_us = spec.options.state_ttl_us
         self.name = spec.name
         self.range_id = range_id
         self.outputs = frozenset(spec.all_outputs())
@@ -286,6 +288,9 @@ class RangeWorker:
             if timer is None:
                 break
             txn.timer_ops[(timer.key, timer.tag)] = None
+            if timer.tag == ttl.TTL_TAG:  # the runtime's own: the key's state expires
+                ttl.expire(txn, timer.key)
+                continue
             if failing or given_up is not None:
                 cause = timer_cause(timer)
                 if failing.get(cause, 0) >= max_attempts or (given_up is not None and given_up(cause)):
@@ -293,7 +298,7 @@ class RangeWorker:
                     continue
             due.append(timer)
         if not due:
-            return txn if txn.given_up_timers else None
+            return txn if txn.given_up_timers or txn.expired else None
         txn.timers_run = due
         self._prefetch(t.key for t in due)
         items = [
