@@ -195,7 +195,7 @@ class Sender:
         if released:
             keys = {(p.consumer, p.record.record_id) for p in released}
             with owned.lock:
-                s.release(keys)
+                s.entries = [p for p in s.entries if (p.consumer, p.record.record_id) not in keys]
                 owned.inflight.difference_update(keys)
         s.sent = True
         return len(s.done_now) + sum(len(items) for _, items, _ in s.remote)

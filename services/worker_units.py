@@ -71,19 +71,8 @@ class Slice:
     def ready(self) -> bool:
         return self.sent and all(fut.done() for fut, _, _ in self.remote)
 
-    _keys: list[Entry] | None = None
-
     def keys(self) -> list[Entry]:
-        """The entries' outbox keys (asked for when the slice is planned and finished:
-        built once; :meth:`release` keeps them current)."""
-        if self._keys is None:
-            self._keys = [(p.consumer, p.record.record_id) for p in self.entries]
-        return self._keys
-
-    def release(self, keys: set[Entry]) -> None:
-        """Drop ``keys`` from the slice (not sent with it: a later slice takes them)."""
-        self.entries = [p for p in self.entries if (p.consumer, p.record.record_id) not in keys]
-        self._keys = None
+        return [(p.consumer, p.record.record_id) for p in self.entries]
 
 
 @dataclass
