@@ -157,9 +157,10 @@ class Sender:
 
     def _batch(self, producer: str, consumer: str, range_id: int, items: list[Production]
                ) -> pb.DeliverBatch:
-        return pb.DeliverBatch(producer=producer, computation=consumer, range_id=range_id,
-                               topology_version=self.version,
-                               records=[convert.record_to_proto(p.record) for p in items])
+        batch = pb.DeliverBatch(producer=producer, computation=consumer, range_id=range_id,
+                                topology_version=self.version)
+        convert.add_records(batch.records, (p.record for p in items))
+        return batch
 
     def _send(self, owned: OwnedRange, s: Slice) -> int:
         """Deliver a planned slice: stream-log entries and consumer ranges owned here at
