@@ -39,6 +39,7 @@ from millwheel.importing import AllowList
 from millwheel.operators import build_computation
 from millwheel.record import MIN_TIMESTAMP
 from millwheel.runtime.crash import crash_hook_from_env
+from millwheel.runtime.local_runner import relax_young_gc
 from millwheel.runtime.range_worker import RangeWorker
 from millwheel.runtime.routing import Router
 from millwheel.topology import Topology
@@ -82,6 +83,10 @@ class WorkerProcess(Receiver, Sender):
         heartbeat_s: float = 0.1, delivery_timeout_s: float = 5.0, weak_wait_s: float = 1.0,
         min_heartbeat_s: float = 0.025, allow_code: str | None = None, use_watchdog: bool = True,
     ) -> None:
+        # As in local mode: a worker allocates a few objects per record and keeps many
+        # alive (outbox mirrors, caches); CPython's young collections every 700
+        # allocations traversed them again and again.
+        relax_young_gc()
         self.allow_code = AllowList.parse(allow_code)
         # One controller or several (comma-separated): heartbeats fail over between them.
         self.controller_link = ControllerLink(controller)
