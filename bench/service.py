@@ -482,7 +482,7 @@ def _vs_local(n: int, batch: int, repeat: int) -> int:
                 raise SystemExit(f"{kind}: output wrong: {r['correct']['detail']}")
             print(json.dumps({"round": i, "mode": kind, "records_per_s": round(rate),
                               "cpu_s": r.get("cpu_s")}), flush=True)
-    ratios = [s / loc for s, loc in zip(service, local)]
+    ratios = [s / loc for s, loc in zip(service, local, strict=True)]
     print(json.dumps({"records": n, "repeats": repeat,
                       "local": [round(x) for x in local], "service": [round(x) for x in service],
                       "median_local": round(statistics.median(local)),
