@@ -448,6 +448,50 @@ def _watchdog_ab(n: int, store: str, batch: int, repeat: int) -> int:
     return 0
 
 
+def _local_three(n: int) -> dict[str, Any]:
+    """Local mode's three-stage figure as ``python -m bench`` measures it (the suite's
+    backlog case: SQLite, exactly-once, strong productions, 1k uniform keys), in a
+    fresh process."""
+    from bench.run_local import WorkloadArgs, backlog_case
+    from bench.suite import in_fresh_process
+
+    with tempfile.TemporaryDirectory(prefix="mw-bench-local-") as d:
+        r: dict[str, Any] = in_fresh_process(backlog_case, WorkloadArgs(n, 1000, "uniform"), "three",
+                                             f"sqlite:///{d}/local.db", True, "strong")
+    return r
+
+
+def _vs_local(n: int, batch: int, repeat: int) -> int:
+    """Local mode's three stages and the service's, alternated ``repeat`` times (the
+    order flipped each round), on SQLite: both medians and the ratio of each round."""
+    import json
+
+    local: list[float] = []
+    service: list[float] = []
+    for i in range(repeat):
+        for kind in (("local", "service") if i % 2 == 0 else ("service", "local")):
+            if kind == "local":
+                r = _local_three(n)
+                rate = r["records_per_s"]
+                local.append(rate)
+            else:
+                r = backlog(n, "sqlite", batch=batch)
+                rate = r["records_per_s"] or 0.0
+                service.append(rate)
+            if not r["correct"]["ok"]:
+                raise SystemExit(f"{kind}: output wrong: {r['correct']['detail']}")
+            print(json.dumps({"round": i, "mode": kind, "records_per_s": round(rate),
+                              "cpu_s": r.get("cpu_s")}), flush=True)
+    ratios = [s / loc for s, loc in zip(service, local, strict=True)]
+    print(json.dumps({"records": n, "repeats": repeat,
+                      "local": [round(x) for x in local], "service": [round(x) for x in service],
+                      "median_local": round(statistics.median(local)),
+                      "median_service": round(statistics.median(service)),
+                      "ratio_of_medians": round(statistics.median(service) / statistics.median(local), 3),
+                      "ratios": [round(x, 3) for x in ratios], "loadavg": os.getloadavg()}), flush=True)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     import argparse
     import json
@@ -466,7 +510,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--watchdog-ab", action="store_true",
                     help="each repeat runs the backlog twice, workers with and without their "
                          "watchdog process, in alternating order; prints both medians and the drop")
+    ap.add_argument("--vs-local", action="store_true",
+                    help="alternate local mode's three-stage backlog and the service's (SQLite), "
+                         "--repeat rounds; prints both medians and the service/local ratio")
     args = ap.parse_args(argv)
+    if args.vs_local:
+        return _vs_local(args.records, args.batch, args.repeat)
     if args.watchdog_ab:
         return _watchdog_ab(args.records, args.store, args.batch, args.repeat)
     modes = [False, True] if args.compare_security else [args.security]

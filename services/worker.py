@@ -39,6 +39,7 @@ from millwheel.importing import AllowList
 from millwheel.operators import build_computation
 from millwheel.record import MIN_TIMESTAMP
 from millwheel.runtime.crash import crash_hook_from_env
+from millwheel.runtime.local_runner import relax_young_gc
 from millwheel.runtime.range_worker import RangeWorker
 from millwheel.runtime.routing import Router
 from millwheel.topology import Topology
@@ -59,6 +60,8 @@ from .worker_units import OwnedRange
 
 log = logging.getLogger("millwheel.worker")
 Unit = tuple[str, int]
+REPORT_REFRESH_S = 1.0  # an unchanged range is reported again after this long
+REPORT_PENDING_S = 0.25  # a changed pending count (display only) waits this long
 
 
 @dataclass(frozen=True)
@@ -80,6 +83,10 @@ class WorkerProcess(Receiver, Sender):
         heartbeat_s: float = 0.1, delivery_timeout_s: float = 5.0, weak_wait_s: float = 1.0,
         min_heartbeat_s: float = 0.025, allow_code: str | None = None, use_watchdog: bool = True,
     ) -> None:
+        # As in local mode: a worker allocates a few objects per record and keeps many
+        # alive (outbox mirrors, caches); CPython's young collections every 700
+        # allocations traversed them again and again.
+        relax_young_gc()
         self.allow_code = AllowList.parse(allow_code)
         # One controller or several (comma-separated): heartbeats fail over between them.
         self.controller_link = ControllerLink(controller)
@@ -131,6 +138,9 @@ class WorkerProcess(Receiver, Sender):
             address=self.address, metrics_address=self.metrics_address, heartbeat_s=heartbeat_s,
         ) if isinstance(self.progress, ProgressBlock) else None
         self._hb_failing_since: float | None = None
+        # (node, range, token) -> (watermark, pending, when) last reported to _reported_to
+        self._reported: dict[tuple[str, int, int], tuple[int, int, float]] = {}
+        self._reported_to: str | None = None
         self.health_monitor = HealthMonitor(self.health, self.store, controller_failing_s=lambda: (
             0.0 if self._hb_failing_since is None else time.monotonic() - self._hb_failing_since))
         self._threads = [
@@ -202,13 +212,21 @@ class WorkerProcess(Receiver, Sender):
     def _heartbeat_once(self) -> None:
         reports = []
         draining = self.draining.is_set()
+        now = time.monotonic()
+        if self.controller_link.current != self._reported_to:  # it hears every range afresh
+            self._reported, self._reported_to = {}, self.controller_link.current
+        sent: dict[tuple[str, int, int], tuple[int, int, float]] = {}
         for owned in list(self.units.values()):
             wm = owned.report_nowait(self.input_wms.get(owned.node, MIN_TIMESTAMP))  # never waits
             if owned.dropped or wm is None:
                 continue
+            pending = len(owned.outbox) if owned.outbox is not None else 0
+            unit = (owned.node, owned.range_id, owned.token)
+            if not self._report_due(unit, wm, pending, now):
+                continue
+            sent[unit] = (wm, pending, now)
             reports.append(pb.WatermarkReport(node=owned.node, range_id=owned.range_id,
-                                              token=owned.token, watermark=wm,
-                                              pending=len(owned.outbox) if owned.outbox is not None else 0))
+                                              token=owned.token, watermark=wm, pending=pending))
         fenced, self._fenced_unreported = self._fenced_unreported, []
         reports += [pb.WatermarkReport(node=n, range_id=r, token=t, watermark=MIN_TIMESTAMP)
                     for n, r, t in fenced]
@@ -225,9 +243,26 @@ class WorkerProcess(Receiver, Sender):
                 link.failover_from(address, exc)
             raise
         link.succeeded(address)
+        live = {(o.node, o.range_id, o.token) for o in self.units.values()}
+        self._reported = {u: v for u, v in self._reported.items() if u in live}
+        self._reported.update(sent)
         if draining:
             self._drain_seen = True
         self._apply(resp)
+
+    def _report_due(self, unit: tuple[str, int, int], wm: int, pending: int, now: float) -> bool:
+        """Whether a range's watermark report goes with this heartbeat. The controller
+        writes each report to the store (one write transaction each, taking the single
+        writer's turn from checkpoints), and under load heartbeats go every 25 ms: a
+        range is reported when its watermark moved, when its outbox emptied or became
+        non-empty, when its pending count changed and the last report is
+        ``REPORT_PENDING_S`` old, and at least every ``REPORT_REFRESH_S``."""
+        last = self._reported.get(unit)
+        if last is None or last[0] != wm or now - last[2] >= REPORT_REFRESH_S:
+            return True
+        if last[1] != pending:
+            return (last[1] == 0) != (pending == 0) or now - last[2] >= REPORT_PENDING_S
+        return False
 
     def _apply(self, resp: pb.HeartbeatResponse) -> None:
         if resp.topology_json:

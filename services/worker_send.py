@@ -157,21 +157,22 @@ class Sender:
 
     def _batch(self, producer: str, consumer: str, range_id: int, items: list[Production]
                ) -> pb.DeliverBatch:
-        return pb.DeliverBatch(producer=producer, computation=consumer, range_id=range_id,
-                               topology_version=self.version,
-                               records=[convert.record_to_proto(p.record) for p in items])
+        batch = pb.DeliverBatch(producer=producer, computation=consumer, range_id=range_id,
+                                topology_version=self.version)
+        convert.add_records(batch.records, (p.record for p in items))
+        return batch
 
     def _send(self, owned: OwnedRange, s: Slice) -> int:
-        """Deliver a planned slice: stream-log entries and consumer ranges owned here at
-        once, others to their owner's link if it has room (else they are released for a
-        later slice). Returns the entries delivered or sent."""
+        """Deliver a planned slice: batches for other workers first, to their owner's
+        link if it has room (else they are released for a later slice), so those
+        workers process them while this one appends stream-log entries and processes
+        the consumer ranges owned here in place. Returns the entries delivered or sent."""
         logs, groups, released = self._route(s.entries)
-        for stream, items in logs.items():
-            self.store.append_log(stream, [p.record for p in items])  # idempotent by record id
-            s.done_now += [(p.consumer, p.record.record_id) for p in items]
         busy = set().union(*(other.busy() for other in owned.slices if other is not s))
+        owners = self.owners
+        local: list[tuple[str, int, list[Production]]] = []
         for (consumer, range_id), items in groups.items():
-            owner = self.owners.get((consumer, range_id))
+            owner = owners.get((consumer, range_id))
             if owner is None or not owner.worker_id:
                 s.failed = True
                 continue
@@ -179,11 +180,7 @@ class Sender:
                 released += items  # one batch in flight per consumer range: keeps order
                 continue
             if owner.worker_id == self.worker_id:
-                ack = self.process(consumer, range_id, [p.record for p in items])
-                if ack.status == pb.DeliverAck.OK:
-                    s.done_now += [(p.consumer, p.record.record_id) for p in items]
-                else:
-                    s.failed = True
+                local.append((consumer, range_id, items))
                 continue
             fut = self._link(owner.address).try_send(self._batch(owned.node, consumer, range_id, items))
             if fut is None:
@@ -192,6 +189,15 @@ class Sender:
             fut.add_done_callback(lambda _f: self._wake.set())
             s.remote.append((fut, items, owner.address))
             s.units.add((consumer, range_id))
+        for stream, log_items in logs.items():
+            self.store.append_log(stream, [p.record for p in log_items])  # idempotent by record id
+            s.done_now += [(p.consumer, p.record.record_id) for p in log_items]
+        for consumer, range_id, items in local:
+            ack = self.process(consumer, range_id, [p.record for p in items])
+            if ack.status == pb.DeliverAck.OK:
+                s.done_now += [(p.consumer, p.record.record_id) for p in items]
+            else:
+                s.failed = True
         if released:
             keys = {(p.consumer, p.record.record_id) for p in released}
             with owned.lock:

@@ -172,6 +172,8 @@ class OwnedRange:
         assert self.outbox is not None
         if not self.inflight:
             return self.outbox.pending(limit)
+        if len(self.outbox) <= len(self.inflight):  # all in flight (in-flight entries are outbox entries)
+            return []
         out = []
         for p in self.outbox.pending(limit + len(self.inflight)):
             if (p.consumer, p.record.record_id) not in self.inflight:
