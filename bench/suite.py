@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from bench import limits, peer_bytewax
+from bench import limits, peer_bytewax, peer_flink
 from bench.recovery import recovery_case
 from bench.run_local import WorkloadArgs, backlog_case, paced_case
 from bench.workload import generate
@@ -159,6 +159,8 @@ def run(mode: Mode, sections: set[str]) -> dict[str, Any]:
         if "peer" in sections:
             log("== peer: Bytewax")
             _peer(mode, out, uniform1k)
+            log("== peer: Flink SQL (its own virtualenv bench/.peers/flink, made on first use)")
+            _peer_flink(mode, out, uniform1k)
         if stores.redis_error:
             out["notes"].append(f"Redis not available: {stores.redis_error}")
     finally:
@@ -279,3 +281,20 @@ def _peer(mode: Mode, out: dict[str, Any], uniform1k: WorkloadArgs) -> None:
     _case(out["peer"], "bytewax uniform-100k (10k records) recovery off",
           {"peer": "bytewax", "workload": "uniform-100k", "records": small.n, "recovery": False},
           peer_bytewax.bytewax_case, small, False, summary=_tp)
+
+
+def _peer_flink(mode: Mode, out: dict[str, Any], uniform1k: WorkloadArgs) -> None:
+    """Flink SQL, full runs only: its JVM start and warm-up jobs take ~30-40 s, and its
+    first use installs apache-flink (~1 min, ~850 MB), which --quick cannot afford."""
+    meta = {"peer": "flink", "workload": "uniform-1k", "records": uniform1k.n, "recovery": True}
+    if not mode.full_matrix:
+        out["peer"].append({**meta, "error": "not run: full runs only (JVM start and warm-ups ~40 s)"})
+        log("  Flink SQL: full runs only")
+        return
+    why = peer_flink.available()
+    if why is not None:
+        out["peer"].append({**meta, "error": f"not available: {why}"})
+        log(f"  Flink SQL not available: {why}")
+        return
+    _case(out["peer"], "flink sql uniform-1k EO checkpoints 1 s, hashmap, parallelism 2", meta,
+          peer_flink.flink_case, uniform1k, summary=_tp)

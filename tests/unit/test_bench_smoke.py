@@ -4,6 +4,8 @@ the check catches a wrong answer. (Speed is measured in bench/, never asserted h
 from __future__ import annotations
 
 from collections import Counter
+from datetime import UTC, datetime
+from pathlib import Path
 
 from bench import pipelines
 from bench.run_local import WorkloadArgs, backlog_case
@@ -50,3 +52,43 @@ def test_streamed_growth_workload_replays_and_a_run_is_exact() -> None:
     want, late = growth.expected(7, 60_000, 50)
     assert late > 0 and result["late_dropped"] == late
     assert result["observed"] == want
+
+
+def test_flink_peer_reports_not_available_cleanly_and_parses_its_io(tmp_path: Path) -> None:
+    """bench.peer_flink without Flink: 'not available' with the reason, never an error;
+    its CSV input holds the records (ms event times, IDs) and its sink parser turns
+    committed rows into the (key, window start us) counts the check compares, skipping
+    in-progress files."""
+    from bench import peer_flink
+    from bench.workload import WINDOW_US, check
+
+    why = peer_flink.available(venv=tmp_path / "no-venv", install=False)
+    assert why is not None and "not installed" in why
+    w = generate(3000, keys=20, density=50)
+    rows = peer_flink.write_input(w.records, tmp_path / "in.csv")
+    lines = (tmp_path / "in.csv").read_text().splitlines()
+    assert rows == len(lines) == 3000
+    first = w.records[0]
+    assert lines[0] == f"{first.key},{first.timestamp // 1000},{first.record_id}"
+    # A sink as Flink writes it: window starts in UTC, committed parts plus an in-progress one.
+    sink = tmp_path / "sink"
+    sink.mkdir()
+    want = expected_counts(w)
+    items = sorted(want.items())
+    half = len(items) // 2
+
+    def part(chunk: list[tuple[tuple[str, int], int]]) -> str:
+        out = []
+        for (key, start), n in chunk:
+            when = datetime.fromtimestamp(start / 1e6, tz=UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+            out.append(f'{key},"{when}",{n}\n')
+        return "".join(out)
+
+    (sink / "part-x-0-0").write_text(part(items[:half]))
+    (sink / "part-x-1-0").write_text(part(items[half:]))
+    (sink / ".part-x-1-1.inprogress.abc").write_text(part(items[:1]))
+    observed = peer_flink.read_counts(sink)
+    assert all(start % WINDOW_US == 0 for _key, start in observed)
+    assert check(w, observed).ok
+    (sink / "part-x-1-0").unlink()
+    assert not check(w, peer_flink.read_counts(sink)).ok
