@@ -83,30 +83,31 @@ def java_home() -> str | None:
     return str(Path(java).resolve().parents[1]) if java else None
 
 
-def _imports(venv: Path) -> str | None:
+def _imports(venv: Path, module: str) -> str | None:
     python = venv_python(venv)
     if not python.exists():
         return f"no peer virtualenv at {venv}"
-    done = subprocess.run([str(python), "-c", "import pyflink"], capture_output=True, text=True)
-    return None if done.returncode == 0 else f"pyflink does not import in {venv}: {done.stderr.strip()[-300:]}"
+    done = subprocess.run([str(python), "-c", f"import {module}"], capture_output=True, text=True)
+    return None if done.returncode == 0 else f"{module} does not import in {venv}: {done.stderr.strip()[-300:]}"
 
 
-def prepare(venv: Path = VENV, install: bool = True) -> str | None:
-    """Make the peer's virtualenv with apache-flink on first use. None when ready, else why not."""
-    if _imports(venv) is None:
+def prepare(venv: Path = VENV, install: bool = True, package: str = "apache-flink",
+            module: str = "pyflink") -> str | None:
+    """Make a peer's virtualenv with ``package`` on first use. None when ready, else why not."""
+    if _imports(venv, module) is None:
         return None
     if not install:
-        return f"apache-flink not installed (no install asked): {_imports(venv)}"
+        return f"{package} not installed (no install asked): {_imports(venv, module)}"
     try:
         if not venv_python(venv).exists():
             subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True, text=True)
-        subprocess.run([str(venv_python(venv)), "-m", "pip", "install", "-q", "apache-flink"], check=True,
+        subprocess.run([str(venv_python(venv)), "-m", "pip", "install", "-q", package], check=True,
                        capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S)
     except subprocess.CalledProcessError as exc:
-        return f"pip install apache-flink failed: {(exc.stderr or '').strip()[-500:]}"
+        return f"pip install {package} failed: {(exc.stderr or '').strip()[-500:]}"
     except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"pip install apache-flink failed: {exc.__class__.__name__}: {exc}"
-    return _imports(venv)
+        return f"pip install {package} failed: {exc.__class__.__name__}: {exc}"
+    return _imports(venv, module)
 
 
 def available(venv: Path = VENV, install: bool = True) -> str | None:

@@ -3,6 +3,7 @@ the check catches a wrong answer. (Speed is measured in bench/, never asserted h
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
@@ -92,3 +93,18 @@ def test_flink_peer_reports_not_available_cleanly_and_parses_its_io(tmp_path: Pa
     assert check(w, observed).ok
     (sink / "part-x-1-0").unlink()
     assert not check(w, peer_flink.read_counts(sink)).ok
+
+
+def test_pathway_peer_reports_not_available_cleanly_and_parses_its_output(tmp_path: Path) -> None:
+    from bench import peer_pathway
+    from bench.workload import check
+
+    why = peer_pathway.available(venv=tmp_path / "no-venv", install=False)
+    assert why is not None and "pathway not installed" in why
+    w = generate(3000, keys=20, density=50)
+    want = expected_counts(w)
+    out = tmp_path / "out.json"
+    out.write_text(json.dumps([[k, start // 1000, n] for (k, start), n in want.items()]))
+    assert check(w, peer_pathway.read_counts(out)).ok
+    out.write_text(json.dumps([[k, start // 1000, n + 1] for (k, start), n in want.items()]))
+    assert not check(w, peer_pathway.read_counts(out)).ok
