@@ -30,19 +30,36 @@ from pathlib import Path
 from typing import Any
 
 
-def jvm_peak_rss_mb() -> float | None:
-    """VmHWM of this process's Java child (the py4j gateway runs the mini-cluster)."""
+def _children() -> list[dict[str, str]]:
+    """/proc status fields (plus ``Pid``) of this process's children: the py4j gateway's JVM."""
     me = str(os.getpid())
-    best = None
+    out = []
     for status in Path("/proc").glob("[0-9]*/status"):
         try:
             fields = dict(line.split(":", 1) for line in status.read_text().splitlines() if ":" in line)
         except OSError:
             continue
-        if fields.get("PPid", "").strip() == me and "VmHWM" in fields:
-            kb = float(fields["VmHWM"].split()[0])
-            best = max(best or 0.0, kb / 1024.0)
-    return best
+        if fields.get("PPid", "").strip() == me:
+            out.append({k: v.strip() for k, v in fields.items()})
+    return out
+
+
+def jvm_peak_rss_mb() -> float | None:
+    """VmHWM of the JVM (the mini-cluster runs in it)."""
+    sizes = [float(f["VmHWM"].split()[0]) / 1024.0 for f in _children() if "VmHWM" in f]
+    return max(sizes) if sizes else None
+
+
+def jvm_cpu_s() -> float:
+    """User + system CPU seconds of the JVM so far (all its threads)."""
+    total = 0.0
+    for f in _children():
+        try:
+            stat = Path(f"/proc/{f['Pid']}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")
+    return total
 
 
 def settings(t_env: Any, spec: dict[str, Any]) -> None:
@@ -94,8 +111,10 @@ def main(spec: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {"jvm_start_s": time.perf_counter() - t0, "jobs": []}
     for name, source in spec["jobs"]:
         sink = work / f"sink-{name}"
+        cpu = jvm_cpu_s()
         submit_s, seconds = job(t_env, name, source, sink)
-        out["jobs"].append({"name": name, "seconds": seconds, "submit_s": submit_s, "sink": str(sink)})
+        out["jobs"].append({"name": name, "seconds": seconds, "submit_s": submit_s, "sink": str(sink),
+                            "jvm_cpu_s": jvm_cpu_s() - cpu})
     out["jvm_peak_rss_mb"] = jvm_peak_rss_mb()
     return out
 

@@ -30,6 +30,9 @@ def ratios_and_targets(res: dict[str, Any]) -> tuple[dict[str, Any], list[dict[s
     bw_on = _find(peer, peer="bytewax", workload="uniform-1k", recovery=True)
     bw_off = _find(peer, peer="bytewax", workload="uniform-1k", recovery=False)
     flink = _find(peer, peer="flink", workload="uniform-1k")
+    pathway = _find(peer, peer="pathway", workload="uniform-1k")
+    beside = _find(peer, peer="millwheel-single-sqlite-eo-strong", workload="uniform-1k")
+    beside_rps = beside["records_per_s"] if beside else None
     single_sqlite = rps(pipeline="single", store="sqlite", config="eo-strong")
     single_redis_aof = rps(pipeline="single", store="redis-aof", config="eo-strong")
     single_redis = rps(pipeline="single", store="redis", config="eo-strong")
@@ -49,8 +52,10 @@ def ratios_and_targets(res: dict[str, Any]) -> tuple[dict[str, Any], list[dict[s
         "single_sqlite_eo_strong / bytewax_recovery_on": _div(single_sqlite, bw_on["records_per_s"] if bw_on else None),
         "single_sqlite_eo_strong / bytewax_recovery_off":
             _div(single_sqlite, bw_off["records_per_s"] if bw_off else None),
-        "single_sqlite_eo_strong / flink_sql_eo_checkpoints_1s":
-            _div(single_sqlite, flink["records_per_s"] if flink else None),
+        "single_sqlite_eo_strong (1M) / flink_sql_eo_checkpoints_1s (1M)":
+            _div(beside_rps, flink["records_per_s"] if flink else None),
+        "single_sqlite_eo_strong (1M) / pathway_persistence_on (1M)":
+            _div(beside_rps, pathway["records_per_s"] if pathway else None),
         "single_sqlite_eo_strong / single_sqlite_at_least_once":
             _div(single_sqlite, rps(pipeline="single", store="sqlite", config="at-least-once")),
         "three_sqlite_eo_strong / three_sqlite_at_least_once":
@@ -78,7 +83,7 @@ def ratios_and_targets(res: dict[str, Any]) -> tuple[dict[str, Any], list[dict[s
         _target("local mode, SQLite, EO on: throughput >= Bytewax with recovery on",
                 ratios["single_sqlite_eo_strong / bytewax_recovery_on"], 1.0, "ratio"),
         _target("local mode, SQLite, EO on: throughput >= Flink SQL (hashmap, EO checkpoints every 1 s)",
-                ratios["single_sqlite_eo_strong / flink_sql_eo_checkpoints_1s"], 1.0, "ratio"),
+                ratios["single_sqlite_eo_strong (1M) / flink_sql_eo_checkpoints_1s (1M)"], 1.0, "ratio"),
         _target("watermark lag added per stage at 50% load <= 100 ms (worst stage, p50)", worst_lag, 100.0, "ms",
                 lower=True),
         _target("recovery to first record after kill -9 <= 5 s (worst store)", max(rec) if rec else None, 5.0, "s",
@@ -196,7 +201,7 @@ def markdown(doc: dict[str, Any]) -> str:
             lines.append(f"| rbloom, scalable (millwheel.dedup) | {_f(r['ids'])} IDs, fp "
                          f"{r['rbloom_false_positive_rate']:.4f} | adds {_f(r['rbloom_adds_per_s'])}, "
                          f"lookups {_f(r['rbloom_lookups_per_s'])} |")
-    lines += ["", "## Peers: Bytewax, Flink SQL (same workload, same check)", "",
+    lines += ["", "## Peers: Bytewax, Flink SQL, Pathway (same workload, same check)", "",
               "| peer | workload | records | recovery | records/s | peak RSS MB | output |",
               "|---|---|---|---|---|---|---|"]
     for e in res["peer"]:

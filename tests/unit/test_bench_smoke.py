@@ -97,7 +97,7 @@ def test_flink_peer_reports_not_available_cleanly_and_parses_its_io(tmp_path: Pa
 
 def test_pathway_peer_reports_not_available_cleanly_and_parses_its_output(tmp_path: Path) -> None:
     from bench import peer_pathway
-    from bench.workload import check
+    from bench.workload import WINDOW_US, check
 
     why = peer_pathway.available(venv=tmp_path / "no-venv", install=False)
     assert why is not None and "pathway not installed" in why
@@ -108,3 +108,15 @@ def test_pathway_peer_reports_not_available_cleanly_and_parses_its_output(tmp_pa
     assert check(w, peer_pathway.read_counts(out)).ok
     out.write_text(json.dumps([[k, start // 1000, n + 1] for (k, start), n in want.items()]))
     assert not check(w, peer_pathway.read_counts(out)).ok
+    # Pathway's lagging lateness: extra late records are allowed by late_allowance, a lost
+    # or extra on-time record is not.
+    late = next(r for r in w.records if r.record_id in w.late_ids)
+    window = (late.key, late.timestamp - late.timestamp % WINDOW_US)
+    with_late = Counter(want)
+    with_late[window] += 1
+    assert not check(w, with_late).ok
+    assert peer_pathway.late_allowance(w, with_late) == {
+        "on_time_exact": True, "late_counted": 1, "windows_outside_allowance": 0}
+    missing = Counter(want)
+    missing[next(iter(missing))] -= 1
+    assert not peer_pathway.late_allowance(w, missing)["on_time_exact"]
