@@ -1,10 +1,10 @@
 """The peer: Flink SQL's keyed 10 s tumbling count on the same workload.
 
-``python -m bench.peer_flink N ROUNDS [--pathway]`` alternates, in fresh processes,
-millwheel's local single stage (:func:`bench.run_local.backlog_case`: SQLite,
-exactly-once, strong productions) and Flink SQL (and Pathway with persistence,
-:mod:`bench.peer_pathway`) on the same N records, ROUNDS times, and prints records/s
-per run and the median ratio millwheel / Flink.
+``python -m bench.peer_flink N ROUNDS [--pathway] [--bytewax]`` alternates, in fresh
+processes, millwheel's local single stage (:func:`bench.run_local.backlog_case`:
+SQLite, exactly-once, strong productions) and Flink SQL (and Pathway with persistence,
+:mod:`bench.peer_pathway`; Bytewax with recovery, :mod:`bench.peer_bytewax`) on the same
+N records, ROUNDS times, and prints records/s per run and the median ratios.
 
 **Its own virtualenv.** apache-flink pins py4j, protobuf and apache-beam versions that
 clash with the project's, so it is never a dependency of the project: on first use the
@@ -203,7 +203,8 @@ def main(argv: list[str]) -> int:
     from bench.suite import in_fresh_process
 
     with_pathway = "--pathway" in argv
-    argv = [a for a in argv if a != "--pathway"]
+    with_bytewax = "--bytewax" in argv
+    argv = [a for a in argv if a not in ("--pathway", "--bytewax")]
     n = int(argv[0]) if argv else 1_000_000
     rounds = int(argv[1]) if len(argv) > 1 else 3
     if with_pathway:
@@ -213,6 +214,13 @@ def main(argv: list[str]) -> int:
         if why_pw is not None:
             print(f"Pathway not available: {why_pw}")
             with_pathway = False
+    if with_bytewax:
+        from bench import peer_bytewax
+
+        why_bw = peer_bytewax.available()
+        if why_bw is not None:
+            print(f"Bytewax not available: {why_bw}")
+            with_bytewax = False
     why = available()
     if why is not None:
         print(f"Flink SQL not available: {why}")
@@ -223,6 +231,7 @@ def main(argv: list[str]) -> int:
     mw: list[float] = []
     fl: list[float | None] = []
     pw: list[float] = []
+    bw: list[float] = []
     for i in range(rounds):
         r = in_fresh_process(_millwheel, wa)
         mw.append(r["records_per_s"])
@@ -245,6 +254,11 @@ def main(argv: list[str]) -> int:
             print(f"round {i + 1} Pathway (persistence on): {p['records_per_s']:,.0f} rec/s ({p['seconds']:.1f} s) "
                   f"output {c['detail']}; on-time exact {c['on_time_exact']}, late counted "
                   f"{c['late_counted']:,} of {c['late_expected']:,}", flush=True)
+        if with_bytewax:
+            b = in_fresh_process(peer_bytewax.bytewax_case, wa, True)
+            bw.append(b["records_per_s"])
+            print(f"round {i + 1} Bytewax (recovery on, epoch 1 s): {b['records_per_s']:,.0f} rec/s "
+                  f"({b['seconds']:.1f} s, RSS {b['peak_rss_mb']:.0f} MB) output {b['correct']['detail']}", flush=True)
     if None in fl:
         print("Flink SQL's run was too short to remove its startup: use more records (>= 300k)")
         return 0
@@ -255,6 +269,9 @@ def main(argv: list[str]) -> int:
     if pw:
         print(f"median Pathway {statistics.median(pw):,.0f} rec/s; median ratio millwheel/Pathway "
               f"{statistics.median(m / p for m, p in zip(mw, pw, strict=True)):.2f}x")
+    if bw:
+        print(f"median Bytewax {statistics.median(bw):,.0f} rec/s; median ratio millwheel/Bytewax "
+              f"{statistics.median(m / b for m, b in zip(mw, bw, strict=True)):.2f}x")
     return 0
 
 
