@@ -18,6 +18,7 @@ snapshots every ``snapshot_ms``. Timed from the subject's first record to the en
 from __future__ import annotations
 
 import json
+import resource
 import sys
 import time
 from collections import Counter
@@ -61,7 +62,8 @@ def main(spec: dict[str, Any]) -> dict[str, Any]:
     pw.run(**kwargs)
     ended = time.perf_counter()
     Path(spec["output"]).write_text(json.dumps([[k, s, n] for (k, s), n in counts.items() if n]))
-    return {"seconds": ended - marks.get("first", started), "startup_s": marks.get("first", started) - started}
+    return {"seconds": ended - marks.get("first", started), "startup_s": marks.get("first", started) - started,
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0}
 
 
 if __name__ == "__main__":

@@ -92,7 +92,8 @@ def pathway_case(wa: WorkloadArgs, persistence: bool = True, snapshot_ms: int = 
     verdict["late_dropped_inferred"] = w.size - sum(observed.values())
     verdict.update(late_allowance(w, observed))
     return {"records": w.size, "seconds": out["seconds"], "records_per_s": w.size / out["seconds"],
-            "startup_s": out["startup_s"], "process_wall_s": wall, "persistence": persistence,
+            "startup_s": out["startup_s"], "process_wall_s": wall, "peak_rss_mb": out.get("peak_rss_mb"),
+            "persistence": persistence,
             "snapshot_ms": snapshot_ms, "commit_ms": commit_ms, "persisted_bytes": persisted,
             "correct": verdict}
 

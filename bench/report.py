@@ -209,10 +209,16 @@ def markdown(doc: dict[str, Any]) -> str:
         if r is None:
             lines.append(f"| {e.get('peer', '')} | {e.get('workload', '')} | | | {e.get('error', '')} | | |")
             continue
+        c = r["correct"]
+        if c["ok"]:
+            verdict = "exact"
+        elif c.get("on_time_exact"):
+            verdict = f"on-time records exact; {_f(c['late_counted'])} of {_f(c['late_expected'])} late records counted"
+        else:
+            verdict = "WRONG: " + c["detail"]
         lines.append(f"| {e.get('peer', '')} | {e['workload']} | {_f(e['records'])} | "
-                     f"{'on' if e['recovery'] else 'off'} | "
-                     f"{_f(r['records_per_s'])} | {_f(r['peak_rss_mb'], 0)} | "
-                     f"{'exact' if r['correct']['ok'] else 'WRONG: ' + r['correct']['detail']} |")
+                     f"{'on' if e['recovery'] else 'off'} | {_f(r['records_per_s'])} | "
+                     f"{_f(r.get('peak_rss_mb'), 0)} | {verdict} |")
     lines += ["", "## Ratios", "", "| ratio | value |", "|---|---|"]
     lines += [f"| {k} | {_f(v, 3)} |" for k, v in doc["ratios"].items()]
     mem = _redis_memory(res)
