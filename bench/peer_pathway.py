@@ -11,7 +11,7 @@ streaming input). Lateness: Pathway's temporal operators keep their own time, th
 largest event time they have processed, and ``exactly_once_behavior(shift=2 s)`` closes
 a window once that time passes its end + 2 s and ignores its later records: millwheel's
 and Flink's rule (window end - 1 < max event time - 2 s). But that time lags the input
-(at 1M records ~40% of the workload's late records, 22-32 s behind, still reached an
+(at 1M records 37-58% of the late records, 22-32 s behind, still reached an
 open window, with commits every 100 ms or 10 ms), so its output is not exact: the check
 reports that (``correct.ok`` false), and :func:`late_allowance` checks that every on-time
 record is counted exactly once and only late records are extra (``on_time_exact``,
