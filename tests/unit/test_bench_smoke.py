@@ -8,6 +8,8 @@ from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
 
+import pytest
+
 from bench import pipelines
 from bench.run_local import WorkloadArgs, backlog_case
 from bench.workload import expected_counts, generate
@@ -55,7 +57,8 @@ def test_streamed_growth_workload_replays_and_a_run_is_exact() -> None:
     assert result["observed"] == want
 
 
-def test_flink_peer_reports_not_available_cleanly_and_parses_its_io(tmp_path: Path) -> None:
+def test_flink_peer_reports_not_available_cleanly_and_parses_its_io(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """bench.peer_flink without Flink: 'not available' with the reason, never an error;
     its CSV input holds the records (ms event times, IDs) and its sink parser turns
     committed rows into the (key, window start us) counts the check compares, skipping
@@ -63,8 +66,13 @@ def test_flink_peer_reports_not_available_cleanly_and_parses_its_io(tmp_path: Pa
     from bench import peer_flink
     from bench.workload import WINDOW_US, check
 
+    why = peer_flink.prepare(venv=tmp_path / "no-venv", install=False)
+    assert why is not None and "apache-flink not installed" in why
+    monkeypatch.delenv("JAVA_HOME", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
     why = peer_flink.available(venv=tmp_path / "no-venv", install=False)
-    assert why is not None and "not installed" in why
+    assert why is not None and why.startswith("no Java")
+    monkeypatch.undo()
     w = generate(3000, keys=20, density=50)
     rows = peer_flink.write_input(w.records, tmp_path / "in.csv")
     lines = (tmp_path / "in.csv").read_text().splitlines()
