@@ -41,7 +41,11 @@ Sections (all by default, in this order; latency uses throughput's figures):
               replicas) against one Redis, AOF always, interleaved rounds: the
               ratio; and leader kill -9 with 2 controllers: time until a standby
               leads and until the next window result
-  peer        Bytewax's keyed windowed count, its recovery off and on
+  peer        Bytewax's keyed windowed count, its recovery off and on; Flink SQL's
+              (window TVF, exactly-once checkpoints every 1 s; full runs only: its
+              own virtualenv bench/.peers/flink is made on first use, Java needed).
+              Interleaved rounds against millwheel: python -m bench.peer_flink N ROUNDS;
+              Pathway with persistence (full runs only, bench/.peers/pathway)
 
 --quick takes under 3 minutes (20k-record cases, a reduced matrix); the full run
 takes 10-20 minutes on 2 cores. Redis cases start private redis-servers on free

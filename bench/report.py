@@ -27,8 +27,12 @@ def ratios_and_targets(res: dict[str, Any]) -> tuple[dict[str, Any], list[dict[s
            for e in lim if e.get("limit") == "redis_lua_checkpoint" and "result" in e}
     grpc = next((e["result"]["records_per_s"] for e in lim if e.get("limit") == "grpc_stream" and "result" in e), None)
     bloom = next((e["result"] for e in lim if e.get("limit") == "bloom" and "result" in e), None)
-    bw_on = _find(peer, workload="uniform-1k", recovery=True)
-    bw_off = _find(peer, workload="uniform-1k", recovery=False)
+    bw_on = _find(peer, peer="bytewax", workload="uniform-1k", recovery=True)
+    bw_off = _find(peer, peer="bytewax", workload="uniform-1k", recovery=False)
+    flink = _find(peer, peer="flink", workload="uniform-1k")
+    pathway = _find(peer, peer="pathway", workload="uniform-1k")
+    beside = _find(peer, peer="millwheel-single-sqlite-eo-strong", workload="uniform-1k")
+    beside_rps = beside["records_per_s"] if beside else None
     single_sqlite = rps(pipeline="single", store="sqlite", config="eo-strong")
     single_redis_aof = rps(pipeline="single", store="redis-aof", config="eo-strong")
     single_redis = rps(pipeline="single", store="redis", config="eo-strong")
@@ -48,6 +52,10 @@ def ratios_and_targets(res: dict[str, Any]) -> tuple[dict[str, Any], list[dict[s
         "single_sqlite_eo_strong / bytewax_recovery_on": _div(single_sqlite, bw_on["records_per_s"] if bw_on else None),
         "single_sqlite_eo_strong / bytewax_recovery_off":
             _div(single_sqlite, bw_off["records_per_s"] if bw_off else None),
+        "single_sqlite_eo_strong (1M) / flink_sql_eo_checkpoints_1s (1M)":
+            _div(beside_rps, flink["records_per_s"] if flink else None),
+        "single_sqlite_eo_strong (1M) / pathway_persistence_on (1M)":
+            _div(beside_rps, pathway["records_per_s"] if pathway else None),
         "single_sqlite_eo_strong / single_sqlite_at_least_once":
             _div(single_sqlite, rps(pipeline="single", store="sqlite", config="at-least-once")),
         "three_sqlite_eo_strong / three_sqlite_at_least_once":
@@ -74,6 +82,8 @@ def ratios_and_targets(res: dict[str, Any]) -> tuple[dict[str, Any], list[dict[s
                 _service_best(res), 15_000, "rec/s"),
         _target("local mode, SQLite, EO on: throughput >= Bytewax with recovery on",
                 ratios["single_sqlite_eo_strong / bytewax_recovery_on"], 1.0, "ratio"),
+        _target("local mode, SQLite, EO on: throughput >= Flink SQL (hashmap, EO checkpoints every 1 s)",
+                ratios["single_sqlite_eo_strong (1M) / flink_sql_eo_checkpoints_1s (1M)"], 1.0, "ratio"),
         _target("watermark lag added per stage at 50% load <= 100 ms (worst stage, p50)", worst_lag, 100.0, "ms",
                 lower=True),
         _target("recovery to first record after kill -9 <= 5 s (worst store)", max(rec) if rec else None, 5.0, "s",
@@ -191,16 +201,24 @@ def markdown(doc: dict[str, Any]) -> str:
             lines.append(f"| rbloom, scalable (millwheel.dedup) | {_f(r['ids'])} IDs, fp "
                          f"{r['rbloom_false_positive_rate']:.4f} | adds {_f(r['rbloom_adds_per_s'])}, "
                          f"lookups {_f(r['rbloom_lookups_per_s'])} |")
-    lines += ["", "## Peer: Bytewax (same workload, same check)", "",
-              "| workload | records | recovery | records/s | peak RSS MB | output |", "|---|---|---|---|---|---|"]
+    lines += ["", "## Peers: Bytewax, Flink SQL, Pathway (same workload, same check)", "",
+              "| peer | workload | records | recovery | records/s | peak RSS MB | output |",
+              "|---|---|---|---|---|---|---|"]
     for e in res["peer"]:
         r = e.get("result")
         if r is None:
-            lines.append(f"| {e.get('workload', '')} | | | {e.get('error', '')} | | |")
+            lines.append(f"| {e.get('peer', '')} | {e.get('workload', '')} | | | {e.get('error', '')} | | |")
             continue
-        lines.append(f"| {e['workload']} | {_f(e['records'])} | {'on' if e['recovery'] else 'off'} | "
-                     f"{_f(r['records_per_s'])} | {_f(r['peak_rss_mb'], 0)} | "
-                     f"{'exact' if r['correct']['ok'] else 'WRONG: ' + r['correct']['detail']} |")
+        c = r["correct"]
+        if c["ok"]:
+            verdict = "exact"
+        elif c.get("on_time_exact"):
+            verdict = f"on-time records exact; {_f(c['late_counted'])} of {_f(c['late_expected'])} late records counted"
+        else:
+            verdict = "WRONG: " + c["detail"]
+        lines.append(f"| {e.get('peer', '')} | {e['workload']} | {_f(e['records'])} | "
+                     f"{'on' if e['recovery'] else 'off'} | {_f(r['records_per_s'])} | "
+                     f"{_f(r.get('peak_rss_mb'), 0)} | {verdict} |")
     lines += ["", "## Ratios", "", "| ratio | value |", "|---|---|"]
     lines += [f"| {k} | {_f(v, 3)} |" for k, v in doc["ratios"].items()]
     mem = _redis_memory(res)

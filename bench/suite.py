@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from bench import limits, peer_bytewax
+from bench import limits, peer_bytewax, peer_flink, peer_pathway
 from bench.recovery import recovery_case
 from bench.run_local import WorkloadArgs, backlog_case, paced_case
 from bench.workload import generate
@@ -120,7 +120,8 @@ def _case(results: list[dict[str, Any]], label: str, meta: dict[str, Any], fn: C
 
 
 def _tp(r: dict[str, Any]) -> str:
-    return f"{r['records_per_s']:,.0f} rec/s"
+    rate = r["records_per_s"]
+    return "rate n/a (run too short)" if rate is None else f"{rate:,.0f} rec/s"
 
 
 def _lat(r: dict[str, Any]) -> str:
@@ -159,6 +160,10 @@ def run(mode: Mode, sections: set[str]) -> dict[str, Any]:
         if "peer" in sections:
             log("== peer: Bytewax")
             _peer(mode, out, uniform1k)
+            log("== peer: Flink SQL (its own virtualenv bench/.peers/flink, made on first use)")
+            _peer_flink(mode, out, uniform1k)
+            log("== peer: Pathway with persistence (its own virtualenv bench/.peers/pathway)")
+            _peer_pathway(mode, out, uniform1k)
         if stores.redis_error:
             out["notes"].append(f"Redis not available: {stores.redis_error}")
     finally:
@@ -279,3 +284,47 @@ def _peer(mode: Mode, out: dict[str, Any], uniform1k: WorkloadArgs) -> None:
     _case(out["peer"], "bytewax uniform-100k (10k records) recovery off",
           {"peer": "bytewax", "workload": "uniform-100k", "records": small.n, "recovery": False},
           peer_bytewax.bytewax_case, small, False, summary=_tp)
+
+
+PEER_RECORDS = 1_000_000  # Flink's fixed cost per job is ~0.2-1.5 s: too noisy under ~300k records
+
+
+def _peer_flink(mode: Mode, out: dict[str, Any], uniform1k: WorkloadArgs) -> None:
+    """Flink SQL at 1M records, beside millwheel's single stage (SQLite, EO strong) at the
+    same size run just before it (the ratio is between these two). Full runs only: the
+    JVM start and warm-up jobs take ~30-40 s, and its first use installs apache-flink
+    (~1 min, ~850 MB), which --quick cannot afford."""
+    wa = WorkloadArgs(PEER_RECORDS, 1_000, "uniform")
+    meta = {"peer": "flink", "workload": "uniform-1k", "records": wa.n, "recovery": True}
+    if not mode.full_matrix:
+        out["peer"].append({**meta, "error": "not run: full runs only (JVM start and warm-ups ~40 s)"})
+        log("  Flink SQL: full runs only")
+        return
+    why = peer_flink.available()
+    if why is not None:
+        out["peer"].append({**meta, "error": f"not available: {why}"})
+        log(f"  Flink SQL not available: {why}")
+        return
+    with tempfile.TemporaryDirectory(prefix="millwheel-bench-peer-") as tmp:
+        _case(out["peer"], f"millwheel single uniform-1k sqlite eo-strong ({wa.n:,} records, beside Flink)",
+              {**meta, "peer": "millwheel-single-sqlite-eo-strong"}, backlog_case, wa, "single",
+              f"sqlite:///{tmp}/peer.db", True, "strong", summary=_tp)
+    _case(out["peer"], "flink sql uniform-1k EO checkpoints 1 s, hashmap, parallelism 2", meta,
+          peer_flink.flink_case, wa, summary=_tp)
+
+
+def _peer_pathway(mode: Mode, out: dict[str, Any], uniform1k: WorkloadArgs) -> None:
+    """Pathway with persistence, full runs only (its first use installs pathway, ~2 min)."""
+    wa = WorkloadArgs(PEER_RECORDS, 1_000, "uniform")
+    meta = {"peer": "pathway", "workload": "uniform-1k", "records": wa.n, "recovery": True}
+    if not mode.full_matrix:
+        out["peer"].append({**meta, "error": "not run: full runs only"})
+        log("  Pathway: full runs only")
+        return
+    why = peer_pathway.available()
+    if why is not None:
+        out["peer"].append({**meta, "error": f"not available: {why}"})
+        log(f"  Pathway not available: {why}")
+        return
+    _case(out["peer"], "pathway uniform-1k persistence on (snapshots every 1 s)", meta,
+          peer_pathway.pathway_case, wa, summary=_tp)

@@ -3,7 +3,12 @@ the check catches a wrong answer. (Speed is measured in bench/, never asserted h
 
 from __future__ import annotations
 
+import json
 from collections import Counter
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
 
 from bench import pipelines
 from bench.run_local import WorkloadArgs, backlog_case
@@ -50,3 +55,76 @@ def test_streamed_growth_workload_replays_and_a_run_is_exact() -> None:
     want, late = growth.expected(7, 60_000, 50)
     assert late > 0 and result["late_dropped"] == late
     assert result["observed"] == want
+
+
+def test_flink_peer_reports_not_available_cleanly_and_parses_its_io(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """bench.peer_flink without Flink: 'not available' with the reason, never an error;
+    its CSV input holds the records (ms event times, IDs) and its sink parser turns
+    committed rows into the (key, window start us) counts the check compares, skipping
+    in-progress files."""
+    from bench import peer_flink
+    from bench.workload import WINDOW_US, check
+
+    why = peer_flink.prepare(venv=tmp_path / "no-venv", install=False)
+    assert why is not None and "apache-flink not installed" in why
+    monkeypatch.delenv("JAVA_HOME", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    why = peer_flink.available(venv=tmp_path / "no-venv", install=False)
+    assert why is not None and why.startswith("no Java")
+    monkeypatch.undo()
+    w = generate(3000, keys=20, density=50)
+    rows = peer_flink.write_input(w.records, tmp_path / "in.csv")
+    lines = (tmp_path / "in.csv").read_text().splitlines()
+    assert rows == len(lines) == 3000
+    first = w.records[0]
+    assert lines[0] == f"{first.key},{first.timestamp // 1000},{first.record_id}"
+    # A sink as Flink writes it: window starts in UTC, committed parts plus an in-progress one.
+    sink = tmp_path / "sink"
+    sink.mkdir()
+    want = expected_counts(w)
+    items = sorted(want.items())
+    half = len(items) // 2
+
+    def part(chunk: list[tuple[tuple[str, int], int]]) -> str:
+        out = []
+        for (key, start), n in chunk:
+            when = datetime.fromtimestamp(start / 1e6, tz=UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+            out.append(f'{key},"{when}",{n}\n')
+        return "".join(out)
+
+    (sink / "part-x-0-0").write_text(part(items[:half]))
+    (sink / "part-x-1-0").write_text(part(items[half:]))
+    (sink / ".part-x-1-1.inprogress.abc").write_text(part(items[:1]))
+    observed = peer_flink.read_counts(sink)
+    assert all(start % WINDOW_US == 0 for _key, start in observed)
+    assert check(w, observed).ok
+    (sink / "part-x-1-0").unlink()
+    assert not check(w, peer_flink.read_counts(sink)).ok
+
+
+def test_pathway_peer_reports_not_available_cleanly_and_parses_its_output(tmp_path: Path) -> None:
+    from bench import peer_pathway
+    from bench.workload import WINDOW_US, check
+
+    why = peer_pathway.available(venv=tmp_path / "no-venv", install=False)
+    assert why is not None and "pathway not installed" in why
+    w = generate(3000, keys=20, density=50)
+    want = expected_counts(w)
+    out = tmp_path / "out.json"
+    out.write_text(json.dumps([[k, start // 1000, n] for (k, start), n in want.items()]))
+    assert check(w, peer_pathway.read_counts(out)).ok
+    out.write_text(json.dumps([[k, start // 1000, n + 1] for (k, start), n in want.items()]))
+    assert not check(w, peer_pathway.read_counts(out)).ok
+    # Pathway's lagging lateness: extra late records are allowed by late_allowance, a lost
+    # or extra on-time record is not.
+    late = next(r for r in w.records if r.record_id in w.late_ids)
+    window = (late.key, late.timestamp - late.timestamp % WINDOW_US)
+    with_late = Counter(want)
+    with_late[window] += 1
+    assert not check(w, with_late).ok
+    assert peer_pathway.late_allowance(w, with_late) == {
+        "on_time_exact": True, "late_counted": 1, "windows_outside_allowance": 0}
+    missing = Counter(want)
+    missing[next(iter(missing))] -= 1
+    assert not peer_pathway.late_allowance(w, missing)["on_time_exact"]
