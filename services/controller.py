@@ -35,7 +35,7 @@ from millwheel.topology import InjectorSpec
 from . import convert
 from .controller_assign import Assigner
 from .controller_errors import Replayer, error_info
-from .controller_ha import Replicated
+from .controller_ha import Replicated, leader_only
 from .controller_inject import INJECT_BATCH, Injecting
 from .controller_queries import Queries
 from .controller_registry import Registry
@@ -192,10 +192,9 @@ class ControllerService(Queries, Replicated, Injecting):
 
     # -- registry --------------------------------------------------------------------
     @rpc
+    @leader_only
     def RegisterComputation(self, request: Any, context: Ctx) -> pb.RegisterComputationResponse:
         check(request)
-        if not self.leading():
-            return self.forward("RegisterComputation", request, context)
         if not request.HasField("spec"):
             raise InvalidSpecError("RegisterComputation: 'spec' is required")
         spec = convert.spec_from_proto(request.spec)
@@ -206,11 +205,10 @@ class ControllerService(Queries, Replicated, Injecting):
             return pb.RegisterComputationResponse(computation=self._info(spec.name))
 
     @rpc
+    @leader_only
     def RegisterTopology(self, request: Any, context: Ctx) -> pb.RegisterTopologyResponse:
         """All of it or nothing: validated whole, stored in one write."""
         check(request)
-        if not self.leading():
-            return self.forward("RegisterTopology", request, context)
         comps = [convert.spec_from_proto(s) for s in request.computations]
         injectors = [InjectorSpec(i.name, i.stream) for i in request.injectors]
         with self.lock:
@@ -223,10 +221,9 @@ class ControllerService(Queries, Replicated, Injecting):
                 registered=[*(c.name for c in new_comps), *(i.name for i in new_injs)])
 
     @rpc
+    @leader_only
     def RegisterInjector(self, request: Any, context: Ctx) -> pb.RegisterInjectorResponse:
         check(request)
-        if not self.leading():
-            return self.forward("RegisterInjector", request, context)
         spec = InjectorSpec(request.spec.name, request.spec.stream)
         with self.lock:
             if self.registry.register_injector(spec):
@@ -235,10 +232,9 @@ class ControllerService(Queries, Replicated, Injecting):
         return pb.RegisterInjectorResponse(injector=convert.injector_to_proto(spec))
 
     @rpc
+    @leader_only
     def UnregisterComputation(self, request: Any, context: Ctx) -> pb.UnregisterComputationResponse:
         check(request)
-        if not self.leading():
-            return self.forward("UnregisterComputation", request, context)
         with self.lock:
             self.registry.unregister_computation(request.name)
             self._registry_changed()
@@ -261,10 +257,9 @@ class ControllerService(Queries, Replicated, Injecting):
 
     # -- queries are in services/controller_queries.py; Inject in services/controller_inject.py
     @rpc
+    @leader_only
     def ReplayDeadLetters(self, request: Any, context: Ctx) -> pb.ReplayDeadLettersResponse:
         check(request)
-        if not self.leading():
-            return self.forward("ReplayDeadLetters", request, context)
         return Replayer(self).replay(request.computation)
 
     # -- workers ---------------------------------------------------------------------

@@ -23,11 +23,12 @@ dead, so a leader change moves no range whose worker is alive.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import threading
 import time
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, TypeVar
 
 import grpc
 
@@ -35,16 +36,16 @@ from millwheel.importing import AllowList
 from millwheel.state.protocol import StateStore
 
 from .controller_assign import Assigner
+from .controller_link import LEADER_METADATA  # a refused heartbeat's pointer to the leader
 from .controller_registry import REGISTRY_KEY, Registry
 from .generated import millwheel_pb2_grpc as pb_grpc
-from .grpc_server import channel
+from .grpc_server import channel, check
 from .leader import Elector
 from .security import process
 from .status import NotLeaderError, UnavailableError
 
 log = logging.getLogger("millwheel.controller")
 
-LEADER_METADATA = "millwheel-leader"  # trailing metadata of a refused heartbeat: where the leader is
 FORWARDED_METADATA = "millwheel-forwarded"  # set on a request a standby forwards: never forwarded again
 STANDBY_REFRESH_S = 0.5  # how often a standby re-reads the registry version and the assignment
 FORWARD_KEEPALIVE_S = 2.0  # a forward to a leader that stops answering pings fails after ~2x this
@@ -56,6 +57,23 @@ class RemoteError(UnavailableError):
     def __init__(self, message: str, status: grpc.StatusCode) -> None:
         super().__init__(message)
         self.status = status
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def leader_only(fn: F) -> F:
+    """A public write RPC: run by the leader; a standby forwards the call (a well-formed
+    request, by the method's name) and passes the leader's answer back."""
+
+    @functools.wraps(fn)
+    def wrapper(self: Replicated, request: Any, context: grpc.ServicerContext) -> Any:
+        if not self.leading():
+            check(request)
+            return self.forward(fn.__name__, request, context)
+        return fn(self, request, context)
+
+    return wrapper  # type: ignore[return-value]
 
 
 class Replicated:

@@ -44,7 +44,6 @@ class Elector:
         self.epoch: int | None = None  # ours while we lead
         self.leader_address: str | None = None  # whoever leads, as last read
         self.leader_epoch = 0
-        self.elected_at: float | None = None  # monotonic time we became leader
         self._valid_until = 0.0
         self._stop = threading.Event()
         self._step_lock = threading.Lock()
@@ -132,7 +131,6 @@ class Elector:
             if epoch is not None:
                 self._valid_until = sent + self.ttl_s * SAFETY
                 self.epoch = epoch
-                self.elected_at = time.monotonic()
                 self.leader_address, self.leader_epoch = self.address, epoch
                 log.warning("controller %s is the leader (epoch %d)", self.address, epoch)
                 won = epoch
@@ -149,7 +147,6 @@ class Elector:
         log.warning("controller %s is no longer the leader (epoch %s): %s; standing by",
                     self.address, self.epoch, why)
         self.epoch = None
-        self.elected_at = None
         self.on_deposed()
 
 
@@ -158,8 +155,6 @@ class LeaderStore:
     leader epoch (checked by the store atomically with the write); every write is
     refused at once, before reaching the store, when this controller no longer
     believes it leads. Reads pass through."""
-
-    _EPOCH_WRITES = frozenset({"acquire", "put_meta"})
 
     def __init__(self, store: StateStore, elector: Elector) -> None:
         self._store = store
