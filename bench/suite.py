@@ -289,6 +289,22 @@ def _peer(mode: Mode, out: dict[str, Any], uniform1k: WorkloadArgs) -> None:
 PEER_RECORDS = 1_000_000  # Flink's fixed cost per job is ~0.2-1.5 s: too noisy under ~300k records
 
 
+def _peer_ready(mode: Mode, out: dict[str, Any], meta: dict[str, Any], label: str,
+                available: Callable[[], str | None], why_full: str = "") -> bool:
+    """Whether a peer in a virtualenv of its own runs now: full runs only (its first use
+    installs it), and only where it is available; else its row records why not."""
+    if not mode.full_matrix:
+        out["peer"].append({**meta, "error": f"not run: full runs only{why_full}"})
+        log(f"  {label}: full runs only")
+        return False
+    why = available()
+    if why is not None:
+        out["peer"].append({**meta, "error": f"not available: {why}"})
+        log(f"  {label} not available: {why}")
+        return False
+    return True
+
+
 def _peer_flink(mode: Mode, out: dict[str, Any], uniform1k: WorkloadArgs) -> None:
     """Flink SQL at 1M records, beside millwheel's single stage (SQLite, EO strong) at the
     same size run just before it (the ratio is between these two). Full runs only: the
@@ -296,14 +312,8 @@ def _peer_flink(mode: Mode, out: dict[str, Any], uniform1k: WorkloadArgs) -> Non
     (~1 min, ~850 MB), which --quick cannot afford."""
     wa = WorkloadArgs(PEER_RECORDS, 1_000, "uniform")
     meta = {"peer": "flink", "workload": "uniform-1k", "records": wa.n, "recovery": True}
-    if not mode.full_matrix:
-        out["peer"].append({**meta, "error": "not run: full runs only (JVM start and warm-ups ~40 s)"})
-        log("  Flink SQL: full runs only")
-        return
-    why = peer_flink.available()
-    if why is not None:
-        out["peer"].append({**meta, "error": f"not available: {why}"})
-        log(f"  Flink SQL not available: {why}")
+    if not _peer_ready(mode, out, meta, "Flink SQL", peer_flink.available,
+                       " (JVM start and warm-ups ~40 s)"):
         return
     with tempfile.TemporaryDirectory(prefix="millwheel-bench-peer-") as tmp:
         _case(out["peer"], f"millwheel single uniform-1k sqlite eo-strong ({wa.n:,} records, beside Flink)",
@@ -317,14 +327,7 @@ def _peer_pathway(mode: Mode, out: dict[str, Any], uniform1k: WorkloadArgs) -> N
     """Pathway with persistence, full runs only (its first use installs pathway, ~2 min)."""
     wa = WorkloadArgs(PEER_RECORDS, 1_000, "uniform")
     meta = {"peer": "pathway", "workload": "uniform-1k", "records": wa.n, "recovery": True}
-    if not mode.full_matrix:
-        out["peer"].append({**meta, "error": "not run: full runs only"})
-        log("  Pathway: full runs only")
-        return
-    why = peer_pathway.available()
-    if why is not None:
-        out["peer"].append({**meta, "error": f"not available: {why}"})
-        log(f"  Pathway not available: {why}")
+    if not _peer_ready(mode, out, meta, "Pathway", peer_pathway.available):
         return
     _case(out["peer"], "pathway uniform-1k persistence on (snapshots every 1 s)", meta,
           peer_pathway.pathway_case, wa, summary=_tp)
