@@ -179,20 +179,9 @@ class SQLiteFile:
             raise FencedError(computation, range_id, token, current)
 
     def _write(self, fn: Callable[[], T]) -> T:
-        with self._lock:
-            if self._grouped:  # inside write_group: part of its transaction
-                return fn()
-            try:
-                self._db.execute("BEGIN IMMEDIATE")
-            except sqlite3.Error as exc:
-                raise StoreError(f"{self.url}: cannot begin a transaction: {exc}") from exc
-            try:
-                result = fn()
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
-            return result
+        """``fn`` in a write transaction of its own, or in the open write group's."""
+        with self.write_group():
+            return fn()
 
     @contextmanager
     def write_group(self) -> Iterator[None]:
