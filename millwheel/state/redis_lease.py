@@ -27,7 +27,8 @@ T = TypeVar("T")
 _NOW = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-if redis.call('TYPE', KEYS[1]).ok ~= 'none' and redis.call('TYPE', KEYS[1]).ok ~= 'hash' then
+local kind = redis.call('TYPE', KEYS[1]).ok
+if kind ~= 'none' and kind ~= 'hash' then
   return redis.error_reply('MWCORRUPT ' .. KEYS[1] .. ' is not a hash')
 end
 local holder = redis.call('HGET', KEYS[1], '""" + HOLDER + """') or ''
