@@ -114,13 +114,9 @@ class WindowedAggregate(Computation):
                 start_s = str(start)
                 acc = windows.get(start_s)
                 if acc is None:
-                    end = start + size
-                    if end - 1 + lateness < watermark:
-                        continue  # closed for good: the lateness policy let it through, skip
-                    acc = windows[start_s] = [0, 0.0, x, x, False]
-                    ctx.set_timer(f"end:{start}", end - 1)
-                    if lateness:
-                        ctx.set_timer(f"gc:{start}", end - 1 + lateness, hold=False)
+                    acc = self._open(ctx, windows, start, x, watermark)
+                    if acc is None:
+                        continue
                 acc[0] += 1
                 if not counting:
                     acc[1] += x
@@ -131,6 +127,19 @@ class WindowedAggregate(Computation):
             for start_s in changed_fired:  # a late record updated a window already produced
                 self._emit(ctx, int(start_s), windows[start_s])
         self._store(ctx, windows)
+
+    def _open(self, ctx: Context, windows: dict[str, list[Any]], start: int, x: float,
+              watermark: int) -> list[Any] | None:
+        """A new window from ``start`` with its timers (end, and gc under lateness), or
+        None when it closed for good (the lateness policy let its record through: skip)."""
+        end = start + self.windowing.size_us
+        if end - 1 + self.allowed_lateness_us < watermark:
+            return None
+        acc = windows[str(start)] = [0, 0.0, x, x, False]
+        ctx.set_timer(f"end:{start}", end - 1)
+        if self.allowed_lateness_us:
+            ctx.set_timer(f"gc:{start}", end - 1 + self.allowed_lateness_us, hold=False)
+        return acc
 
     def _count(self, ctx: Context, windows: dict[str, list[Any]], timestamps: list[int], size: int,
                watermark: int) -> None:
@@ -143,10 +152,9 @@ class WindowedAggregate(Computation):
             start_s = str(start)
             acc = windows.get(start_s)
             if acc is None:
-                if start + size - 1 < watermark:
-                    continue  # closed for good: the lateness policy let it through, skip
-                acc = windows[start_s] = [0, 0.0, 0.0, 0.0, False]
-                ctx.set_timer(f"end:{start}", start + size - 1)
+                acc = self._open(ctx, windows, start, 0.0, watermark)
+                if acc is None:
+                    continue
             acc[0] += n
         self._store(ctx, windows)
 
