@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import replace
+from functools import partial
 from typing import Any, Callable, ContextManager, Iterator, Sequence
 
 from millwheel.record import Record
@@ -130,9 +131,9 @@ class GroupedStore:
                     kept_p = [] if len(gone) == len(item.productions) else [
                         p for p in item.productions if (p.consumer, p.record.record_id) not in gone]
                     item = replace(item, productions=kept_p)
-                jobs.append(_call(inner.checkpoint, item))
+                jobs.append(partial(inner.checkpoint, item))
             elif type(item) is tuple:  # an ack; with no entries left it still checks the fence
-                jobs.append(_call(inner.ack, *acks.get(i, item)))
+                jobs.append(partial(inner.ack, *acks.get(i, item)))
             else:
                 jobs.append(item)  # type: ignore[arg-type]
         return jobs
@@ -157,7 +158,7 @@ class GroupedStore:
         if not self._deferring:
             self.flush()
             return self.inner.append_log(stream, records)
-        self._held.append(_call(self.inner.append_log, stream, records))
+        self._held.append(partial(self.inner.append_log, stream, records))
         return 0
 
     # -- reads ---------------------------------------------------------------------
@@ -186,7 +187,3 @@ class GroupedStore:
             return attr(*args, **kwargs)
 
         return call
-
-
-def _call(fn: Callable[..., object], *args: object) -> Callable[[], object]:
-    return lambda: fn(*args)
