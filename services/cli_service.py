@@ -152,6 +152,8 @@ def _wait_for_signal(tick: Callable[[], None] | None = None) -> None:
 def cmd_controller(args: argparse.Namespace) -> int:
     from .controller import serve
 
+    if not 0 <= args.takeover_grace <= 86_400:  # nan and inf too: a grace must end
+        raise InvalidSpecError(f"--takeover-grace must be 0..86400 seconds, got {args.takeover_grace:g}")
     _logging(args.log_level)
     security.setup_server(args, "controller")
     server, port, mport, service = serve(

@@ -22,19 +22,22 @@ import threading
 import time
 from typing import Any, Callable
 
-from millwheel.errors import MillWheelError
+from millwheel.errors import InvalidSpecError, MillWheelError
 from millwheel.state.lease import LeadershipLostError
 from millwheel.state.protocol import StateStore
 
 log = logging.getLogger("millwheel.controller")
 
 SAFETY = 0.75  # of the TTL: how long after a renewal was SENT a leader trusts it
+MIN_TTL_S, MAX_TTL_S = 0.1, 3600.0  # renewed every quarter of it; the store takes 1 ms..1 h
 
 
 class Elector:
     def __init__(self, store: StateStore, address: str, ttl_s: float = 2.0,
                  on_elected: Callable[[int], None] = lambda e: None,
                  on_deposed: Callable[[], None] = lambda: None) -> None:
+        if not MIN_TTL_S <= ttl_s <= MAX_TTL_S:
+            raise InvalidSpecError(f"--lease-ttl must be {MIN_TTL_S:g}..{MAX_TTL_S:g} seconds, got {ttl_s:g}")
         self.store = store
         self.address = address
         self.holder = ""

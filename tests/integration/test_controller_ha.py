@@ -19,6 +19,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Iterator
@@ -32,6 +33,7 @@ from services.client import ControllerClient
 from services.security import Security
 from tests.integration.service_cluster import (
     PIPELINE_CODE,
+    ROOT,
     Cluster,
     WatermarkMonitor,
     _stopped,
@@ -265,3 +267,29 @@ def test_a_standbys_console_names_the_leader(tmp_path: Path) -> None:
         assert lead.api("/api/v1/overview")["leading"] is True
     finally:
         ha.stop()
+
+
+@pytest.mark.parametrize("flag,value,says", [
+    ("--lease-ttl", "0", "--lease-ttl must be 0.1..3600 seconds"),
+    ("--lease-ttl", "nan", "--lease-ttl must be 0.1..3600 seconds"),
+    ("--lease-ttl", "1e9", "--lease-ttl must be 0.1..3600 seconds"),
+    ("--takeover-grace", "-1", "--takeover-grace must be 0..86400 seconds"),
+    ("--takeover-grace", "nan", "--takeover-grace must be 0..86400 seconds"),
+    ("--takeover-grace", "inf", "--takeover-grace must be 0..86400 seconds"),
+])
+def test_bad_election_settings_are_refused_and_claim_nothing(tmp_path: Path, flag: str, value: str,
+                                                             says: str) -> None:
+    """A controller that could never lead (or never declare a worker dead) does not start:
+    exit 2 naming the flag, and the store's lease is untouched."""
+    url = f"sqlite:///{tmp_path}/s.db"
+    proc = subprocess.run([sys.executable, "-m", "services.cli", "controller", "--store", url,
+                           "--port", str(free_port()), "--ui-port", "-1", flag, value],
+                          cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert says in proc.stderr
+    store = open_store(url)
+    try:
+        assert store.read_lease() is None
+    finally:
+        store.close()
