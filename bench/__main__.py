@@ -17,7 +17,7 @@ from pathlib import Path
 
 from bench import report, suite
 
-SECTIONS = ("limits", "throughput", "latency", "recovery", "service", "ha", "peer")
+SECTIONS = ("limits", "throughput", "latency", "recovery", "service", "ha", "growth", "ttl", "peer")
 RESULTS = Path(__file__).resolve().parent / "results"
 
 DESCRIPTION = """\
@@ -41,6 +41,10 @@ Sections (all by default, in this order; latency uses throughput's figures):
               replicas) against one Redis, AOF always, interleaved rounds: the
               ratio; and leader kill -9 with 2 controllers: time until a standby
               leads and until the next window result
+  growth      one single-stage run (SQLite, EO strong, streamed workload) at
+              100k, 1M and 10M records (quick: 20k, 200k): records/s, last 30%,
+              peak RSS, store bytes per record; the largest over the smallest
+  ttl         per-key state TTL (1 h) on vs off, interleaved rounds: the ratio
   peer        Bytewax's keyed windowed count, its recovery off and on; Flink SQL's
               (window TVF, exactly-once checkpoints every 1 s; full runs only: its
               own virtualenv bench/.peers/flink is made on first use, Java needed).
@@ -48,7 +52,7 @@ Sections (all by default, in this order; latency uses throughput's figures):
               Pathway with persistence (full runs only, bench/.peers/pathway)
 
 --quick takes under 3 minutes (20k-record cases, a reduced matrix); the full run
-takes 10-20 minutes on 2 cores. Redis cases start private redis-servers on free
+takes 20-30 minutes on 2 cores (growth's 10M run alone ~4-5). Redis cases start private redis-servers on free
 ports (never the system Redis). See docs/bench.md for what each figure means.
 """
 
@@ -118,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / f"{stem}.md").write_text(md)
     print(md)
     print(f"wrote {args.out / stem}.json and .md in {meta['duration_s']:.0f} s", file=sys.stderr)
-    wrong = [e for sec in ("throughput", "latency", "recovery", "service", "ha") for e in results.get(sec, [])
+    wrong = [e for sec in ("throughput", "latency", "recovery", "service", "ha", "long") for e in results.get(sec, [])
              if "result" in e and not e["result"]["correct"]["ok"]]
     return 1 if wrong else 0
 

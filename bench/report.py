@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from bench import long_runs
+
 
 def _find(entries: list[dict[str, Any]], **match: Any) -> dict[str, Any] | None:
     for e in entries:
@@ -61,10 +63,21 @@ def ratios_and_targets(res: dict[str, Any]) -> tuple[dict[str, Any], list[dict[s
         "three_sqlite_eo_strong / three_sqlite_at_least_once":
             _div(three["sqlite"], rps(pipeline="three", store="sqlite", config="at-least-once")),
     }
+    ratios["single_redis_aof_eo_strong / single_sqlite_eo_strong"] = _div(single_redis_aof, single_sqlite)
+    service_sqlite = next((e["result"]["records_per_s"] for e in res.get("service", [])
+                           if e.get("figure") == "backlog" and e.get("store") == "sqlite" and "result" in e
+                           and e["result"]["correct"]["ok"]), None)
+    ratios["service_three_sqlite (up --workers 2) / local_three_sqlite_eo_strong"] = \
+        _div(service_sqlite, three["sqlite"])
+    long = res.get("long", [])
+    ratios["growth: largest run's records/s / smallest's (single sqlite eo-strong, streamed)"] = \
+        long_runs.growth_ratio(long)
+    ratios["state TTL 1 h / none (single sqlite eo-strong, wall)"] = long_runs.ttl_ratio(long)
     ha = next((e for e in res.get("ha", []) if e.get("figure") == "cluster_vs_single_summary"), None)
     ratios["service_redis_cluster / service_redis_always (interleaved rounds, medians)"] = \
         ha["ratio_to_single"].get("redis-cluster") if ha else None
     lat = _find(res["latency"], pipeline="single", store="redis-aof", load_pct=50)
+    lat_sqlite = _find(res["latency"], pipeline="single", store="sqlite", load_pct=50)
     lags = [e["result"]["watermark_lag_added_ms"] for e in res["latency"]
             if "result" in e and e.get("load_pct") == 50]
     worst_lag = max((v["p50"] for lag in lags for v in lag.values() if v["p50"] is not None), default=None)
@@ -77,7 +90,18 @@ def ratios_and_targets(res: dict[str, Any]) -> tuple[dict[str, Any], list[dict[s
                 lat["record_latency_ms"]["p50"] if lat else None, 5.0, "ms", lower=True),
         _target("single stage, EO+strong, Redis AOF, 50% load: record latency p95 <= 20 ms",
                 lat["record_latency_ms"]["p95"] if lat else None, 20.0, "ms", lower=True),
+        _target("single stage, EO+strong, SQLite, 50% load: record latency p50 <= 5 ms",
+                lat_sqlite["record_latency_ms"]["p50"] if lat_sqlite else None, 5.0, "ms", lower=True),
+        _target("single stage, EO+strong, SQLite, 50% load: record latency p95 <= 20 ms",
+                lat_sqlite["record_latency_ms"]["p95"] if lat_sqlite else None, 20.0, "ms", lower=True),
+        _target("single stage, EO+strong: Redis AOF >= 0.5x SQLite (same run)",
+                ratios["single_redis_aof_eo_strong / single_sqlite_eo_strong"], 0.5, "ratio"),
         _target("three stages, EO on: >= 15,000 records/s (best store)", best_three, 15_000, "rec/s"),
+        _target("three stages, SQLite, EO on: service (up --workers 2) >= 0.5x local mode (same run)",
+                ratios["service_three_sqlite (up --workers 2) / local_three_sqlite_eo_strong"], 0.5, "ratio"),
+        _target("long run, SQLite, EO on: the largest run's rate >= 0.9x the smallest's (full: 10M vs 100k)",
+                ratios["growth: largest run's records/s / smallest's (single sqlite eo-strong, streamed)"],
+                0.9, "ratio"),
         _target("three stages, EO on, service (millwheel up --workers 2): >= 15,000 records/s (best store)",
                 _service_best(res), 15_000, "rec/s"),
         _target("local mode, SQLite, EO on: throughput >= Bytewax with recovery on",
@@ -183,6 +207,8 @@ def markdown(doc: dict[str, Any]) -> str:
         from bench import ha
 
         lines += ha.markdown(res["ha"])
+    if res.get("long"):
+        lines += long_runs.markdown(res["long"])
     lines += ["", "## Physical limits (same machine, same run, same record sizes)", "",
               "| limit | setting | records/s (or ops/s) |", "|---|---|---|"]
     for e in res["limits"]:

@@ -131,7 +131,7 @@ def _lat(r: dict[str, Any]) -> str:
 
 def run(mode: Mode, sections: set[str]) -> dict[str, Any]:
     out: dict[str, Any] = {"throughput": [], "latency": [], "recovery": [], "limits": [], "peer": [],
-                           "service": [], "ha": [], "notes": []}
+                           "service": [], "ha": [], "long": [], "notes": []}
     stores = Stores()
     uniform1k = WorkloadArgs(mode.n, 1_000, "uniform")
     try:
@@ -157,6 +157,16 @@ def run(mode: Mode, sections: set[str]) -> dict[str, Any]:
             from bench import ha
 
             ha.section(mode.n, mode.full_matrix, out["ha"], _case)
+        if "growth" in sections:
+            log("== growth: one long run at growing sizes (streamed workload)")
+            from bench import long_runs
+
+            long_runs.growth_section(mode.full_matrix, out["long"], _case)
+        if "ttl" in sections:
+            log("== ttl: per-key state TTL on vs off, interleaved")
+            from bench import long_runs
+
+            long_runs.ttl_section(mode.full_matrix, out["long"], _case)
         if "peer" in sections:
             log("== peer: Bytewax")
             _peer(mode, out, uniform1k)

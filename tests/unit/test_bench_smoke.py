@@ -128,3 +128,32 @@ def test_pathway_peer_reports_not_available_cleanly_and_parses_its_output(tmp_pa
     missing = Counter(want)
     missing[next(iter(missing))] -= 1
     assert not peer_pathway.late_allowance(w, missing)["on_time_exact"]
+
+
+def test_report_computes_the_issue_14_targets_from_a_run() -> None:
+    """The targets table reads the figures of the right cases (store, size) and only
+    exact runs count for the growth ratio."""
+    from bench import report
+
+    def tp(pipeline: str, store: str, rate: float) -> dict[str, object]:
+        return {"pipeline": pipeline, "workload": "uniform-1k", "store": store, "config": "eo-strong",
+                "result": {"records_per_s": rate, "correct": {"ok": True}}}
+
+    def growth(n: int, rate: float, ok: bool = True) -> dict[str, object]:
+        return {"figure": "growth", "records": n, "result": {"records_per_s": rate, "correct": {"ok": ok}}}
+
+    res = {
+        "throughput": [tp("single", "sqlite", 100_000.0), tp("single", "redis-aof", 40_000.0),
+                       tp("three", "sqlite", 30_000.0)],
+        "limits": [], "peer": [], "latency": [], "recovery": [], "ha": [],
+        "service": [{"figure": "backlog", "store": "sqlite",
+                     "result": {"records_per_s": 18_000.0, "correct": {"ok": True}}}],
+        "long": [growth(100_000, 80_000.0), growth(1_000_000, 76_000.0), growth(10_000_000, 1.0, ok=False)],
+    }
+    _ratios, targets = report.ratios_and_targets(res)
+    redis = next(t for t in targets if "Redis AOF >= 0.5x SQLite" in t["target"])
+    assert redis["value"] == 0.4 and redis["met"] is False
+    service = next(t for t in targets if "service (up --workers 2) >= 0.5x local" in t["target"])
+    assert service["value"] == 0.6 and service["met"] is True
+    long = next(t for t in targets if t["target"].startswith("long run"))
+    assert long["value"] == 0.95 and long["met"] is True  # the wrong 10M run does not count
