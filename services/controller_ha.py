@@ -140,6 +140,17 @@ class Replicated:
         self._led_epoch = None
         self._view_at = 0.0  # re-read the store's view at the next standby pass
 
+    def fresh_view(self) -> bool:
+        """A read on a standby named something its view lacks: re-read the store's view
+        now, since a registration made through the leader reaches a standby's periodic
+        pass up to STANDBY_REFRESH_S later. True if the view was re-read (worth looking
+        again); False on the leader, whose view is the truth."""
+        if self.leading():
+            return False
+        self._view_at = 0.0
+        self._standby_pass()
+        return True
+
     def _standby_pass(self) -> None:
         """A standby's view: the registry when its version changed, and the assignment
         (read only, for status and the console), every STANDBY_REFRESH_S."""

@@ -48,6 +48,11 @@ LEADER_METADATA = "millwheel-leader"
 #: when there is somewhere to move to (a stopped controller answers nothing, ever).
 SEVERAL_DEADLINE_S = 1.5
 SINGLE_DEADLINE_S = 5.0
+#: Calls on a link's channels are pinged this often and fail (UNAVAILABLE, so the caller
+#: fails over) when a ping goes unanswered as long: a SIGSTOPped or cut-off controller
+#: sends no reset, and a follow-mode Subscribe or a worker's heartbeat stream to it
+#: would otherwise wait forever. (Controllers accept pings every 1 s: grpc_server.py.)
+LINK_KEEPALIVE_S = 3.0
 FIRST_BACKOFF_S, MAX_BACKOFF_S = 0.05, 1.0
 
 
@@ -156,7 +161,8 @@ class ControllerLink:
             address = address or self._current
             ch = self._channels.get(address)
             if ch is None:
-                ch = self._channels[address] = channel(address, self.security, self.token)
+                ch = self._channels[address] = channel(address, self.security, self.token,
+                                                       keepalive_s=LINK_KEEPALIVE_S)
             return ch
 
     def stub(self, factory: Callable[[grpc.Channel], S], address: str | None = None) -> S:

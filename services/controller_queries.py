@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, TypeVar
 
 import grpc
 
@@ -23,7 +23,7 @@ from millwheel.keys import key_range
 from millwheel.limits import MAX_NAME_CHARS
 from millwheel.state.protocol import StateStore
 from millwheel.state.url import redact
-from millwheel.topology import injector_node
+from millwheel.topology import ComputationSpec, injector_node
 
 from . import convert
 from .controller_assign import Assigner
@@ -34,6 +34,7 @@ from .leader import Elector
 from .status import UnavailableError, rpc, rpc_stream
 
 log = logging.getLogger("millwheel.controller")
+T = TypeVar("T")
 Ctx = grpc.ServicerContext
 
 
@@ -54,32 +55,46 @@ class Queries:
     watermarks: Callable[[], tuple[dict[str, int], dict[str, int]]]
     _node_wm_proto: Callable[[str, dict[str, int], dict[str, int]], pb.NodeWatermark]
     _ranges: Callable[..., list[pb.RangeInfo]]
+    fresh_view: Callable[[], bool]
+
+    def _looked_up(self, lookup: Callable[[], T]) -> T:
+        """``lookup()``; if it finds no such name on a standby, once more after re-reading
+        the store's view (a user who registered through the leader and reads through a
+        standby must not get NOT_FOUND for what exists)."""
+        try:
+            return lookup()
+        except NotFoundError:
+            if not self.fresh_view():
+                raise
+            return lookup()
 
     # -- queries ---------------------------------------------------------------------
     @rpc
     def GetWatermark(self, request: Any, context: Ctx) -> pb.GetWatermarkResponse:
         check(request)
-        with self.lock:
-            out, inputs = self.watermarks()
-            if request.computation:
-                node = request.computation
-                if node not in out and injector_node(node) in out and node not in inputs:
-                    node = injector_node(node)
-                if node not in out:
-                    raise NotFoundError(
-                        f"no computation or injector named {request.computation[:MAX_NAME_CHARS]!r} "
-                        f"(known: {', '.join(sorted(out)) or 'none registered'})")
-                nodes = [node]
-            else:
-                nodes = sorted(out)
-            return pb.GetWatermarkResponse(
-                watermarks=[self._node_wm_proto(n, out, inputs) for n in nodes])
+
+        def answer() -> pb.GetWatermarkResponse:
+            with self.lock:
+                out, inputs = self.watermarks()
+                if request.computation:
+                    node = request.computation
+                    if node not in out and injector_node(node) in out and node not in inputs:
+                        node = injector_node(node)
+                    if node not in out:
+                        raise NotFoundError(
+                            f"no computation or injector named {request.computation[:MAX_NAME_CHARS]!r} "
+                            f"(known: {', '.join(sorted(out)) or 'none registered'})")
+                    nodes = [node]
+                else:
+                    nodes = sorted(out)
+                return pb.GetWatermarkResponse(
+                    watermarks=[self._node_wm_proto(n, out, inputs) for n in nodes])
+        return self._looked_up(answer)
 
     @rpc
     def GetState(self, request: Any, context: Ctx) -> pb.GetStateResponse:
         check(request)
-        with self.lock:
-            spec = self.registry.computation(request.computation)
+        spec = self._looked_up(lambda: self._computation(request.computation))
         if not request.key:
             raise InvalidSpecError(f"GetState of {spec.name!r}: key must not be empty")
         state = self.store.read_state(spec.name, [request.key]).get(request.key)
@@ -92,8 +107,7 @@ class Queries:
     @rpc
     def ListKeys(self, request: Any, context: Ctx) -> pb.ListKeysResponse:
         check(request)
-        with self.lock:
-            spec = self.registry.computation(request.computation)
+        spec = self._looked_up(lambda: self._computation(request.computation))
         size = request.page_size or 100
         if not 1 <= size <= 10_000:
             raise InvalidSpecError(f"ListKeys: page_size must be 1..10000, got {size}")
@@ -101,6 +115,17 @@ class Queries:
         more = len(keys) > size
         keys = keys[:size]
         return pb.ListKeysResponse(keys=keys, next_page_token=keys[-1] if more else "")
+
+    def _computation(self, name: str) -> ComputationSpec:
+        with self.lock:
+            return self.registry.computation(name)
+
+    def _logged(self, stream: str) -> None:
+        """NotFoundError unless ``stream`` is open to Subscribe (logged by the topology)."""
+        with self.lock:
+            topology = self.registry.topology
+        if stream not in topology.logged_streams():
+            raise NotFoundError(convert.unlogged_stream_message(topology, stream))
 
     @rpc
     def ClusterStatus(self, request: Any, context: Ctx) -> pb.ClusterStatusResponse:
@@ -130,10 +155,7 @@ class Queries:
     @rpc_stream
     def Subscribe(self, request: Any, context: Ctx) -> Iterator[pb.SubscribeResponse]:
         check(request)
-        with self.lock:
-            logged = self.registry.topology.logged_streams()
-        if request.stream not in logged:
-            raise NotFoundError(convert.unlogged_stream_message(self.registry.topology, request.stream))
+        self._looked_up(lambda: self._logged(request.stream))
         pos = request.after_seq
         while context.is_active() and not self._stop.is_set():
             entries = self.store.read_log(request.stream, pos, 500)

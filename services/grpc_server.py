@@ -180,5 +180,12 @@ def channel(address: str, security: Security | None = None, token: str | None = 
     ]
     if keepalive_s is not None:
         options += [("grpc.keepalive_time_ms", int(keepalive_s * 1000)),
-                    ("grpc.keepalive_timeout_ms", int(keepalive_s * 1000))]
+                    ("grpc.keepalive_timeout_ms", int(keepalive_s * 1000)),
+                    # grpc-core 1.85 times an unanswered ping out by this, not by the
+                    # keepalive timeout (60 s by default): without it a call to a
+                    # SIGSTOPped peer waited forever (tests/integration/test_controller_ha.py).
+                    ("grpc.http2.ping_timeout_ms", int(keepalive_s * 1000)),
+                    # It also stops pinging after 2 pings without a data frame by
+                    # default: an idle follow-mode Subscribe would lose its keepalive.
+                    ("grpc.http2.max_pings_without_data", 0)]
     return sec.open_channel(address, token if security is not None else sec.cluster_secret, options)

@@ -20,6 +20,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Iterator
@@ -243,6 +244,56 @@ def test_deposed_leader_resumed_writes_nothing(ha: HACluster, tmp_path: Path) ->
     deposed_log = ha.log(f"controller{i}")
     tail = deposed_log[deposed_log.index("no longer the leader"):]
     assert not MOVE.search(tail), "the deposed leader moved a range after it was deposed"
+
+
+def test_follow_subscribe_leaves_a_stopped_controller(tmp_path: Path) -> None:
+    """A follow-mode Subscribe served by a controller that is then SIGSTOPped (it sends
+    no reset and answers nothing) goes on from the other controller within seconds: the
+    link's keepalive fails the stalled call and the client resumes after its last row.
+    Every row arrives once, in the stream's order, and the rows are the failure-free
+    run's. (Without the keepalive the subscriber waits forever: the wait below times out.
+    The subscription starts right after registration: a standby whose periodic view was
+    older answered NOT_FOUND for the stream until it re-read the store on a miss.)"""
+    ha = HACluster(tmp_path)
+    try:
+        leader, topology = _running(ha)
+        s = next(i for i, a in enumerate(ha.addresses) if a != leader)
+        standby = ha.controllers[s]
+        assert standby is not None
+        # the standby first: it serves the subscription (standbys answer reads)
+        sub = ControllerClient(",".join([ha.addresses[s], leader]), timeout_s=10, security=Security())
+        got: list[tuple[int, tuple[str, bytes, int, str]]] = []
+        errors: list[BaseException] = []
+
+        def follow() -> None:
+            try:
+                for seq, r in sub.subscribe("counts", follow=True):
+                    got.append((seq, (r.key, r.value, r.timestamp, r.record_id)))
+            except BaseException as exc:  # noqa: BLE001 - reported by the test
+                errors.append(exc)
+
+        reader = threading.Thread(target=follow, daemon=True)
+        reader.start()
+        records = pipelines.workload(n=1500)
+        half = records[: len(records) // 2]
+        ha.inject("events", "events", half, batch=60, max_disorder_us=DISORDER)
+        wait_for(lambda: got or errors, 60, "the subscriber's first rows (through the standby)")
+        assert not errors, errors
+        os.kill(standby.pid, signal.SIGSTOP)
+        stopped_at, stopped_rows = time.monotonic(), len(got)
+        ha.inject("events", "events", records[len(half):], batch=60, max_disorder_us=DISORDER, done=True)
+        ha.wait_watermark("totals", timeout=120)
+        want = expected_outputs(tmp_path, topology, pipelines.sources(records), ("counts",))["counts"]
+        wait_for(lambda: len(got) >= len(want) or errors, 30, "the subscriber to get every row")
+        print(f"stopped with {stopped_rows} rows; all {len(got)} rows {time.monotonic() - stopped_at:.1f} s later")
+        assert not errors, errors
+        seqs = [seq for seq, _ in got]
+        assert seqs == sorted(set(seqs)), "a row twice or out of order"
+        assert sorted(row for _, row in got) == want
+        assert len(got) > stopped_rows, "nothing arrived after the stop"
+        sub.close()
+    finally:
+        ha.stop()
 
 
 def test_a_standbys_console_names_the_leader(tmp_path: Path) -> None:
