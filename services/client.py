@@ -36,7 +36,7 @@ from typing import Any, Callable, Iterable, Iterator, TypeVar, cast
 
 import grpc
 
-from millwheel.errors import MillWheelError
+from millwheel.errors import MillWheelError, NotFoundError
 from millwheel.record import MIN_TIMESTAMP, Record
 from millwheel.topology import Topology
 
@@ -136,17 +136,30 @@ class ControllerClient:
         _, wait = self.link.choose(address, hint)
         time.sleep(min(wait, tried.left()))
 
-    def _unary(self, method: str, request: Any, timeout: float | None) -> Any:
+    def _unary(self, method: str, request: Any, timeout: float | None, gone_ok: bool = False) -> Any:
         """One unary call with failover; with several controllers, one that does not
-        start it within ``answer_s`` is left for the next."""
+        start it within ``answer_s`` is left for the next. ``gone_ok``: a NOT_FOUND
+        after an attempt that failed over means an earlier attempt did it (None)."""
+        uncertain = False
+
         def attempt(address: str) -> Any:
+            nonlocal uncertain
             fn = getattr(self.link.stub(pb_grpc.ControllerStub, address), method)
-            if not self.link.several:
-                return fn(request, timeout=timeout)
-            fut = fn.future(request, timeout=timeout)
-            await_start(fut, address, self.answer_s)
-            return fut.result()
-        return self._retrying(attempt)
+            try:
+                if not self.link.several:
+                    return fn(request, timeout=timeout)
+                fut = fn.future(request, timeout=timeout)
+                await_start(fut, address, self.answer_s)
+                return fut.result()
+            except grpc.RpcError as exc:
+                uncertain = uncertain or fails_over(exc)
+                raise
+        try:
+            return self._retrying(attempt)
+        except NotFoundError:
+            if gone_ok and uncertain:
+                return None
+            raise
 
     def error(self, exc: grpc.RpcError, tried: Tried | None = None) -> MillWheelError:
         code = exc.code()
@@ -199,8 +212,11 @@ class ControllerClient:
         return cast(pb.RegisterInjectorResponse, self._unary("RegisterInjector", req, self.timeout_s))
 
     def unregister(self, name: str) -> None:
+        """Unregister computation ``name``. NotFoundError if there is none; except when an
+        earlier attempt of this call failed over (its answer lost: it may have taken
+        effect), then NOT_FOUND is the state asked for and the call succeeds."""
         req = pb.UnregisterComputationRequest(name=name)
-        self._unary("UnregisterComputation", req, self.timeout_s)
+        self._unary("UnregisterComputation", req, self.timeout_s, gone_ok=True)
 
     def computations(self) -> pb.ListComputationsResponse:
         return cast(pb.ListComputationsResponse,
