@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
             for tree in args.trees if i % 2 == 0 else args.trees[::-1]:
                 stores = [("redis", server.url)]
                 if not args.no_sqlite:
-                    stores.append(("sqlite", f"sqlite:///{tmp}/{len(runs)}-{i}.db"))
+                    stores.append(("sqlite", f"sqlite:///{tmp}/{sum(map(len, runs.values()))}.db"))
                 for kind, url in stores if i % 2 == 0 else stores[::-1]:
                     if kind == "redis":
                         _flush(url)

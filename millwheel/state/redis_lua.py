@@ -37,10 +37,81 @@ if last == ARGV[2] then return {2, ''} end
 if ARGV[3] ~= '' and last ~= ARGV[3] then return {3, last or ''} end
 """
 
+# Bulk commands: one redis.call per up to 500 arguments instead of one per item (each
+# redis.call costs the script a round through the command table, and the AOF one
+# command); 500 keeps unpack() far below Lua's stack limit and pairs aligned. The
+# result is that of the items one by one: HSET, HDEL, ZREM, LPUSH and ZADD [NX]
+# take many fields and apply them in order. ``zadd`` adds ARGV[first], ARGV[first +
+# step], ... with ``score``.
+BULK = """
+local function many(cmd, key, first, last)
+  local i = first
+  while i <= last do
+    local stop = math.min(last, i + 499)
+    redis.call(cmd, key, unpack(ARGV, i, stop))
+    i = stop + 1
+  end
+end
+local function zadd(key, nx, score, first, last, step)
+  local i = first
+  while i <= last do
+    local t, n = {}, 0
+    if nx then t[1] = 'NX'; n = 1 end
+    local stop = math.min(last, i + step * 250 - 1)
+    for x = i, stop, step do
+      t[n + 1] = score
+      t[n + 2] = ARGV[x]
+      n = n + 2
+    end
+    redis.call('ZADD', key, unpack(t, 1, n))
+    i = i + step * 250
+  end
+end
+"""
+
 # The writes of a checkpoint, shared by CHECKPOINT and the write group's script
 # (millwheel.state.redis_group). ``k`` names the range's keys by role; the arguments
 # start at ARGV[a]: now (µs), the ten counts, then the items. Returns nothing.
-APPLY_CHECKPOINT = """
+APPLY_CHECKPOINT = BULK + """
+local function apply_checkpoint(k, a)
+  local nw, nd, nc, ns, np, ni = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]),
+    tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5]), tonumber(ARGV[a + 6])
+  local nr, nk, ne, keep = tonumber(ARGV[a + 7]), tonumber(ARGV[a + 8]), tonumber(ARGV[a + 9]),
+    tonumber(ARGV[a + 10])
+  local i = a + 11
+  many('HSET', k.state, i, i + 2 * nw - 1)
+  zadd(k.skeys, false, 0, i, i + 2 * nw - 1, 2)
+  i = i + 2 * nw
+  many('HDEL', k.state, i, i + nd - 1)
+  many('ZREM', k.skeys, i, i + nd - 1)
+  i = i + nd
+  many('HDEL', k.timers, i, i + nc - 1)
+  many('ZREM', k.tkeys, i, i + nc - 1)
+  i = i + nc
+  many('HSET', k.timers, i, i + 2 * ns - 1)
+  zadd(k.tkeys, false, 0, i, i + 2 * ns - 1, 2)
+  i = i + 2 * ns
+  for _ = 1, np do
+    if redis.call('HSETNX', k.outbox, ARGV[i], ARGV[i + 1]) == 1 then
+      redis.call('ZADD', k.oorder, redis.call('INCR', k.oseq), ARGV[i])
+    end
+    i = i + 2
+  end
+  zadd(k.ids, true, ARGV[a], i, i + ni - 1, 1)
+  i = i + ni
+  many('HDEL', k.attempts, i, i + nr - 1)
+  many('HDEL', k.atterr, i, i + nr - 1)
+  i = i + nr
+  for _ = 1, nk do
+    redis.call('HINCRBY', k.errcount, ARGV[i], ARGV[i + 1])
+    i = i + 2
+  end
+  many('LPUSH', k.errlog, i, i + ne - 1)
+  if ne > 0 then redis.call('LTRIM', k.errlog, 0, keep - 1) end
+end
+"""
+
+CHECKPOINT = """
 local function apply_checkpoint(k, a)
   local nw, nd, nc, ns, np, ni = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]),
     tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5]), tonumber(ARGV[a + 6])
@@ -122,16 +193,14 @@ return {1, tostring(n)}
 # Shared like APPLY_CHECKPOINT: delete the outbox fields ARGV[first..last].
 APPLY_ACK = """
 local function apply_ack(outbox, oorder, first, last)
-  for i = first, last do
-    redis.call('HDEL', outbox, ARGV[i])
-    redis.call('ZREM', oorder, ARGV[i])
-  end
+  many('HDEL', outbox, first, last)
+  many('ZREM', oorder, first, last)
 end
 """
 
 ACK = """
 local TYPES = {'string', 'string', 'hash', 'zset'}
-""" + PROLOGUE + APPLY_ACK + """
+""" + PROLOGUE + BULK + APPLY_ACK + """
 apply_ack(KEYS[3], KEYS[4], 4, #ARGV)
 redis.call('SET', KEYS[2], ARGV[2])
 return {1, ''}
