@@ -50,9 +50,6 @@ from millwheel.state.redis_connection import LostWritesError, RedisConnection
 from millwheel.state.redis_keys import _field, _frame, _timer_json
 from millwheel.state.redis_lua import APPLY_ACK, APPLY_APPEND, APPLY_CHECKPOINT, APPLY_WATERMARK
 
-_RANGE_KEYS = 15  # a range's keys in the script, in _RangeKeys order
-_LOG_KEYS = 3  # a stream log's keys: seq, ids, entries
-
 # KEYS: NB range blocks of 15 keys (_RangeKeys order), then NL log blocks of 3.
 # ARGV[1] group ID, ARGV[2] NB, ARGV[3] NL; per range block: the ID this store last
 # applied there ('' unknown), '1' if a checkpoint or ack of the group advances it; then
