@@ -19,8 +19,11 @@ per write, and an outbox entry written by a checkpoint and acked later in the sa
 group is neither inserted nor deleted: the group's result is the same (the row never
 outlives the transaction), the b-tree work is not. In local mode every production is
 delivered and acked within the step that made it, so the outbox costs nothing unless a
-step ends before its entries are acked. Only a store with ``write_group`` (SQLite) is
-deferred: elsewhere writes are applied at once, as before.
+step ends before its entries are acked. Only a store with ``write_group`` (SQLite; one
+Redis node, millwheel/state/redis_group.py) is deferred: elsewhere (Redis Cluster)
+writes are applied at once, as before. Because of that cancellation a group must be
+applied whole or not at all, not merely stop at its first failing write: the producer's
+checkpoint without its dropped entry must never be stored without the consumer's.
 
 A held checkpoint costs its range nothing until the flush, so the checkpoint time the
 range reports to its Sensors is that of handing it over; the store's time is the step's.

@@ -98,7 +98,7 @@ def _unfield(raw: bytes) -> tuple[str, str]:
 
 
 def _frame(header: Any, value: bytes) -> bytes:
-    body = json.dumps(header, separators=(",", ":")).encode() + b"\n" + value
+    body = (b"null\n" if header is None else json.dumps(header, separators=(",", ":")).encode() + b"\n") + value
     return _MAGIC + _FRAME.pack(len(body), zlib.crc32(body)) + body
 
 

@@ -37,60 +37,144 @@ if last == ARGV[2] then return {2, ''} end
 if ARGV[3] ~= '' and last ~= ARGV[3] then return {3, last or ''} end
 """
 
+# Bulk commands: one redis.call per up to 500 arguments instead of one per item (each
+# redis.call costs the script a round through the command table, and the AOF one
+# command); 500 keeps unpack() far below Lua's stack limit and pairs aligned. The
+# result is that of the items one by one: HSET, HDEL, ZREM, LPUSH and ZADD [NX]
+# take many fields and apply them in order. ``zadd`` adds ARGV[first], ARGV[first +
+# step], ... with ``score``.
+BULK = """
+local function many(cmd, key, first, last)
+  local i = first
+  while i <= last do
+    local stop = math.min(last, i + 499)
+    redis.call(cmd, key, unpack(ARGV, i, stop))
+    i = stop + 1
+  end
+end
+local function zadd(key, nx, score, first, last, step)
+  local i = first
+  while i <= last do
+    local t, n = {}, 0
+    if nx then t[1] = 'NX'; n = 1 end
+    local stop = math.min(last, i + step * 250 - 1)
+    for x = i, stop, step do
+      t[n + 1] = score
+      t[n + 2] = ARGV[x]
+      n = n + 2
+    end
+    redis.call('ZADD', key, unpack(t, 1, n))
+    i = i + step * 250
+  end
+end
+"""
+
+# The writes of a checkpoint, shared by CHECKPOINT and the write group's script
+# (millwheel.state.redis_group). ``k`` names the range's keys by role; the arguments
+# start at ARGV[a]: now (µs), the ten counts, then the items. Returns nothing.
+APPLY_CHECKPOINT = BULK + """
+local function apply_checkpoint(k, a)
+  local nw, nd, nc, ns, np, ni = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]),
+    tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5]), tonumber(ARGV[a + 6])
+  local nr, nk, ne, keep = tonumber(ARGV[a + 7]), tonumber(ARGV[a + 8]), tonumber(ARGV[a + 9]),
+    tonumber(ARGV[a + 10])
+  local i = a + 11
+  many('HSET', k.state, i, i + 2 * nw - 1)
+  zadd(k.skeys, false, 0, i, i + 2 * nw - 1, 2)
+  i = i + 2 * nw
+  many('HDEL', k.state, i, i + nd - 1)
+  many('ZREM', k.skeys, i, i + nd - 1)
+  i = i + nd
+  many('HDEL', k.timers, i, i + nc - 1)
+  many('ZREM', k.tkeys, i, i + nc - 1)
+  i = i + nc
+  many('HSET', k.timers, i, i + 2 * ns - 1)
+  zadd(k.tkeys, false, 0, i, i + 2 * ns - 1, 2)
+  i = i + 2 * ns
+  for _ = 1, np do
+    if redis.call('HSETNX', k.outbox, ARGV[i], ARGV[i + 1]) == 1 then
+      redis.call('ZADD', k.oorder, redis.call('INCR', k.oseq), ARGV[i])
+    end
+    i = i + 2
+  end
+  zadd(k.ids, true, ARGV[a], i, i + ni - 1, 1)
+  i = i + ni
+  many('HDEL', k.attempts, i, i + nr - 1)
+  many('HDEL', k.atterr, i, i + nr - 1)
+  i = i + nr
+  for _ = 1, nk do
+    redis.call('HINCRBY', k.errcount, ARGV[i], ARGV[i + 1])
+    i = i + 2
+  end
+  many('LPUSH', k.errlog, i, i + ne - 1)
+  if ne > 0 then redis.call('LTRIM', k.errlog, 0, keep - 1) end
+end
+"""
+
+CHECKPOINT = """
+local function apply_checkpoint(k, a)
+  local nw, nd, nc, ns, np, ni = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]),
+    tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5]), tonumber(ARGV[a + 6])
+  local nr, nk, ne, keep = tonumber(ARGV[a + 7]), tonumber(ARGV[a + 8]), tonumber(ARGV[a + 9]),
+    tonumber(ARGV[a + 10])
+  local i = a + 11
+  for _ = 1, nw do
+    redis.call('HSET', k.state, ARGV[i], ARGV[i + 1])
+    redis.call('ZADD', k.skeys, 0, ARGV[i])
+    i = i + 2
+  end
+  for _ = 1, nd do
+    redis.call('HDEL', k.state, ARGV[i])
+    redis.call('ZREM', k.skeys, ARGV[i])
+    i = i + 1
+  end
+  for _ = 1, nc do
+    redis.call('HDEL', k.timers, ARGV[i])
+    redis.call('ZREM', k.tkeys, ARGV[i])
+    i = i + 1
+  end
+  for _ = 1, ns do
+    redis.call('HSET', k.timers, ARGV[i], ARGV[i + 1])
+    redis.call('ZADD', k.tkeys, 0, ARGV[i])
+    i = i + 2
+  end
+  for _ = 1, np do
+    if redis.call('HSETNX', k.outbox, ARGV[i], ARGV[i + 1]) == 1 then
+      redis.call('ZADD', k.oorder, redis.call('INCR', k.oseq), ARGV[i])
+    end
+    i = i + 2
+  end
+  local now = ARGV[a]
+  for _ = 1, ni do
+    redis.call('ZADD', k.ids, 'NX', now, ARGV[i])
+    i = i + 1
+  end
+  for _ = 1, nr do
+    redis.call('HDEL', k.attempts, ARGV[i])
+    redis.call('HDEL', k.atterr, ARGV[i])
+    i = i + 1
+  end
+  for _ = 1, nk do
+    redis.call('HINCRBY', k.errcount, ARGV[i], ARGV[i + 1])
+    i = i + 2
+  end
+  for _ = 1, ne do
+    redis.call('LPUSH', k.errlog, ARGV[i])
+    i = i + 1
+  end
+  if ne > 0 then redis.call('LTRIM', k.errlog, 0, keep - 1) end
+end
+"""
+
 CHECKPOINT = """
 local TYPES = {'string', 'string', 'hash', 'zset', 'hash', 'zset', 'hash', 'zset', 'string', 'zset',
   'hash', 'hash', 'hash', 'list'}
-""" + PROLOGUE + """
+""" + PROLOGUE + APPLY_CHECKPOINT + """
 local o = redis.call('GET', KEYS[9])
 if o and not string.match(o, '^%d+$') then return corrupt(KEYS[9], 'is not an integer') end
-local nw, nd, nc, ns, np, ni = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]),
-  tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
-local nr, nk, ne, keep = tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13]), tonumber(ARGV[14])
-local i = 15
-for _ = 1, nw do
-  redis.call('HSET', KEYS[3], ARGV[i], ARGV[i + 1])
-  redis.call('ZADD', KEYS[4], 0, ARGV[i])
-  i = i + 2
-end
-for _ = 1, nd do
-  redis.call('HDEL', KEYS[3], ARGV[i])
-  redis.call('ZREM', KEYS[4], ARGV[i])
-  i = i + 1
-end
-for _ = 1, nc do
-  redis.call('HDEL', KEYS[5], ARGV[i])
-  redis.call('ZREM', KEYS[6], ARGV[i])
-  i = i + 1
-end
-for _ = 1, ns do
-  redis.call('HSET', KEYS[5], ARGV[i], ARGV[i + 1])
-  redis.call('ZADD', KEYS[6], 0, ARGV[i])
-  i = i + 2
-end
-for _ = 1, np do
-  if redis.call('HSETNX', KEYS[7], ARGV[i], ARGV[i + 1]) == 1 then
-    redis.call('ZADD', KEYS[8], redis.call('INCR', KEYS[9]), ARGV[i])
-  end
-  i = i + 2
-end
-for _ = 1, ni do
-  redis.call('ZADD', KEYS[10], 'NX', ARGV[4], ARGV[i])
-  i = i + 1
-end
-for _ = 1, nr do
-  redis.call('HDEL', KEYS[11], ARGV[i])
-  redis.call('HDEL', KEYS[12], ARGV[i])
-  i = i + 1
-end
-for _ = 1, nk do
-  redis.call('HINCRBY', KEYS[13], ARGV[i], ARGV[i + 1])
-  i = i + 2
-end
-for _ = 1, ne do
-  redis.call('LPUSH', KEYS[14], ARGV[i])
-  i = i + 1
-end
-if ne > 0 then redis.call('LTRIM', KEYS[14], 0, keep - 1) end
+apply_checkpoint({state = KEYS[3], skeys = KEYS[4], timers = KEYS[5], tkeys = KEYS[6],
+  outbox = KEYS[7], oorder = KEYS[8], oseq = KEYS[9], ids = KEYS[10], attempts = KEYS[11],
+  atterr = KEYS[12], errcount = KEYS[13], errlog = KEYS[14]}, 4)
 redis.call('SET', KEYS[2], ARGV[2])
 return {1, ''}
 """
@@ -106,13 +190,18 @@ redis.call('SET', KEYS[2], ARGV[2])
 return {1, tostring(n)}
 """
 
+# Shared like APPLY_CHECKPOINT: delete the outbox fields ARGV[first..last].
+APPLY_ACK = """
+local function apply_ack(outbox, oorder, first, last)
+  many('HDEL', outbox, first, last)
+  many('ZREM', oorder, first, last)
+end
+"""
+
 ACK = """
 local TYPES = {'string', 'string', 'hash', 'zset'}
-""" + PROLOGUE + """
-for i = 4, #ARGV do
-  redis.call('HDEL', KEYS[3], ARGV[i])
-  redis.call('ZREM', KEYS[4], ARGV[i])
-end
+""" + PROLOGUE + BULK + APPLY_ACK + """
+apply_ack(KEYS[3], KEYS[4], 4, #ARGV)
 redis.call('SET', KEYS[2], ARGV[2])
 return {1, ''}
 """
@@ -124,10 +213,10 @@ return {1, tostring(redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', '(' .. ARGV[
 """
 
 # Watermarks are compared as decimal strings: Lua numbers are doubles, timestamps
-# up to 2^62 are not all exact in them.
-WATERMARK = """
-local TYPES = {'string', 'string', 'string'}
-""" + PROLOGUE + """
+# up to 2^62 are not all exact in them. ``watermark_bad`` is the check made before any
+# write; ``raise_watermark`` stores ``value`` unless the stored one is higher and
+# returns what is stored.
+APPLY_WATERMARK = """
 local function less(a, b)
   local na, nb = string.sub(a, 1, 1) == '-', string.sub(b, 1, 1) == '-'
   if na ~= nb then return na end
@@ -135,15 +224,42 @@ local function less(a, b)
   if #a ~= #b then return #a < #b end
   return a < b
 end
-local stored = redis.call('GET', KEYS[3])
-if stored and not string.match(stored, '^-?%d+$') then
-  return corrupt(KEYS[3], 'is not an integer watermark')
+local function watermark_bad(key)
+  local stored = redis.call('GET', key)
+  return stored and not string.match(stored, '^-?%d+$')
 end
-if not stored or less(stored, ARGV[4]) then
-  redis.call('SET', KEYS[3], ARGV[4])
-  stored = ARGV[4]
+local function raise_watermark(key, value)
+  local stored = redis.call('GET', key)
+  if not stored or less(stored, value) then
+    redis.call('SET', key, value)
+    stored = value
+  end
+  return stored
 end
-return {1, stored}
+"""
+
+WATERMARK = """
+local TYPES = {'string', 'string', 'string'}
+""" + PROLOGUE + APPLY_WATERMARK + """
+if watermark_bad(KEYS[3]) then return corrupt(KEYS[3], 'is not an integer watermark') end
+return {1, raise_watermark(KEYS[3], ARGV[4])}
+"""
+
+# Appends the records ARGV[first..last] (pairs: record ID, framed record) not yet in
+# the log; returns how many were new. Idempotent by record ID.
+APPLY_APPEND = """
+local function apply_append(seq, ids, entries, first, last)
+  local n = 0
+  for i = first, last, 2 do
+    if redis.call('HEXISTS', ids, ARGV[i]) == 0 then
+      local s = redis.call('INCR', seq)
+      redis.call('HSET', ids, ARGV[i], s)
+      redis.call('ZADD', entries, s, s .. ':' .. ARGV[i + 1])
+      n = n + 1
+    end
+  end
+  return n
+end
 """
 
 APPEND_LOG = """
@@ -154,14 +270,6 @@ for i = 1, #KEYS do
     return redis.error_reply('MWCORRUPT ' .. KEYS[i] .. ' has type ' .. t .. ', expected ' .. TYPES[i])
   end
 end
-local n = 0
-for i = 1, #ARGV, 2 do
-  if redis.call('HEXISTS', KEYS[2], ARGV[i]) == 0 then
-    local seq = redis.call('INCR', KEYS[1])
-    redis.call('HSET', KEYS[2], ARGV[i], seq)
-    redis.call('ZADD', KEYS[3], seq, seq .. ':' .. ARGV[i + 1])
-    n = n + 1
-  end
-end
-return n
+""" + APPLY_APPEND + """
+return apply_append(KEYS[1], KEYS[2], KEYS[3], 1, #ARGV)
 """

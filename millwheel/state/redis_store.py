@@ -7,7 +7,8 @@ checkpoint, reads, stream log, watermarks, metadata); its base
 imports redis-py) parses the URL, picks the client, retries, runs scripts and fenced
 writes; :mod:`millwheel.state.redis_keys` documents the key layout and frames values;
 :mod:`millwheel.state.redis_cluster` is what differs on Redis Cluster;
-:mod:`millwheel.state.redis_lua` holds the scripts.
+:mod:`millwheel.state.redis_lua` holds the scripts; :mod:`millwheel.state.redis_group`
+holds the write group (a local runner step's writes in one script).
 """
 
 from __future__ import annotations
@@ -19,13 +20,13 @@ from typing import Any, Iterable, Iterator, Sequence
 from millwheel.record import Record, TimeDomain, Timer
 from millwheel.state.lease import check_meta_name
 from millwheel.state.protocol import RECENT_ERRORS, Checkpoint, ErrorReport, Production
-from millwheel.state.redis_connection import RedisConnection
-from millwheel.state.redis_keys import _CHUNK, _field, _frame, _glob_escape, _show, _timer_json, _unframe
+from millwheel.state.redis_group import RedisGrouping, checkpoint_args
+from millwheel.state.redis_keys import _CHUNK, _field, _frame, _glob_escape, _show, _unframe
 from millwheel.state.redis_lease import RedisLease
 from millwheel.state.redis_lua import ACK, APPEND_LOG, BUMP_ATTEMPTS, CHECKPOINT, EXPIRE, WATERMARK
 
 
-class RedisStore(RedisLease, RedisConnection):
+class RedisStore(RedisLease, RedisGrouping):
     """A :class:`~millwheel.state.protocol.StateStore` on Redis (see the module docstring)."""
 
     # -- ownership ----------------------------------------------------------------
@@ -67,35 +68,17 @@ class RedisStore(RedisLease, RedisConnection):
 
     # -- the checkpoint -----------------------------------------------------------
     def checkpoint(self, cp: Checkpoint) -> None:
-        """One EVALSHA: check the token, then state, timers, outbox, IDs; all or nothing."""
+        """One EVALSHA: check the token, then state, timers, outbox, IDs; all or nothing.
+        Inside a write group: held, and applied with the group (redis_group)."""
+        args = checkpoint_args(cp)
+        what = f"checkpoint of {cp.computation!r} range {cp.range_id}"
+        if self._holding():
+            assert self._held is not None
+            self._held.add("c", what, cp.computation, cp.range_id, cp.token, args)
+            return
         rk = self._range(cp.computation, cp.range_id)
-        writes = [(k, v) for k, v in cp.state_writes.items() if v is not None]
-        deletes = [k for k, v in cp.state_writes.items() if v is None]
-        args: list[bytes | str | int] = [
-            cp.now_us, len(writes), len(deletes), len(cp.timer_clears), len(cp.timer_sets),
-            len(cp.productions), len(cp.consumed_ids), len(cp.resolved), len(cp.counters),
-            len(cp.errors), RECENT_ERRORS,
-        ]
-        for key, value in writes:
-            args += [key, _frame(None, value)]
-        args += deletes
-        args += [_field(k, t) for k, t in cp.timer_clears]
-        for t in cp.timer_sets:
-            args += [_field(t.key, t.tag), _timer_json(t)]
-        for p in cp.productions:
-            r = p.record
-            args += [
-                _field(p.consumer, r.record_id),
-                _frame([p.consumer, p.stream, r.record_id, r.key, r.timestamp], r.value),
-            ]
-        args += cp.consumed_ids
-        args += cp.resolved
-        for name, n in cp.counters.items():
-            args += [name, int(n)]
-        args += cp.errors
         self._fenced(
-            f"checkpoint of {cp.computation!r} range {cp.range_id}", CHECKPOINT,
-            cp.computation, cp.range_id, cp.token,
+            what, CHECKPOINT, cp.computation, cp.range_id, cp.token,
             [rk.state, rk.skeys, rk.timers, rk.tkeys, rk.outbox, rk.oorder, rk.oseq, rk.ids,
              rk.attempts, rk.atterr, rk.errcount, rk.errlog],
             args,
@@ -134,11 +117,14 @@ class RedisStore(RedisLease, RedisConnection):
     def ack(
         self, producer: str, range_id: int, token: int, acked: Sequence[tuple[str, str]]
     ) -> None:
+        what = f"ack of {producer!r} range {range_id}"
+        fields = [_field(c, r) for c, r in acked]
+        if self._holding():
+            assert self._held is not None
+            self._held.add("a", what, producer, range_id, token, fields)
+            return
         rk = self._range(producer, range_id)
-        self._fenced(
-            f"ack of {producer!r} range {range_id}", ACK, producer, range_id, token,
-            [rk.outbox, rk.oorder], [_field(c, r) for c, r in acked],
-        )
+        self._fenced(what, ACK, producer, range_id, token, [rk.outbox, rk.oorder], fields)
 
     # -- reads --------------------------------------------------------------------
     def read_state(
@@ -270,6 +256,14 @@ class RedisStore(RedisLease, RedisConnection):
 
     # -- stream log -----------------------------------------------------------------
     def append_log(self, stream: str, records: Sequence[Record]) -> int:
+        """The number of records new to the log (0 inside a write group: not known yet)."""
+        if self._holding():
+            assert self._held is not None
+            held: list[bytes | str | int] = []
+            for r in records:
+                held += [r.record_id, _frame([r.record_id, r.key, r.timestamp], r.value)]
+            self._held.add_log(stream, held)
+            return 0
         seq, ids, entries = self._log(stream)
         added = 0
         for start in range(0, len(records), _CHUNK):
@@ -302,11 +296,14 @@ class RedisStore(RedisLease, RedisConnection):
 
     # -- watermarks -------------------------------------------------------------------
     def report_watermark(self, node: str, range_id: int, token: int, watermark: int) -> int:
+        """The stored watermark (inside a write group: ``watermark``, not known yet)."""
+        what = f"report_watermark of {node!r} range {range_id}"
+        if self._holding():
+            assert self._held is not None
+            self._held.add("w", what, node, range_id, token, [int(watermark)])
+            return int(watermark)
         rk = self._range(node, range_id)
-        detail = self._fenced(
-            f"report_watermark of {node!r} range {range_id}", WATERMARK, node, range_id, token,
-            [rk.wm], [int(watermark)], advances=False,
-        )
+        detail = self._fenced(what, WATERMARK, node, range_id, token, [rk.wm], [int(watermark)], advances=False)
         return int(detail)
 
     def read_watermarks(self, node: str) -> dict[int, int]:
