@@ -9,8 +9,7 @@ runner of the same store) and loops:
    sequence); then the sender acks, deleting the entries (step 4). Records for the
    stream log (sinks) are appended idempotently by record ID, then acked.
 3. Recompute watermarks; fire due timers of each computation, one checkpoint per
-   range, at most ``timer_slice`` per range or twice the records the range received
-   in this step, whichever is more (see :meth:`LocalRunner.step`).
+   range.
 4. Periodically report per-range watermarks to the store and expire old record IDs.
 
 A crash anywhere loses only in-memory work: a new runner on the same store resumes
@@ -38,7 +37,7 @@ from millwheel.runtime.context import RangeTransaction
 from millwheel.runtime.grouped import GroupedStore
 from millwheel.runtime.injector import InjectorWorker
 from millwheel.runtime.outbox import Outbox
-from millwheel.runtime.range_worker import MAX_TIMERS_PER_BATCH, CrashHook, RangeWorker, no_crash
+from millwheel.runtime.range_worker import CrashHook, RangeWorker, no_crash
 from millwheel.runtime.routing import LOG_PREFIX, Router
 from millwheel.sensors import NullSensors, Sensors
 from millwheel.sources import Source
@@ -47,8 +46,6 @@ from millwheel.topology import Productions, Topology, injector_node
 from millwheel.watermark_manager import WatermarkManager
 
 YOUNG_GC_THRESHOLD = 50_000
-TIMER_SLICE = 64
-TIMERS_PER_RECORD = 2  # a window operator sets at most two per record: end and garbage collection
 
 
 def relax_young_gc(threshold: int = YOUNG_GC_THRESHOLD) -> None:
@@ -95,7 +92,6 @@ class LocalRunner:
         batch_size: int = 5000,
         max_pending: int = 20_000,
         watermark_report_interval_us: int = 200_000,
-        timer_slice: int = TIMER_SLICE,
     ) -> None:
         topology.validate()
         relax_young_gc()
@@ -112,10 +108,6 @@ class LocalRunner:
         self.crash = crash
         self.batch_size = batch_size
         self.max_pending = max_pending
-        if timer_slice < 1:
-            raise InvalidSpecError(f"timer_slice must be >= 1, not {timer_slice}")
-        self.timer_slice = timer_slice
-        self._received: dict[tuple[str, int], int] = defaultdict(int)  # records per range, this step
         self.router = Router(topology)
         self._report_interval = watermark_report_interval_us
         self._last_report = MIN_TIMESTAMP
@@ -181,7 +173,6 @@ class LocalRunner:
                     by_range[key_range(p.record.key, len(workers))].append(p.record)
                 input_wm = self.watermarks.input_watermark(consumer)
                 for range_id, records in by_range.items():
-                    self._received[(consumer, range_id)] += len(records)
                     worker = workers[range_id]
                     poison.process_batch(worker, records, input_wm,
                                          lambda txn, w=worker: self._commit(w, txn))  # type: ignore[misc]
@@ -228,22 +219,10 @@ class LocalRunner:
                 return sent
 
     def _fire_timers(self, name: str) -> int:
-        """Fire ``name``'s due timers, each range at most ``timer_slice`` of them or
-        ``TIMERS_PER_RECORD`` per record it received in this step, whichever is more;
-        due timers left over still hold its watermark (RangeWorker.hold) and fire in
-        the next steps. Returns the number of ranges that fired any.
-
-        Per received record, so that a step draining a backlog fires at least as many
-        timers as its records can have set (no timer debt builds up while records
-        flow); ``timer_slice`` when few arrive, so that a window close of every key
-        does not hold up the records arriving meanwhile."""
         fired = 0
         input_wm = self.watermarks.input_watermark(name)
-        received, floor = self._received, self.timer_slice
         for worker in self.workers[name]:
-            limit = min(MAX_TIMERS_PER_BATCH, max(floor, TIMERS_PER_RECORD * received[(name, worker.range_id)]))
-            if poison.fire_timers(worker, input_wm, lambda txn, w=worker: self._commit(w, txn),  # type: ignore[misc]
-                                  limit=limit):
+            if poison.fire_timers(worker, input_wm, lambda txn, w=worker: self._commit(w, txn)):  # type: ignore[misc]
                 fired += 1
         return fired
 
@@ -271,16 +250,7 @@ class LocalRunner:
     # -- the loop --------------------------------------------------------------
     def step(self) -> bool:
         """One pass of steps 1-4; True if anything moved. Its store writes are held and
-        applied together, in order, before it returns (runtime/grouped.py).
-
-        A step's work is bounded so that records do not wait behind timers: at most
-        ``batch_size`` records per send, and per range at most ``timer_slice`` timers or
-        two per record the range received in the step. A window close
-        due for every key (1000 keys: 1000 timers, results and their checkpoints) is
-        thus spread over a few steps when few records arrive, each of which takes the
-        records that arrived meanwhile first (latency under paced load, docs/bench.md
-        "Speed round 2: latency"); a step draining a backlog receives thousands of
-        records and fires as many timers as before."""
+        applied together, in order, before it returns (runtime/grouped.py)."""
         with self._pipe.deferring():
             moved = self._step()
         self._pipe.flush()
@@ -292,7 +262,6 @@ class LocalRunner:
 
     def _step(self) -> bool:
         moved = 0
-        self._received.clear()
         for inj in self.injectors.values():  # 1
             moved += inj.pull(self.batch_size, self.max_pending)
         self._update_watermarks()
