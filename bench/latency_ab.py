@@ -8,8 +8,8 @@ tree's code, as the suite does (``backlog_case``, 1k uniform keys), and every tr
 then paced at the same ``--load`` of it (default 50%), so the trees are compared at
 the same load, and a load that drifts (the machine is shared) moves the rate with it.
 A TREE is a directory holding a copy of the project at some commit (``git archive
-COMMIT | tar -x -C TREE``); no TREE means this one; ``--slices`` compares values of
-the runner's ``timer_slice`` on this tree instead. Each round
+COMMIT | tar -x -C TREE``; give it this tree's ``bench/`` so that only the runner
+differs); no TREE means this one. Each round
 runs the trees in order, reversed every other round (the machine's load drifts). Each
 run is a fresh process with a fresh SQLite file or a flushed private redis-server;
 every run's output is checked exactly. Prints each run, then per tree and store the
@@ -36,22 +36,14 @@ _PACED = """
 import json, sys
 from bench.run_local import WorkloadArgs, paced_case
 n, rate, url, batch = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3], int(sys.argv[4])
-if len(sys.argv) > 5:  # a timer_slice to try
-    from millwheel.runtime.local_runner import LocalRunner
-    init = LocalRunner.__init__
-    def with_slice(self, *a, **k):
-        init(self, *a, **k)
-        self.timer_slice = int(sys.argv[5])
-    LocalRunner.__init__ = with_slice
 wa = WorkloadArgs(n, 1_000, "uniform", density=max(1, int(rate / 5)))
 print(json.dumps(paced_case(wa, "single", url, rate, True, "strong", batch)))
 """
 
 
-def paced(tree: str, n: int, rate: float, url: str, batch: int, timer_slice: int | None = None) -> dict[str, Any]:
+def paced(tree: str, n: int, rate: float, url: str, batch: int) -> dict[str, Any]:
     """One paced case from ``tree``'s code in a fresh interpreter."""
-    extra = [] if timer_slice is None else [str(timer_slice)]
-    out = subprocess.run([sys.executable, "-c", _PACED, str(n), str(rate), url, str(batch), *extra], cwd=tree,
+    out = subprocess.run([sys.executable, "-c", _PACED, str(n), str(rate), url, str(batch)], cwd=tree,
                          capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=tree), check=True)
     r: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
     if not r["correct"]["ok"]:
@@ -69,14 +61,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--backlog", type=int, default=50_000, help="records of the rate-setting backlog case")
     ap.add_argument("--rate", type=float, nargs="*", default=None,
                     help="backlog rate per store (skips measuring it), in --stores order")
-    ap.add_argument("--slices", type=int, nargs="*", default=None,
-                    help="LocalRunner timer_slice values to compare (this tree only, instead of TREEs)")
     ap.add_argument("--batch", type=int, default=5000)
     ap.add_argument("trees", nargs="*")
     args = ap.parse_args(argv)
-    variants: list[tuple[str, int | None]] = [(t, None) for t in args.trees or [str(ROOT)]]
-    if args.slices:
-        variants = [(str(ROOT), n) for n in args.slices]
+    trees: list[str] = args.trees or [str(ROOT)]
     stores = Stores()
     got: dict[tuple[str, str], list[dict[str, float]]] = {}
     try:
@@ -92,14 +80,13 @@ def main(argv: list[str] | None = None) -> int:
                     top = float(r["records_per_s"])
                     print(f"{rnd} {kind:9} backlog {top:,.0f} rec/s", flush=True)
                 rate = top * args.load / 100
-                for tree, timer_slice in variants if rnd % 2 == 0 else variants[::-1]:
+                for tree in trees if rnd % 2 == 0 else trees[::-1]:
                     url = stores.url(kind)
                     assert url is not None
-                    r = paced(tree, int(rate * args.seconds), rate, url, args.batch, timer_slice)
+                    r = paced(tree, int(rate * args.seconds), rate, url, args.batch)
                     lat = r["record_latency_ms"]
-                    label = tree if timer_slice is None else f"timer_slice={timer_slice}"
-                    got.setdefault((label, kind), []).append(lat)
-                    print(f"{rnd} {kind:9} {label}: rate {rate:,.0f} p50 {lat['p50']:.1f} p95 {lat['p95']:.1f} "
+                    got.setdefault((tree, kind), []).append(lat)
+                    print(f"{rnd} {kind:9} {tree}: rate {rate:,.0f} p50 {lat['p50']:.1f} p95 {lat['p95']:.1f} "
                           f"p99 {lat['p99']:.1f} ms; result p95 {r['result_latency_ms']['p95']}", flush=True)
     finally:
         stores.close()
