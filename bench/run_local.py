@@ -20,7 +20,7 @@ import bisect
 import resource
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 from bench import pipelines, redis_memory
 from bench.workload import DISORDER_US, WINDOW_US, Workload, check, generate
@@ -109,26 +109,34 @@ def _percentiles(values: list[float]) -> dict[str, float | None]:
     return {"p50": pct(0.50), "p95": pct(0.95), "p99": pct(0.99), "n": len(s)}
 
 
-def _probe_commits(runner: LocalRunner, stage: str, committed: list[int]) -> None:
+def _probe_commits(runner: LocalRunner, stage: str, committed: list[Sequence[Record]]) -> None:
     """Collect in ``committed`` the records of each checkpoint of ``stage``; the caller
     stamps them when the step that made it returned (``step()`` returns once its writes
-    are applied, so the stamp is an upper bound of the commit time)."""
+    are applied, so the stamp is an upper bound of the commit time).
+
+    The probe keeps references only: which record is which (its workload index, read
+    from its value) is worked out after the run. Parsing every record's value inside the
+    step cost ~23% of the runner's step time in a paced run (py-spy): work the backlog
+    figure (no probe) does not include, so a run paced at "50%" of it loaded the runner
+    more than that (docs/bench.md, "Speed round 2: latency")."""
     for worker in runner.workers[stage]:
         _wrap(worker, committed)
 
 
-def _wrap(worker: RangeWorker, committed: list[int]) -> None:
+def _wrap(worker: RangeWorker, committed: list[Sequence[Record]]) -> None:
     process, commit = worker.process_records, worker.commit
-    pending: dict[int, list[int]] = {}
+    pending: dict[int, Sequence[Record]] = {}
 
-    def process_records(records: Any, input_watermark: int) -> Any:
+    def process_records(records: Sequence[Record], input_watermark: int) -> Any:
         txn = process(records, input_watermark)
-        pending[id(txn)] = [pipelines.sequence_number(r) for r in records]
+        pending[id(txn)] = records
         return txn
 
     def commit_(txn: Any, include_productions: bool = True) -> None:
         commit(txn, include_productions)
-        committed.extend(pending.pop(id(txn), ()))
+        records = pending.pop(id(txn), None)
+        if records:
+            committed.append(records)
 
     worker.process_records = process_records  # type: ignore[method-assign]
     worker.commit = commit_  # type: ignore[method-assign]
@@ -159,8 +167,8 @@ def paced_case(wa: WorkloadArgs, pipeline: str, store_url: str, rate: float, eo:
     records = pipelines.injected(w.records, pipeline)
     source = pipelines.PacedSource(records, rate)
     runner, sensors = _runner(w, pipeline, store_url, source, eo, productions, batch_size)
-    done_at: dict[int, float] = {}
-    committed: list[int] = []
+    stamps: list[tuple[float, list[Sequence[Record]]]] = []  # (step returned, records it committed)
+    committed: list[Sequence[Record]] = []
     _probe_commits(runner, "count", committed)
     nodes = ["injector:events", *pipelines.stage_names(pipeline)]
     samples: dict[str, list[tuple[float, int]]] = {n: [] for n in nodes}
@@ -172,9 +180,9 @@ def paced_case(wa: WorkloadArgs, pipeline: str, store_url: str, rate: float, eo:
     while True:
         moved = runner.step()  # returns when its writes are applied
         now = time.time()
-        for i in committed:
-            done_at.setdefault(i, now)
-        committed.clear()
+        if committed:
+            stamps.append((now, committed[:]))
+            committed.clear()
         for n in nodes:
             samples[n].append((now, runner.watermark(n)))
         for seq, rec in runner.store.read_log(sink, after, 100_000):
@@ -185,6 +193,11 @@ def paced_case(wa: WorkloadArgs, pipeline: str, store_url: str, rate: float, eo:
         if not moved:
             time.sleep(0.0005)
     elapsed = time.perf_counter() - started
+    done_at: dict[int, float] = {}
+    for now, batches in stamps:
+        for batch in batches:
+            for record in batch:
+                done_at.setdefault(pipelines.sequence_number(record), now)
     # Record latency: release -> checkpoint in the count stage.
     rec_lat = [(done_at[i] - source.release_time(i)) * 1000 for i in range(w.size) if i in done_at
                and w.records[i].record_id not in w.late_ids]
