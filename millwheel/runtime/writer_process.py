@@ -57,6 +57,7 @@ from millwheel.record import Record, TimeDomain, Timer
 from millwheel.runtime.grouped import GroupedStore
 from millwheel.state.protocol import Checkpoint, Production, StateStore
 
+SOCKET_BUFFER = 4 << 20  # bytes; the kernel caps it at net.core.wmem_max
 _Held = list[Any]  # Checkpoint | ack tuple | callable, as GroupedStore holds them
 
 
@@ -159,6 +160,11 @@ class PipelinedStore(GroupedStore):
         # multiprocessing's spawn: that re-runs the caller's __main__), talking over a
         # socket pair with multiprocessing's length-prefixed messages.
         mine, theirs = socket.socketpair()
+        # Room for a whole group in the socket: handing it over must not wait until the
+        # child is scheduled to read it (on a busy machine that is milliseconds a step).
+        for sock in (mine, theirs):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_BUFFER)
         root = str(Path(__file__).resolve().parents[2])
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(
             [root, *filter(None, [os.environ.get("PYTHONPATH")])])}
