@@ -52,7 +52,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, Sequence
 
-from millwheel.errors import InvalidSpecError, StoreError
+from millwheel.errors import FencedError, InvalidSpecError, StoreError
 from millwheel.record import Record, TimeDomain, Timer
 from millwheel.runtime.grouped import GroupedStore
 from millwheel.state.protocol import Checkpoint, Production, StateStore
@@ -116,6 +116,26 @@ def _apply(store: Any, group: list[tuple[Any, ...]]) -> None:
                 getattr(store, op[1])(*op[2])
 
 
+def encode_error(exc: BaseException) -> bytes:
+    """The child's reply for a failed group: the error, as the runner will raise it."""
+    if isinstance(exc, FencedError):  # its __init__ takes fields, not the message
+        return pickle.dumps(("F", exc.computation, exc.range_id, exc.token, exc.current))
+    try:
+        reply = pickle.dumps(("E", exc))
+        pickle.loads(reply)
+    except Exception:  # noqa: BLE001 - an error that does not survive pickling
+        reply = pickle.dumps(("E", StoreError(f"writer process: {exc!r}")))
+    return reply
+
+
+def decode_error(reply: bytes) -> BaseException:
+    kind, *fields = pickle.loads(reply)
+    if kind == "F":
+        return FencedError(*fields)
+    error: BaseException = fields[0]
+    return error
+
+
 def _child_main(conn: Connection, url: str) -> None:
     """Apply groups until end of file; after a failed group, reply with its error and
     stop (nothing after it is applied)."""
@@ -131,11 +151,7 @@ def _child_main(conn: Connection, url: str) -> None:
         try:
             _apply(store, pickle.loads(data))
         except BaseException as exc:  # noqa: BLE001 - reported to the runner, then stop
-            try:
-                reply = pickle.dumps(exc)
-                pickle.loads(reply)
-            except Exception:  # noqa: BLE001 - an error that does not survive pickling
-                reply = pickle.dumps(StoreError(f"writer process: {exc!r}"))
+            reply = encode_error(exc)
             try:
                 conn.send_bytes(reply)
             except OSError:
@@ -147,6 +163,27 @@ def _child_main(conn: Connection, url: str) -> None:
             return
 
 
+def start_writer(url: str) -> tuple[Connection, subprocess.Popen[bytes]]:
+    """Start a writer process on the SQLite store at ``url``: its connection and process."""
+    # A fresh interpreter (not fork: no inherited SQLite connection; not
+    # multiprocessing's spawn: that re-runs the caller's __main__), talking over a
+    # socket pair with multiprocessing's length-prefixed messages.
+    mine, theirs = socket.socketpair()
+    # Room for a whole group in the socket: handing it over must not wait until the
+    # child is scheduled to read it (on a busy machine that is milliseconds a step).
+    for sock in (mine, theirs):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_BUFFER)
+    root = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [root, *filter(None, [os.environ.get("PYTHONPATH")])])}
+    child = subprocess.Popen(
+        [sys.executable, "-m", "millwheel.runtime.writer_process", str(theirs.fileno()), url],
+        pass_fds=(theirs.fileno(),), env=env, stdin=subprocess.DEVNULL)
+    theirs.close()
+    return Connection(mine.detach()), child
+
+
 # -- the runner's side ---------------------------------------------------------------
 class PipelinedStore(GroupedStore):
     """A :class:`GroupedStore` whose step groups a child process applies (module doc)."""
@@ -156,23 +193,7 @@ class PipelinedStore(GroupedStore):
         url = store.url
         if not url.startswith("sqlite:///") or ":memory:" in url or self._group is None:
             raise InvalidSpecError(f"the writer process needs a sqlite:/// file store, not {url!r}")
-        # A fresh interpreter (not fork: no inherited SQLite connection; not
-        # multiprocessing's spawn: that re-runs the caller's __main__), talking over a
-        # socket pair with multiprocessing's length-prefixed messages.
-        mine, theirs = socket.socketpair()
-        # Room for a whole group in the socket: handing it over must not wait until the
-        # child is scheduled to read it (on a busy machine that is milliseconds a step).
-        for sock in (mine, theirs):
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_BUFFER)
-        root = str(Path(__file__).resolve().parents[2])
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-            [root, *filter(None, [os.environ.get("PYTHONPATH")])])}
-        self._child = subprocess.Popen(
-            [sys.executable, "-m", "millwheel.runtime.writer_process", str(theirs.fileno()), url],
-            pass_fds=(theirs.fileno(),), env=env, stdin=subprocess.DEVNULL)
-        theirs.close()
-        self._conn = Connection(mine.detach())
+        self._conn, self._child = start_writer(url)
         self._in_flight: _Held | None = None  # held items of the group being applied
         self._failed: BaseException | None = None
         self.groups = 0  # groups the child applied (a sensor for tests)
@@ -191,7 +212,7 @@ class PipelinedStore(GroupedStore):
             raise self._failed from exc
         self._in_flight = None
         if reply:
-            error = pickle.loads(reply)
+            error = decode_error(reply)
             self._failed = error
             raise error
         self.groups += 1
