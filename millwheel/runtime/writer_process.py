@@ -57,6 +57,7 @@ from millwheel.record import Record, TimeDomain, Timer
 from millwheel.runtime.grouped import GroupedStore
 from millwheel.state.protocol import Checkpoint, Production, StateStore
 
+MAX_STEPS_HELD = 8  # steps merged into one group at most while the child is busy
 SOCKET_BUFFER = 4 << 20  # bytes; the kernel caps it at net.core.wmem_max
 _Held = list[Any]  # Checkpoint | ack tuple | callable, as GroupedStore holds them
 
@@ -196,6 +197,7 @@ class PipelinedStore(GroupedStore):
         self._conn, self._child = start_writer(url)
         self._in_flight: _Held | None = None  # held items of the group being applied
         self._failed: BaseException | None = None
+        self._steps_held = 0  # steps whose writes wait for the group in flight
         self.groups = 0  # groups the child applied (a sensor for tests)
 
     # 2. wait for the group in flight
@@ -218,9 +220,17 @@ class PipelinedStore(GroupedStore):
         self.groups += 1
 
     def end_step(self) -> None:
-        """1-3 of the module doc: hand the step's group to the child, not waiting for it."""
+        """1-3 of the module doc: hand the step's group to the child, not waiting for it.
+        While the child is still applying the previous group, the step's writes stay held
+        (up to :data:`MAX_STEPS_HELD` steps) and go with the next step's, one group:
+        the runner never blocks on a child that has not been scheduled yet."""
         if not self._held and self._failed is None:
             return
+        if self._in_flight is not None and self._steps_held < MAX_STEPS_HELD \
+                and self._failed is None and not self._conn.poll():
+            self._steps_held += 1
+            return
+        self._steps_held = 0
         held, self._held = self._held, []
         items = self._cancel_acked(held)  # 1
         group = encode(items, self.inner)  # (3, encoded while the child may still work)
