@@ -224,11 +224,15 @@ class PipelinedStore(GroupedStore):
         While the child is still applying the previous group, the step's writes stay held
         (up to :data:`MAX_STEPS_HELD` steps) and go with the next step's, one group:
         the runner never blocks on a child that has not been scheduled yet."""
-        if not self._held and self._failed is None:
-            return
         if self._in_flight is not None and self._steps_held < MAX_STEPS_HELD \
                 and self._failed is None and not self._conn.poll():
             self._steps_held += 1
+            return
+        self._hand_over()
+
+    def _hand_over(self) -> None:
+        """Steps 1-3: every held write goes to the child (after the group in flight)."""
+        if not self._held and self._failed is None:
             return
         self._steps_held = 0
         held, self._held = self._held, []
@@ -250,8 +254,9 @@ class PipelinedStore(GroupedStore):
         self._in_flight = items
 
     def flush(self) -> None:
-        """Apply every held write and wait until the child committed them."""
-        self.end_step()
+        """Apply every held write and wait until the child committed them (before any
+        read or unheld write: they see, and come after, everything written so far)."""
+        self._hand_over()
         self._wait()
 
     def contains_ids(self, computation: str, range_id: int, ids: Sequence[str]) -> set[str]:

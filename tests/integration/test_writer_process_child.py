@@ -71,3 +71,22 @@ def test_an_orphaned_writers_group_is_fenced_and_nothing_after_it_applied(store:
     assert child.wait(timeout=30) == 0
     conn.close()
     assert set(store.read_state("count", ["a", "b", "c"])) == {"a"}
+
+
+def test_a_read_after_flush_sees_the_steps_held_while_the_child_was_busy(store: SQLiteStore) -> None:
+    """Step 1's big group keeps the child busy, so step 2's writes stay held; a flush
+    (what every read does first) must still apply them, after step 1's."""
+    from millwheel.runtime.writer_process import PipelinedStore
+
+    pipe = PipelinedStore(store)
+    with pipe.deferring():
+        pipe.checkpoint(Checkpoint("count", 0, 1, 1, state_writes={"a": b"1"},
+                                   consumed_ids=[f"id-{i}" for i in range(300_000)]))
+    pipe.end_step()
+    with pipe.deferring():
+        pipe.checkpoint(Checkpoint("count", 0, 1, 2, state_writes={"a": b"2", "b": b"2"}))
+    pipe.end_step()
+    assert pipe._steps_held == 1, "the child finished a 300k-ID group at once?"
+    assert pipe.contains_ids("count", 0, ["id-0", "id-299999", "nope"]) == {"id-0", "id-299999"}
+    assert pipe.read_state("count", ["a", "b"]) == {"a": b"2", "b": b"2"}
+    pipe.stop()
