@@ -194,9 +194,10 @@ def summarize(w: Workload, observed: Counter[tuple[str, int]], jobs: dict[str, d
     }
 
 
-def _millwheel(wa: WorkloadArgs) -> dict[str, Any]:
+def _millwheel(wa: WorkloadArgs, writer_process: bool = False) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="bench-mw-") as tmp:
-        return backlog_case(wa, "single", f"sqlite:///{tmp}/case.db", True, "strong")
+        return backlog_case(wa, "single", f"sqlite:///{tmp}/case.db", True, "strong",
+                            writer_process=writer_process)
 
 
 def main(argv: list[str]) -> int:
@@ -204,7 +205,8 @@ def main(argv: list[str]) -> int:
 
     with_pathway = "--pathway" in argv
     with_bytewax = "--bytewax" in argv
-    argv = [a for a in argv if a not in ("--pathway", "--bytewax")]
+    writer_process = "--writer-process" in argv  # millwheel's local runner with its writer process
+    argv = [a for a in argv if a not in ("--pathway", "--bytewax", "--writer-process")]
     n = int(argv[0]) if argv else 1_000_000
     rounds = int(argv[1]) if len(argv) > 1 else 3
     if with_pathway:
@@ -233,10 +235,12 @@ def main(argv: list[str]) -> int:
     pw: list[float] = []
     bw: list[float] = []
     for i in range(rounds):
-        r = in_fresh_process(_millwheel, wa)
+        r = in_fresh_process(_millwheel, wa, writer_process)
         mw.append(r["records_per_s"])
-        print(f"round {i + 1} millwheel local single SQLite EO strong: {r['records_per_s']:,.0f} rec/s "
-              f"({r['seconds']:.1f} s, per CPU-s {r['records_per_cpu_s']:,.0f}, RSS {r['peak_rss_mb']:.0f} MB) "
+        how = " writer process" if writer_process else ""
+        print(f"round {i + 1} millwheel local single SQLite EO strong{how}: {r['records_per_s']:,.0f} rec/s "
+              f"({r['seconds']:.1f} s, per CPU-s {r['records_per_cpu_s']:,.0f} of the runner, writer "
+              f"process CPU {r['writer_cpu_s']:.1f} s, RSS {r['peak_rss_mb']:.0f} MB) "
               f"output {r['correct']['detail']}", flush=True)
         f = flink_case(wa)
         fl.append(f["records_per_s"])

@@ -48,12 +48,26 @@ def peak_rss_mb() -> float:
 
 
 def _runner(w: Workload, pipeline: str, store_url: str, source: Any, eo: bool, productions: str,
-            batch_size: int, state_ttl_us: int | None = None) -> tuple[LocalRunner, CountingSensors]:
+            batch_size: int, state_ttl_us: int | None = None,
+            writer_process: bool = False) -> tuple[LocalRunner, CountingSensors]:
     store = open_store(store_url)
     sensors = CountingSensors()
     topo = pipelines.topology(pipeline, exactly_once=eo, productions=productions, state_ttl_us=state_ttl_us)
-    runner = LocalRunner(topo, store, {"events": source}, sensors=sensors, batch_size=batch_size)
+    runner = LocalRunner(topo, store, {"events": source}, sensors=sensors, batch_size=batch_size,
+                         writer_process=writer_process)
     return runner, sensors
+
+
+def _writer_cpu_s(runner: LocalRunner) -> float:
+    """CPU seconds of the runner's writer process so far (0 without one; Linux /proc)."""
+    child = getattr(runner.store, "_child", None)
+    if child is None:
+        return 0.0
+    import os
+
+    with open(f"/proc/{child.pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _verdict(w: Workload, runner: LocalRunner, sensors: CountingSensors, pipeline: str) -> dict[str, Any]:
@@ -63,10 +77,12 @@ def _verdict(w: Workload, runner: LocalRunner, sensors: CountingSensors, pipelin
 
 def backlog_case(wa: WorkloadArgs, pipeline: str, store_url: str, eo: bool = True,
                  productions: str = "strong", batch_size: int = 5000,
-                 state_ttl_us: int | None = None) -> dict[str, Any]:
+                 state_ttl_us: int | None = None, writer_process: bool = False) -> dict[str, Any]:
     w = wa.build()
     source = pipelines.BacklogSource(pipelines.injected(w.records, pipeline))
-    runner, sensors = _runner(w, pipeline, store_url, source, eo, productions, batch_size, state_ttl_us)
+    runner, sensors = _runner(w, pipeline, store_url, source, eo, productions, batch_size, state_ttl_us,
+                              writer_process)
+    child_cpu_started = _writer_cpu_s(runner)
     memory = None
     paused = 0.0
     cpu_started = time.process_time()
@@ -81,10 +97,13 @@ def backlog_case(wa: WorkloadArgs, pipeline: str, store_url: str, eo: bool = Tru
             break
         if not moved:
             time.sleep(0.0005)
+    runner.flush()  # the last group may still be in the writer process
     elapsed = time.perf_counter() - started - paused
     cpu = time.process_time() - cpu_started - paused
+    writer_cpu = _writer_cpu_s(runner) - child_cpu_started
     result = {
         "records": w.size, "seconds": elapsed, "records_per_s": w.size / elapsed,
+        "writer_cpu_s": writer_cpu, "runner_cpu_s": cpu,
         # Less sensitive to other load on the machine than wall time (this process only:
         # a Redis server's CPU is not in it).
         "records_per_cpu_s": w.size / cpu,

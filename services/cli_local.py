@@ -41,6 +41,9 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     run.add_argument("--batch-size", type=int, default=None, metavar="N",
                      help="records per batch and checkpoint (default: the runner's, 5000)")
     run.add_argument("--quiet", action="store_true", help="no progress lines")
+    run.add_argument("--writer-process", action="store_true",
+                     help="apply each step's store writes in a child process while the next "
+                          "step runs (uses a second core; sqlite:/// file stores only)")
     run.set_defaults(func=cmd_run)
 
     demo = sub.add_parser("demo", help="run a bundled demo", description="Run a bundled demo.")
@@ -86,8 +89,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         if args.batch_size is not None and args.batch_size < 1:
             raise InvalidSpecError(f"--batch-size must be >= 1, got {args.batch_size}")
         extra = {"batch_size": args.batch_size} if args.batch_size else {}
-        runner = LocalRunner(topology, store, sources, crash=crash_hook_from_env(), **extra)
-        runner.run(on_progress=None if args.quiet else print_progress)
+        runner = LocalRunner(topology, store, sources, crash=crash_hook_from_env(),
+                             writer_process=args.writer_process, **extra)
+        try:
+            runner.run(on_progress=None if args.quiet else print_progress)
+        finally:
+            runner.stop_writer()
         dead_letters = {c.dead_letter_stream for c in topology.computations}
         for stream in topology.sink_streams():
             count = len(store.read_log(stream, 0, 10**9))

@@ -87,20 +87,33 @@ class GroupedStore:
             self.flush()
             job()
 
+    def end_step(self) -> None:
+        """The runner's step ends: apply its writes (a writer process only hands them over)."""
+        self.flush()
+
     def flush(self) -> None:
         """Apply every held write in one transaction; if one fails, none is applied
         and its error is raised."""
         if not self._held:
             return
         held, self._held = self._held, []
-        jobs = self._cancel_acked(held)
+        jobs = self._as_calls(self._cancel_acked(held))
         assert self._group is not None
         with self._group():
             for job in jobs:
                 job()
 
-    def _cancel_acked(self, held: list[Checkpoint | _Ack | Callable[[], object]]) -> list[Callable[[], object]]:
-        """The held writes as calls, minus outbox entries both written and acked here."""
+    def _as_calls(self, held: list[Checkpoint | _Ack | Callable[[], object]]) -> list[Callable[[], object]]:
+        """The held writes as calls on the wrapped store."""
+        inner = self.inner
+        return [partial(inner.checkpoint, item) if type(item) is Checkpoint
+                else partial(inner.ack, *item) if type(item) is tuple
+                else item for item in held]  # type: ignore[misc]
+
+    def _cancel_acked(
+        self, held: list[Checkpoint | _Ack | Callable[[], object]]
+    ) -> list[Checkpoint | _Ack | Callable[[], object]]:
+        """The held writes minus outbox entries both written and acked here."""
         # (producer, range) -> {(consumer, record ID): index of the checkpoint writing it}
         written: dict[tuple[str, int], dict[tuple[str, str], int]] = {}
         for i, item in enumerate(held):
@@ -124,8 +137,7 @@ class GroupedStore:
                         kept.append(entry)
                 if len(kept) < len(acked):
                     acks[i] = (producer, range_id, token, kept)
-        inner = self.inner
-        jobs: list[Callable[[], object]] = []
+        out: list[Checkpoint | _Ack | Callable[[], object]] = []
         for i, item in enumerate(held):
             if type(item) is Checkpoint:
                 gone = drop.get(i)
@@ -134,12 +146,12 @@ class GroupedStore:
                     kept_p = [] if len(gone) == len(item.productions) else [
                         p for p in item.productions if (p.consumer, p.record.record_id) not in gone]
                     item = replace(item, productions=kept_p)
-                jobs.append(partial(inner.checkpoint, item))
+                out.append(item)
             elif type(item) is tuple:  # an ack; with no entries left it still checks the fence
-                jobs.append(partial(inner.ack, *acks.get(i, item)))
+                out.append(acks.get(i, item))
             else:
-                jobs.append(item)  # type: ignore[arg-type]
-        return jobs
+                out.append(item)
+        return out
 
     # -- the held writes -----------------------------------------------------------
     def checkpoint(self, cp: Checkpoint) -> None:

@@ -34,11 +34,11 @@ from millwheel.operators import build_computation
 from millwheel.record import MAX_TIMESTAMP, MIN_TIMESTAMP, Record
 from millwheel.runtime import poison
 from millwheel.runtime.context import RangeTransaction
-from millwheel.runtime.grouped import GroupedStore
 from millwheel.runtime.injector import InjectorWorker
 from millwheel.runtime.outbox import Outbox
 from millwheel.runtime.range_worker import CrashHook, RangeWorker, no_crash
 from millwheel.runtime.routing import LOG_PREFIX, Router
+from millwheel.runtime.writer_process import PipelinedStore, make_pipe
 from millwheel.sensors import NullSensors, Sensors
 from millwheel.sources import Source
 from millwheel.state.protocol import Production, StateStore
@@ -92,6 +92,7 @@ class LocalRunner:
         batch_size: int = 5000,
         max_pending: int = 20_000,
         watermark_report_interval_us: int = 200_000,
+        writer_process: bool = False,
     ) -> None:
         topology.validate()
         relax_young_gc()
@@ -99,8 +100,9 @@ class LocalRunner:
             if inj.name not in sources:
                 raise InvalidSpecError(f"injector {inj.name!r} has no source")
         self.topology = topology
-        # A step's writes are applied together at its end (runtime/grouped.py).
-        self._pipe = GroupedStore(store)
+        # A step's writes are applied together at its end (runtime/grouped.py), by a
+        # child process while the next step runs if asked for (runtime/writer_process.py).
+        self._pipe = make_pipe(store, writer_process)
         self.store = cast(StateStore, self._pipe)
         store = self.store
         self.clock = clock or SystemClock()
@@ -250,15 +252,23 @@ class LocalRunner:
     # -- the loop --------------------------------------------------------------
     def step(self) -> bool:
         """One pass of steps 1-4; True if anything moved. Its store writes are held and
-        applied together, in order, before it returns (runtime/grouped.py)."""
+        applied together, in order, before it returns (runtime/grouped.py), or handed to
+        the writer process, which applies them while the next step runs."""
         with self._pipe.deferring():
             moved = self._step()
-        self._pipe.flush()
+        self._pipe.end_step()
         return moved
 
     def flush(self) -> None:
         """Apply every store write held so far (raises the first that failed)."""
         self._pipe.flush()
+
+    def stop_writer(self) -> None:
+        """Apply every held write and stop the writer process, if there is one."""
+        if isinstance(self._pipe, PipelinedStore):
+            self._pipe.stop()
+        else:
+            self._pipe.flush()
 
     def _step(self) -> bool:
         moved = 0

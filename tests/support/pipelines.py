@@ -151,7 +151,7 @@ computations:
 
 def millwheel_run(
     spec: Path, url: str, crash_at: str | None = None, extra_env: dict[str, str] | None = None,
-    batch_size: int = 250,
+    batch_size: int = 250, extra_args: tuple[str, ...] = (),
 ) -> subprocess.Popen[bytes]:
     """``python -m services.cli run SPEC --store URL`` as a child process (kill it with -9).
 
@@ -162,7 +162,7 @@ def millwheel_run(
         env["MILLWHEEL_CRASH_AT"] = crash_at
     return subprocess.Popen(
         [sys.executable, "-m", "services.cli", "run", str(spec), "--store", url, "--quiet",
-         "--batch-size", str(batch_size)],
+         "--batch-size", str(batch_size), *extra_args],
         cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )
 

@@ -1,0 +1,127 @@
+"""Exactly-once with the writer process (``millwheel run --writer-process``): real kill -9
+of the runner, and of its writer child, at points mid-run; a restart (with the writer
+process again) must leave every sink record equal to a failure-free run's."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from millwheel.state.sqlite_store import SQLiteStore
+from tests.support import pipelines
+
+WP = ("--writer-process",)
+Reference = tuple[Path, pipelines.Outputs]
+
+
+def run(spec: Path, db: Path, crash_at: str | None = None) -> subprocess.Popen[bytes]:
+    return pipelines.millwheel_run(spec, f"sqlite:///{db}", crash_at, extra_args=WP)
+
+
+@pytest.fixture(scope="module")
+def spec_and_reference(tmp_path_factory: pytest.TempPathFactory) -> Reference:
+    """The failure-free run WITHOUT the writer process is the reference."""
+    tmp = tmp_path_factory.mktemp("wp")
+    spec = pipelines.write_spec(tmp, 30000)
+    pipelines.run_to_end(spec, f"sqlite:///{tmp / 'ref.db'}")
+    return spec, pipelines.outputs(SQLiteStore(tmp / "ref.db"))
+
+
+def finish(spec: Path, db: Path) -> None:
+    proc = run(spec, db)
+    _, err = proc.communicate(timeout=180)
+    assert proc.returncode == 0, err.decode()
+
+
+def test_failure_free_run_with_writer_process_equals_reference(tmp_path: Path, spec_and_reference: Reference) -> None:
+    spec, reference = spec_and_reference
+    finish(spec, tmp_path / "s.db")
+    assert pipelines.outputs(SQLiteStore(tmp_path / "s.db")) == reference
+
+
+@pytest.mark.parametrize("crash_at", ["after_checkpoint:7", "after_ack:11", "after_inject:3",
+                                      "after_user_code:20", "after_watermark:2"])
+def test_kill9_runner_at_a_seam_then_restart_equals_reference(
+    tmp_path: Path, spec_and_reference: Reference, crash_at: str
+) -> None:
+    spec, reference = spec_and_reference
+    db = tmp_path / "s.db"
+    proc = run(spec, db, crash_at)
+    proc.communicate(timeout=120)
+    assert proc.returncode == -signal.SIGKILL
+    finish(spec, db)
+    assert pipelines.outputs(SQLiteStore(db)) == reference
+
+
+def test_kill9_runner_at_random_moments(tmp_path: Path, spec_and_reference: Reference) -> None:
+    """Up to six kills at random moments, then a run to the end."""
+    spec, reference = spec_and_reference
+    db = tmp_path / "s.db"
+    rng = random.Random(5)
+    kills = 0
+    for _attempt in range(6):
+        proc = run(spec, db)
+        try:
+            proc.wait(timeout=rng.uniform(0.6, 2.0))  # start-up takes ~0.5 s
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            kills += 1
+            continue
+        assert proc.returncode == 0, proc.stderr.read().decode() if proc.stderr else ""
+        break
+    else:
+        finish(spec, db)
+    assert kills >= 1, "the run finished before any kill; make the workload bigger"
+    assert pipelines.outputs(SQLiteStore(db)) == reference
+
+
+def writer_child(pid: int, timeout_s: float = 10) -> int:
+    """The PID of the runner's writer process (its only child)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        if children:
+            return int(children[0])
+        time.sleep(0.01)
+    raise AssertionError("the runner started no writer process")
+
+
+def test_kill9_writer_process_stops_the_runner_and_a_restart_recovers(
+    tmp_path: Path, spec_and_reference: Reference
+) -> None:
+    """kill -9 of the writer child at random moments: the runner exits with an error
+    naming it (never a success with lost writes); restarts finish the job exactly once."""
+    spec, reference = spec_and_reference
+    db = tmp_path / "s.db"
+    rng = random.Random(23)
+    kills = 0
+    for _attempt in range(6):
+        proc = run(spec, db)
+        child = writer_child(proc.pid)
+        try:
+            proc.wait(timeout=rng.uniform(0.6, 2.0))
+        except subprocess.TimeoutExpired:
+            try:
+                os.kill(child, signal.SIGKILL)
+            except ProcessLookupError:
+                pass  # it already exited: the run is ending
+            _, err = proc.communicate(timeout=60)
+            if proc.returncode == 0:  # the run ended before the kill landed
+                break
+            assert proc.returncode == 2, err.decode()
+            assert "writer process died" in err.decode()
+            kills += 1
+            continue
+        assert proc.returncode == 0, proc.stderr.read().decode() if proc.stderr else ""
+        break
+    else:
+        finish(spec, db)
+    assert kills >= 1, "the run finished before any kill; make the workload bigger"
+    assert pipelines.outputs(SQLiteStore(db)) == reference
