@@ -143,7 +143,8 @@ class SQLiteFile:
     """One SQLite file opened for the store: connection, lock, fence and transactions."""
 
 
-    def __init__(self, path: str | Path, *, synchronous: str = "NORMAL", url: str = "") -> None:
+    def __init__(self, path: str | Path, *, synchronous: str = "NORMAL", url: str = "",
+                 wal_checkpointer: bool = True) -> None:
         self.url = url or f"sqlite:///{path}"
         self.path = str(path)
         if self.path != ":memory:":
@@ -171,7 +172,10 @@ class SQLiteFile:
         _migrate(self._db)
         # The log is copied into the database beside the writer, not inside its commits
         # (sqlite_checkpointer.py: those copies were the p95 of record latency).
-        self._checkpointer = Checkpointer(self.path) if self.path != ":memory:" else None
+        # Off (``?wal_checkpointer=off``): the commit that fills the log copies it, as
+        # SQLite does by default (a little more backlog rate, a longer tail).
+        on = wal_checkpointer and self.path != ":memory:"
+        self._checkpointer = Checkpointer(self.path) if on else None
 
     # -- helpers -------------------------------------------------------------
     def _fence(self, computation: str, range_id: int, token: int) -> None:

@@ -1,7 +1,8 @@
 """The one place a store URL becomes a backend.
 
 * ``sqlite:///relative/path.db`` (relative to the working directory, the SQLAlchemy
-  convention) or ``sqlite:////absolute/path.db`` (``?synchronous=FULL``); every process
+  convention) or ``sqlite:////absolute/path.db`` (``?synchronous=FULL``,
+  ``?wal_checkpointer=off``: no background copy of the log, sqlite_checkpointer.py); every process
   prints the file a URL resolved to (:func:`describe_store`), so neither is a surprise
 * ``redis://[user:password@]host:port/db`` and ``rediss://`` for TLS; the address of
   any Redis Cluster node works too (detected, see ``millwheel.state.redis_cluster``)
@@ -26,7 +27,10 @@ def open_store(url: str) -> StateStore:
             raise InvalidSpecError(f"store URL {url!r}: expected sqlite:///PATH")
         query = parse_qs(parts.query)
         synchronous = query.get("synchronous", ["NORMAL"])[0]
-        return SQLiteStore(path, synchronous=synchronous, url=url)
+        checkpointer = query.get("wal_checkpointer", ["on"])[0]
+        if checkpointer not in ("on", "off"):
+            raise InvalidSpecError(f"store URL {url!r}: wal_checkpointer must be on or off, got {checkpointer!r}")
+        return SQLiteStore(path, synchronous=synchronous, url=url, wal_checkpointer=checkpointer == "on")
     if parts.scheme in ("redis", "rediss"):
         try:
             from millwheel.state.redis_store import RedisStore

@@ -61,3 +61,21 @@ def test_an_in_memory_store_has_no_checkpointer() -> None:
     assert store._checkpointer is None
     write_some(store, 3)
     store.close()
+
+
+def test_the_url_turns_it_off_and_refuses_other_values(tmp_path: Path) -> None:
+    import pytest
+
+    from millwheel.errors import InvalidSpecError
+    from millwheel.state import open_store
+
+    off = open_store(f"sqlite:///{tmp_path}/off.db?wal_checkpointer=off")
+    assert isinstance(off, SQLiteStore) and off._checkpointer is None
+    write_some(off, 3)  # the commits copy the log themselves, as SQLite does by default
+    off.close()
+    on = open_store(f"sqlite:///{tmp_path}/on.db")
+    assert isinstance(on, SQLiteStore) and on._checkpointer is not None
+    on.close()
+    with pytest.raises(InvalidSpecError, match="wal_checkpointer must be on or off, got 'no'"):
+        open_store(f"sqlite:///{tmp_path}/bad.db?wal_checkpointer=no")
+    assert not (tmp_path / "bad.db").exists()  # refused before anything was created
