@@ -46,6 +46,18 @@ from millwheel.state.protocol import Checkpoint, StateStore
 _Ack = tuple[str, int, int, Sequence[tuple[str, str]]]  # producer, range, token, entries
 
 
+def held_ids(items: Sequence[object], computation: str, range_id: int, ids: Sequence[str],
+             found: set[str]) -> None:
+    """Add to ``found`` the IDs among ``ids`` that checkpoints of range ``range_id`` of
+    ``computation`` in ``items`` (held or in flight, not yet in the store) consume."""
+    if not items:
+        return
+    wanted = set(ids)
+    for item in items:
+        if type(item) is Checkpoint and item.computation == computation and item.range_id == range_id:
+            found.update(wanted.intersection(item.consumed_ids))
+
+
 class GroupedStore:
     """A :class:`~millwheel.state.protocol.StateStore` whose writes are held while
     :meth:`deferring` is open and applied together by :meth:`flush`. Every other method
@@ -97,10 +109,14 @@ class GroupedStore:
         if not self._held:
             return
         held, self._held = self._held, []
-        jobs = self._as_calls(self._cancel_acked(held))
+        self._apply(self._cancel_acked(held))
+
+    def _apply(self, items: list[Checkpoint | _Ack | Callable[[], object]]) -> None:
+        """``items`` (acked outbox entries already cancelled) in one transaction of the
+        store's write group, here."""
         assert self._group is not None
         with self._group():
-            for job in jobs:
+            for job in self._as_calls(items):
                 job()
 
     def _as_calls(self, held: list[Checkpoint | _Ack | Callable[[], object]]) -> list[Callable[[], object]]:
@@ -180,12 +196,7 @@ class GroupedStore:
     def contains_ids(self, computation: str, range_id: int, ids: Sequence[str]) -> set[str]:
         """Consumed IDs among ``ids``: the store's plus those of held checkpoints."""
         found = self.inner.contains_ids(computation, range_id, ids)
-        if self._held:
-            wanted = set(ids)
-            for item in self._held:
-                if isinstance(item, Checkpoint) and item.computation == computation \
-                        and item.range_id == range_id:
-                    found.update(wanted.intersection(item.consumed_ids))
+        held_ids(self._held, computation, range_id, ids, found)
         return found
 
     def close(self) -> None:

@@ -54,7 +54,7 @@ from typing import Any, Sequence
 
 from millwheel.errors import FencedError, InvalidSpecError, StoreError
 from millwheel.record import Record, TimeDomain, Timer
-from millwheel.runtime.grouped import GroupedStore
+from millwheel.runtime.grouped import GroupedStore, held_ids
 from millwheel.state.protocol import Checkpoint, Production, StateStore
 
 MAX_STEPS_HELD = 8  # steps merged into one group at most while the child is busy
@@ -241,10 +241,7 @@ class PipelinedStore(GroupedStore):
         data = None if group is None else pickle.dumps(group, protocol=pickle.HIGHEST_PROTOCOL)
         self._wait()  # 2
         if data is None:  # a write only this process can make: apply the group here
-            assert self._group is not None
-            with self._group():
-                for job in self._as_calls(items):
-                    job()
+            self._apply(items)
             return
         try:  # 3
             self._conn.send_bytes(data)
@@ -262,12 +259,7 @@ class PipelinedStore(GroupedStore):
     def contains_ids(self, computation: str, range_id: int, ids: Sequence[str]) -> set[str]:
         """Consumed IDs among ``ids``: the store's plus the in-flight and held groups'."""
         found = super().contains_ids(computation, range_id, ids)
-        if self._in_flight:
-            wanted = set(ids)
-            for item in self._in_flight:
-                if type(item) is Checkpoint and item.computation == computation \
-                        and item.range_id == range_id:
-                    found.update(wanted.intersection(item.consumed_ids))
+        held_ids(self._in_flight or [], computation, range_id, ids, found)
         return found
 
     def stop(self) -> None:

@@ -112,61 +112,6 @@ end
 """
 
 CHECKPOINT = """
-local function apply_checkpoint(k, a)
-  local nw, nd, nc, ns, np, ni = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]),
-    tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5]), tonumber(ARGV[a + 6])
-  local nr, nk, ne, keep = tonumber(ARGV[a + 7]), tonumber(ARGV[a + 8]), tonumber(ARGV[a + 9]),
-    tonumber(ARGV[a + 10])
-  local i = a + 11
-  for _ = 1, nw do
-    redis.call('HSET', k.state, ARGV[i], ARGV[i + 1])
-    redis.call('ZADD', k.skeys, 0, ARGV[i])
-    i = i + 2
-  end
-  for _ = 1, nd do
-    redis.call('HDEL', k.state, ARGV[i])
-    redis.call('ZREM', k.skeys, ARGV[i])
-    i = i + 1
-  end
-  for _ = 1, nc do
-    redis.call('HDEL', k.timers, ARGV[i])
-    redis.call('ZREM', k.tkeys, ARGV[i])
-    i = i + 1
-  end
-  for _ = 1, ns do
-    redis.call('HSET', k.timers, ARGV[i], ARGV[i + 1])
-    redis.call('ZADD', k.tkeys, 0, ARGV[i])
-    i = i + 2
-  end
-  for _ = 1, np do
-    if redis.call('HSETNX', k.outbox, ARGV[i], ARGV[i + 1]) == 1 then
-      redis.call('ZADD', k.oorder, redis.call('INCR', k.oseq), ARGV[i])
-    end
-    i = i + 2
-  end
-  local now = ARGV[a]
-  for _ = 1, ni do
-    redis.call('ZADD', k.ids, 'NX', now, ARGV[i])
-    i = i + 1
-  end
-  for _ = 1, nr do
-    redis.call('HDEL', k.attempts, ARGV[i])
-    redis.call('HDEL', k.atterr, ARGV[i])
-    i = i + 1
-  end
-  for _ = 1, nk do
-    redis.call('HINCRBY', k.errcount, ARGV[i], ARGV[i + 1])
-    i = i + 2
-  end
-  for _ = 1, ne do
-    redis.call('LPUSH', k.errlog, ARGV[i])
-    i = i + 1
-  end
-  if ne > 0 then redis.call('LTRIM', k.errlog, 0, keep - 1) end
-end
-"""
-
-CHECKPOINT = """
 local TYPES = {'string', 'string', 'hash', 'zset', 'hash', 'zset', 'hash', 'zset', 'string', 'zset',
   'hash', 'hash', 'hash', 'list'}
 """ + PROLOGUE + APPLY_CHECKPOINT + """
