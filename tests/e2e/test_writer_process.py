@@ -33,6 +33,17 @@ def spec_and_reference(tmp_path_factory: pytest.TempPathFactory) -> Reference:
     return spec, pipelines.outputs(SQLiteStore(tmp / "ref.db"))
 
 
+@pytest.fixture(scope="module")
+def long_spec_and_reference(tmp_path_factory: pytest.TempPathFactory) -> Reference:
+    """As :func:`spec_and_reference` with 120,000 records (~6 s with the writer on a quiet
+    machine; 30,000 took ~2.7 s): the random kills below, 0.6-2 s into a run, must land
+    before it ends even when nothing else loads the machine."""
+    tmp = tmp_path_factory.mktemp("wp-long")
+    spec = pipelines.write_spec(tmp, 120_000)
+    pipelines.run_to_end(spec, f"sqlite:///{tmp / 'ref.db'}")
+    return spec, pipelines.outputs(SQLiteStore(tmp / "ref.db"))
+
+
 def finish(spec: Path, db: Path) -> None:
     proc = run(spec, db)
     _, err = proc.communicate(timeout=180)
@@ -59,9 +70,9 @@ def test_kill9_runner_at_a_seam_then_restart_equals_reference(
     assert pipelines.outputs(SQLiteStore(db)) == reference
 
 
-def test_kill9_runner_at_random_moments(tmp_path: Path, spec_and_reference: Reference) -> None:
+def test_kill9_runner_at_random_moments(tmp_path: Path, long_spec_and_reference: Reference) -> None:
     """Up to six kills at random moments, then a run to the end."""
-    spec, reference = spec_and_reference
+    spec, reference = long_spec_and_reference
     db = tmp_path / "s.db"
     rng = random.Random(5)
     kills = 0
@@ -94,11 +105,11 @@ def writer_child(pid: int, timeout_s: float = 10) -> int:
 
 
 def test_kill9_writer_process_stops_the_runner_and_a_restart_recovers(
-    tmp_path: Path, spec_and_reference: Reference
+    tmp_path: Path, long_spec_and_reference: Reference
 ) -> None:
     """kill -9 of the writer child at random moments: the runner exits with an error
     naming it (never a success with lost writes); restarts finish the job exactly once."""
-    spec, reference = spec_and_reference
+    spec, reference = long_spec_and_reference
     db = tmp_path / "s.db"
     rng = random.Random(23)
     kills = 0
