@@ -14,6 +14,7 @@ from typing import Any
 from millwheel.errors import InvalidSpecError
 from millwheel.runtime.crash import crash_hook_from_env
 from millwheel.runtime.local_runner import LocalRunner, print_progress
+from millwheel.runtime.writer_process import check_store_url
 from millwheel.sources import Source
 from millwheel.spec import load_spec_file, sources_from_dict, topology_from_dict
 from millwheel.state import open_store
@@ -82,6 +83,8 @@ def load_target(target: str) -> tuple[Topology, dict[str, Source]]:
 
 def cmd_run(args: argparse.Namespace) -> int:
     topology, sources = load_target(args.target)
+    if args.writer_process:  # before the store is opened (a Redis URL would be tried for 30 s)
+        check_store_url(args.store)
     store = open_store(args.store)
     if not args.quiet:
         print(f"store {describe_store(args.store)}", file=sys.stderr)

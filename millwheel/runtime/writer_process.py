@@ -56,6 +56,7 @@ from millwheel.errors import FencedError, InvalidSpecError, StoreError
 from millwheel.record import Record, TimeDomain, Timer
 from millwheel.runtime.grouped import GroupedStore, held_ids
 from millwheel.state.protocol import Checkpoint, Production, StateStore
+from millwheel.state.url import redact
 
 MAX_STEPS_HELD = 8  # steps merged into one group at most while the child is busy
 SOCKET_BUFFER = 4 << 20  # bytes; the kernel caps it at net.core.wmem_max
@@ -186,13 +187,22 @@ def start_writer(url: str) -> tuple[Connection, subprocess.Popen[bytes]]:
 
 
 # -- the runner's side ---------------------------------------------------------------
+def check_store_url(url: str) -> None:
+    """InvalidSpecError unless ``url`` names a SQLite file (the child opens the same
+    file); callers check before opening the store, so a wrong one is refused at once."""
+    if not url.startswith("sqlite:///") or ":memory:" in url:
+        raise InvalidSpecError(f"the writer process needs a sqlite:/// file store, not {redact(url)!r}")
+
+
+
 class PipelinedStore(GroupedStore):
     """A :class:`GroupedStore` whose step groups a child process applies (module doc)."""
 
     def __init__(self, store: StateStore) -> None:
         super().__init__(store)
         url = store.url
-        if not url.startswith("sqlite:///") or ":memory:" in url or self._group is None:
+        check_store_url(url)
+        if self._group is None:
             raise InvalidSpecError(f"the writer process needs a sqlite:/// file store, not {url!r}")
         self._conn, self._child = start_writer(url)
         self._in_flight: _Held | None = None  # held items of the group being applied

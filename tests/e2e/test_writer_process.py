@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from millwheel.state.sqlite_store import SQLiteStore
+from millwheel.state.url import redact
 from tests.support import pipelines
 
 WP = ("--writer-process",)
@@ -136,3 +137,17 @@ def test_kill9_writer_process_stops_the_runner_and_a_restart_recovers(
         finish(spec, db)
     assert kills >= 1, "the run finished before any kill; make the workload bigger"
     assert pipelines.outputs(SQLiteStore(db)) == reference
+
+
+@pytest.mark.parametrize("url", ["redis://127.0.0.1:1/0", "sqlite:///:memory:", "rediss://u:p@h:6379/0?x=y"])
+def test_writer_process_on_another_store_is_refused_at_once(tmp_path: Path, url: str) -> None:
+    """`--writer-process` names the store it cannot serve and exits 2 before opening it:
+    no 30 s of retries against an unreachable Redis, nothing created."""
+    spec = pipelines.write_spec(tmp_path, 100)
+    proc = pipelines.millwheel_run(spec, url, extra_args=WP)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2
+    assert f"the writer process needs a sqlite:/// file store, not {redact(url)!r}" in err.decode()
+    assert "unreachable" not in err.decode()
+    assert "u:p@" not in err.decode()  # the password is not printed
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["events.jsonl", "pipeline.yaml"]
