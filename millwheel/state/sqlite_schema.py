@@ -11,6 +11,7 @@ import functools
 import json
 import sqlite3
 import threading
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator, Sequence, TypeVar
@@ -139,6 +140,22 @@ def _insert_rows(
         done += rows
 
 
+def _wal_mode(db: sqlite3.Connection, timeout_s: float) -> None:
+    """``PRAGMA journal_mode=WAL``, retried while another connection holds the file's
+    lock: switching the mode does not wait on the busy handler, so a process opening the
+    file while another opens it or checkpoints it (two controllers started together)
+    failed at once with "database is locked"."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
+
+
 class SQLiteFile:
     """One SQLite file opened for the store: connection, lock, fence and transactions."""
 
@@ -156,7 +173,7 @@ class SQLiteFile:
         self._db = sqlite3.connect(
             self.path, isolation_level=None, check_same_thread=False, timeout=30.0
         )
-        self._db.execute("PRAGMA journal_mode=WAL")
+        _wal_mode(self._db, 30.0)
         self._db.execute(f"PRAGMA synchronous={synchronous.upper()}")
         self._db.execute("PRAGMA busy_timeout=30000")
         # Checkpoint the WAL into the database every 64 MB instead of every 4 MB: hot
