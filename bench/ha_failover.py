@@ -41,8 +41,8 @@ from bench import pipelines, workload
 from bench.service import ROOT, _closed, _free_port
 from bench.workload import DISORDER_US
 from services.client import ControllerClient, inject_messages
-from services.convert import spec_to_proto
-from services.security import Security
+from services.rpc.convert import spec_to_proto
+from services.rpc.security import Security
 
 SINK = pipelines.sink_stream("single")
 

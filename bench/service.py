@@ -44,8 +44,8 @@ from bench import pipelines, workload
 from bench.workload import DISORDER_US, WINDOW_US
 from millwheel.record import MAX_TIMESTAMP
 from services.client import ControllerClient, inject_messages
-from services.convert import spec_to_proto
-from services.security import Security
+from services.rpc.convert import spec_to_proto
+from services.rpc.security import Security
 
 ROOT = Path(__file__).resolve().parents[1]
 SINK = "rows"

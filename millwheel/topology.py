@@ -60,7 +60,7 @@ class Options:
     on_error: ErrorPolicy = ErrorPolicy.DEAD_LETTER
     max_attempts: int = 3
     dead_letter_stream: str | None = None  # None: "<computation>.dead_letters"
-    max_batch_seconds: float = 60.0  # deadline on user code per batch (services/watchdog.py)
+    max_batch_seconds: float = 60.0  # deadline on user code per batch (services/worker/watchdog.py)
     state_ttl_us: int | None = None  # per-key state expiry after its last write (millwheel.runtime.ttl)
 
     def validate(self, where: str) -> None:

@@ -11,7 +11,7 @@
         mw.watermarks(); mw.state("counts", "ann"); list(mw.keys("counts")); mw.status()
 
 gRPC failures come back as millwheel errors of the matching class (via
-:mod:`services.status`: NotFoundError, InvalidSpecError, PermissionDeniedError, ...)
+:mod:`services.rpc.status`: NotFoundError, InvalidSpecError, PermissionDeniedError, ...)
 with the server's message and the gRPC status in ``.status`` (a ``grpc.StatusCode``),
 so callers handle one kind of error whether the failure was local or remote.
 
@@ -19,7 +19,7 @@ Several controllers (``"a:7070,b:7070"``, as ``--controller`` and
 ``$MILLWHEEL_CONTROLLER`` take them): a call that fails with UNAVAILABLE or
 DEADLINE_EXCEEDED, or that a controller does not even start within 1.5 s (a stopped
 process), goes to the leader the failed controller named, else to the next address
-(:mod:`services.controller_link`), for up to ``failover_s``; then an UnavailableError
+(:mod:`services.rpc.controller_link`), for up to ``failover_s``; then an UnavailableError
 names every address tried. Subscribe resumes after the last record it yielded; Inject
 resends the messages of the broken call (see :meth:`ControllerClient.inject`). With a
 single address and no leader named, a failure is raised at once, as it always was.
@@ -40,12 +40,12 @@ from millwheel.errors import MillWheelError, NotFoundError
 from millwheel.record import MIN_TIMESTAMP, Record
 from millwheel.topology import Topology
 
-from .controller_link import SEVERAL_DEADLINE_S, ControllerLink, Tried, await_start, fails_over, leader_hint
 from .generated import millwheel_pb2 as pb
 from .generated import millwheel_pb2_grpc as pb_grpc
 from .inject_feed import CallFeed
-from .security import Security, client_security
-from .status import UnavailableError, error_class
+from .rpc.controller_link import SEVERAL_DEADLINE_S, ControllerLink, Tried, await_start, fails_over, leader_hint
+from .rpc.security import Security, client_security
+from .rpc.status import UnavailableError, error_class
 
 DEFAULT_CONTROLLER = "127.0.0.1:7070"
 #: ``--controller`` of every command that calls a controller (clients and workers).
@@ -68,7 +68,7 @@ class ControllerClient:
         """``address``: one controller or several, comma-separated (default
         ``$MILLWHEEL_CONTROLLER``, else 127.0.0.1:7070). ``security``: token and TLS
         settings (default: from the environment, see
-        :func:`services.security.client_security`). ``failover_s``: how long a call
+        :func:`services.rpc.security.client_security`). ``failover_s``: how long a call
         keeps going from controller to controller before it gives up; ``answer_s``: with
         several addresses, how long a controller may take to start a call before the
         client moves on (a stopped controller accepts connections and answers nothing)."""
@@ -178,7 +178,7 @@ class ControllerClient:
     def register(self, topology: Topology) -> pb.RegisterTopologyResponse:
         """Register a :class:`~millwheel.topology.Topology` (computations, injectors and
         log streams) all or nothing."""
-        from .convert import spec_to_proto
+        from .rpc.convert import spec_to_proto
 
         return self.register_topology([spec_to_proto(c) for c in topology.computations],
                                       [(i.name, i.stream) for i in topology.injectors],

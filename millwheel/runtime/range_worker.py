@@ -277,7 +277,7 @@ class RangeWorker:
         Timers whose identity ``given_up`` accepts (or that used up their attempts) are
         cleared without running, listed in ``txn.given_up_timers`` for the error policy
         (a timer that overran its deadline alone is one of them). ``watch(causes)`` wraps
-        the user code (the service's deadline, services/watchdog.py).
+        the user code (the service's deadline, services/worker/watchdog.py).
         """
         txn = RangeTransaction(self)
         now = self.clock.now_us()

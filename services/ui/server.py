@@ -32,13 +32,13 @@ from importlib import resources
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
 
-from .. import security
-from ..grpc_server import ListenError
+from ..rpc import security
+from ..rpc.server import ListenError
 from .snapshot import Snapshotter, controller_view
 from .tracker import BadRequest, Tracker
 
 if TYPE_CHECKING:
-    from ..controller import ControllerService
+    from ..controller.service import ControllerService
 
 log = logging.getLogger("millwheel.ui")
 

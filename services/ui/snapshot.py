@@ -28,12 +28,12 @@ from typing import TYPE_CHECKING, Any, Callable
 from millwheel.record import MAX_TIMESTAMP, MIN_TIMESTAMP
 from millwheel.topology import Topology, injector_node
 
-from ..controller_errors import error_info
+from ..controller.errors import error_info
 from ..metrics import ControllerView, Samples, scrape
 from .history import History
 
 if TYPE_CHECKING:
-    from ..controller import ControllerService
+    from ..controller.service import ControllerService
 
 log = logging.getLogger("millwheel.ui")
 

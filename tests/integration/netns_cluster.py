@@ -19,7 +19,7 @@ import urllib.request
 from pathlib import Path
 
 from services.client import ControllerClient
-from services.security import Security
+from services.rpc.security import Security
 from tests.integration.service_cluster import PIPELINE_CODE, ROOT, Cluster, wait_for
 from tests.support import netns
 from tests.support.redis_server import REDIS_SERVER

@@ -22,8 +22,8 @@ from millwheel.spec import computation_to_dict
 from millwheel.state import open_store
 from millwheel.topology import Topology
 from services.client import ControllerClient, UnavailableError, inject_messages
-from services.convert import spec_to_proto
-from services.security import Security
+from services.rpc.convert import spec_to_proto
+from services.rpc.security import Security
 from tests.support.redis_server import free_port
 
 ROOT = Path(__file__).resolve().parents[2]

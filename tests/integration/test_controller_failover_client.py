@@ -26,8 +26,8 @@ import pytest
 from millwheel.record import Record
 from services.client import ControllerClient, inject_messages
 from services.generated import millwheel_pb2 as pb
-from services.security import Security
-from services.status import UnavailableError
+from services.rpc.security import Security
+from services.rpc.status import UnavailableError
 from tests.integration.service_cluster import ROOT, Cluster, expected_outputs, wait_for
 from tests.support import pipelines
 from tests.support.redis_server import free_port

@@ -31,7 +31,7 @@ from millwheel.state import open_store
 from millwheel.state.lease import Lease
 from millwheel.topology import Topology
 from services.client import ControllerClient
-from services.security import Security
+from services.rpc.security import Security
 from tests.integration.service_cluster import (
     PIPELINE_CODE,
     ROOT,

@@ -33,9 +33,9 @@ from grpc_reflection.v1alpha import reflection_pb2
 
 from millwheel.record import Record
 from millwheel.topology import Topology
-from services.convert import spec_to_proto
 from services.generated import millwheel_pb2 as pb
-from services.security import Security
+from services.rpc.convert import spec_to_proto
+from services.rpc.security import Security
 from tests.integration.service_cluster import ROOT, Cluster, expected_outputs, spec_dicts, wait_for
 from tests.support import pipelines
 from tests.support.certs import CertificateAuthority

@@ -11,7 +11,7 @@ import pytest
 
 from millwheel.errors import AlreadyExistsError, InvalidSpecError, NotFoundError
 from services.generated import millwheel_pb2 as pb
-from services.grpc_server import channel
+from services.rpc.server import channel
 from tests.integration.service_cluster import PIPELINE_CODE, Cluster
 from tests.support import pipelines
 
@@ -125,7 +125,7 @@ def test_bad_queries_name_what_is_missing(cluster: Cluster) -> None:
 
 
 def test_bad_specs_are_refused_and_register_nothing(cluster: Cluster) -> None:
-    from services.convert import spec_dict_to_proto
+    from services.rpc.convert import spec_dict_to_proto
 
     c = cluster.client
     before = snapshot(cluster)
@@ -169,7 +169,7 @@ def test_bad_specs_are_refused_and_register_nothing(cluster: Cluster) -> None:
         c.register_injector("events", "parsed")
     with pytest.raises(NotFoundError):
         c.unregister("nope")
-    from services.status import PreconditionError
+    from services.rpc.status import PreconditionError
 
     with pytest.raises(PreconditionError, match="cannot unregister 'counts'"):
         c.unregister("counts")
@@ -197,7 +197,7 @@ def test_cli_reports_errors_with_exit_code(cluster: Cluster, tmp_path: Path) -> 
 
 
 def test_unregister_removes_a_computation_and_its_ranges(cluster: Cluster) -> None:
-    from services.convert import spec_dict_to_proto
+    from services.rpc.convert import spec_dict_to_proto
 
     c = cluster.client
     before = snapshot(cluster)

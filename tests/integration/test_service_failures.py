@@ -19,7 +19,7 @@ import pytest
 from millwheel.topology import Topology
 from services.generated import millwheel_pb2 as pb
 from services.generated import millwheel_pb2_grpc as pb_grpc
-from services.grpc_server import channel
+from services.rpc.server import channel
 from tests.integration.service_cluster import (
     PIPELINE_CODE,
     Cluster,

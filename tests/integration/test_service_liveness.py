@@ -35,9 +35,9 @@ from millwheel.record import Record
 from millwheel.sources import ListSource
 from millwheel.topology import CodeRef, ComputationSpec, InjectorSpec, InputSpec, Options, Topology
 from services.client import ControllerClient
+from services.controller.limits import InjectLimits
 from services.generated import millwheel_pb2 as pb
-from services.grpc_server import channel
-from services.limits import InjectLimits
+from services.rpc.server import channel
 from tests.integration.service_cluster import PIPELINE_CODE, Cluster, expected_outputs, wait_for
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]

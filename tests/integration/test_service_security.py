@@ -28,8 +28,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.client import ControllerClient
 from services.generated import millwheel_pb2 as pb
-from services.grpc_server import channel
-from services.security import Security
+from services.rpc.security import Security
+from services.rpc.server import channel
 from tests.integration.service_cluster import ROOT, wait_for
 from tests.support.redis_server import free_port
 

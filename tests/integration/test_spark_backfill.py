@@ -11,8 +11,8 @@ import pytest
 from millwheel.runtime.local_runner import LocalRunner
 from millwheel.state.sqlite_store import SQLiteStore
 from services.cli import main
-from services.cli_local import load_target
-from services.cli_spark import parse_time
+from services.cli.local import load_target
+from services.cli.spark import parse_time
 from tests.support import pipelines
 
 S = 1_000_000

@@ -20,7 +20,7 @@ from typing import Any
 
 from millwheel.runtime.local_runner import LocalRunner
 from millwheel.state.sqlite_store import SQLiteStore
-from services.cli_local import load_target
+from services.cli.local import load_target
 from tests.support import pipelines
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -25,8 +25,8 @@ import yaml
 
 from millwheel.record import MAX_TIMESTAMP, MIN_TIMESTAMP, Record
 from millwheel.spec import computation_to_dict
-from services.convert import spec_dict_to_proto, spec_from_proto
-from services.security import Security
+from services.rpc.convert import spec_dict_to_proto, spec_from_proto
+from services.rpc.security import Security
 from tests.integration.service_cluster import ROOT, Cluster, wait_for
 from tests.integration.ui_cluster import (
     SECRET,

@@ -14,7 +14,7 @@ import pytest
 
 from millwheel.record import Record
 from services.client import ControllerClient
-from services.security import Security
+from services.rpc.security import Security
 from tests.integration.service_cluster import PIPELINE_CODE, expected_outputs, wait_for
 from tests.integration.test_up_cleanup import _role, children, processes_mentioning, up
 from tests.support import pipelines

@@ -19,8 +19,8 @@ from typing import Any
 import yaml
 
 from millwheel.record import Record
-from services.convert import spec_dict_to_proto
-from services.security import Security
+from services.rpc.convert import spec_dict_to_proto
+from services.rpc.security import Security
 from tests.integration.service_cluster import ROOT, Cluster, wait_for
 from tests.support.redis_server import free_port
 

@@ -19,7 +19,7 @@ from millwheel.errors import NotFoundError
 from services.client import ControllerClient
 from services.generated import millwheel_pb2 as pb
 from services.generated import millwheel_pb2_grpc as pb_grpc
-from services.security import Security
+from services.rpc.security import Security
 
 
 class _Controller(pb_grpc.ControllerServicer):

@@ -8,7 +8,7 @@ import grpc
 import pytest
 
 from millwheel.errors import InvalidSpecError
-from services.controller_link import (
+from services.rpc.controller_link import (
     AddressListError,
     ControllerLink,
     NoAnswer,

@@ -47,7 +47,7 @@ def parse_cli(argv: list[str], where: str) -> Namespace:
 
 
 def drain_timeout_s() -> float:
-    from services.worker import WorkerProcess
+    from services.worker.service import WorkerProcess
 
     return float(inspect.signature(WorkerProcess.drain_and_stop).parameters["timeout_s"].default)
 

@@ -11,11 +11,12 @@ import time
 
 from millwheel.record import Record
 from millwheel.topology import CodeRef, ComputationSpec, InputSpec, Options
-from services import convert, overruns
+from services.cli.restarter import Restarter
+from services.controller.inject_split import split
 from services.generated import millwheel_pb2 as pb
-from services.inject_split import split
-from services.restarter import Restarter
-from services.worker_progress import MAX_IDS, ProgressBlock
+from services.rpc import convert
+from services.worker import overruns
+from services.worker.progress import MAX_IDS, ProgressBlock
 
 
 def records(n: int) -> list[Record]:

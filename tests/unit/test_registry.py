@@ -14,7 +14,7 @@ from millwheel.importing import AllowList
 from millwheel.spec import computation_from_dict, computation_to_dict
 from millwheel.state.sqlite_store import SQLiteStore
 from millwheel.topology import ComputationSpec, InjectorSpec
-from services.controller_registry import REGISTRY_KEY, Registry
+from services.controller.registry import REGISTRY_KEY, Registry
 
 
 def comp(name: str, source: str = "events", code: dict[str, object] | None = None) -> ComputationSpec:

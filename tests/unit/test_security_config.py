@@ -1,5 +1,5 @@
-"""How a process reads its security settings (services/security.py) and how the
-bearer token is taken from call metadata (services/auth.py). The behaviour against
+"""How a process reads its security settings (services/rpc/security.py) and how the
+bearer token is taken from call metadata (services/rpc/auth.py). The behaviour against
 real servers is in tests/integration/test_service_security.py."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from services.auth import AuthInterceptor, bearer_token
 from services.cli import build_parser
-from services.security import SecurityConfigError, from_args, is_loopback
+from services.rpc.auth import AuthInterceptor, bearer_token
+from services.rpc.security import SecurityConfigError, from_args, is_loopback
 
 ENV = ("MILLWHEEL_AUTH_TOKEN", "MILLWHEEL_AUTH_TOKEN_FILE", "MILLWHEEL_CLUSTER_SECRET",
        "MILLWHEEL_CLUSTER_SECRET_FILE", "MILLWHEEL_TLS_CERT", "MILLWHEEL_TLS_KEY", "MILLWHEEL_TLS_CA",

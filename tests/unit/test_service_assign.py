@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from millwheel.state.sqlite_store import SQLiteStore
-from services.controller_assign import Assigner
+from services.controller.assign import Assigner
 
 
 def counts(a: Assigner) -> dict[str | None, int]:

@@ -164,7 +164,7 @@ def test_bad_ttls_are_refused_at_registration(bad: object) -> None:
 
 
 def test_the_ttl_round_trips_through_spec_files_and_the_wire() -> None:
-    from services.convert import spec_from_proto, spec_to_proto
+    from services.rpc.convert import spec_from_proto, spec_to_proto
 
     spec = computation_from_dict({"name": "c", "inputs": [{"stream": "in"}], "outputs": ["o"],
                                   "code": {"name": "filter", "params": {"expr": "True"}},

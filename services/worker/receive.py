@@ -3,8 +3,8 @@ injection messages (an Inject session's messages are applied in order), injectin
 an injector's outbox, and processing a batch for an owned range (steps 1-3 of the
 exactly-once sequence; the ack is step 4), weak productions included.
 
-:class:`Receiver` is a mixin of :class:`services.worker.WorkerProcess`, which holds the
-state it uses; the sending side is :mod:`services.worker_send`.
+:class:`Receiver` is a mixin of :class:`services.worker.service.WorkerProcess`, which holds the
+state it uses; the sending side is :mod:`services.worker.send`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import grpc
 
@@ -27,16 +27,14 @@ from millwheel.runtime.routing import Router
 from millwheel.state.protocol import Production, StateStore
 from millwheel.topology import Productions, Topology
 
-from . import convert, overruns
-from .generated import millwheel_pb2 as pb
-from .grpc_server import Malformed
+from ..generated import millwheel_pb2 as pb
+from ..rpc import convert
+from ..rpc.server import Malformed
+from ..rpc.worker_link import PeerLink
+from . import overruns
+from .progress import NoProgress, ProgressBlock
+from .units import OwnedRange, OwnerInfo
 from .watchdog import Watchdog
-from .worker_link import PeerLink
-from .worker_progress import NoProgress, ProgressBlock
-from .worker_units import OwnedRange
-
-if TYPE_CHECKING:
-    from .worker import OwnerInfo, WorkerProcess
 
 log = logging.getLogger("millwheel.worker")
 Unit = tuple[str, int]
@@ -45,11 +43,12 @@ Unit = tuple[str, int]
 class Receiver:
     """Inject and Deliver into the ranges this worker owns (a mixin of WorkerProcess)."""
 
-    # Set by WorkerProcess.__init__ (services/worker.py) or defined by its other parts.
+    # Set by WorkerProcess.__init__ (services/worker/service.py) or defined by its other parts.
     units: dict[Unit, OwnedRange]
     owners: dict[Unit, OwnerInfo]
     input_wms: dict[str, int]
     topology: Topology
+    version: int
     router: Router
     worker_id: str
     store: StateStore
@@ -181,7 +180,7 @@ class Receiver:
                 return pb.DeliverAck(status=pb.DeliverAck.NOT_OWNER, message="range moved")
             rw = owned.worker
             try:
-                # Records that overran their deadline before run alone; see services/overruns.py.
+                # Records that overran their deadline before run alone; see services/worker/overruns.py.
                 seen = owned.fresh_overruns() if self.watchdog else owned.overruns
                 segments, refused = overruns.plan(records, seen) if seen else ([records], [])
                 if refused:  # overran alone: the error policy gives them up without running
@@ -215,7 +214,7 @@ class Receiver:
 class DeliverServicer:
     """The Worker service: batches in on a bidirectional stream, one ack per batch."""
 
-    def __init__(self, worker: WorkerProcess) -> None:
+    def __init__(self, worker: Receiver) -> None:
         self.worker = worker
 
     def Deliver(self, request_iterator: Iterator[Any], context: grpc.ServicerContext) -> Iterator[pb.DeliverAck]:

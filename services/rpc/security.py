@@ -147,7 +147,7 @@ _process = Security()
 
 def configure(security: Security) -> None:
     """Install this process's settings: used by every server it starts and every
-    internal channel it opens (:func:`services.grpc_server.start_server`/``channel``)."""
+    internal channel it opens (:func:`services.rpc.server.start_server`/``channel``)."""
     global _process
     _process = security
 

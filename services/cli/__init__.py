@@ -11,9 +11,7 @@ import sys
 from millwheel import __version__
 from millwheel.errors import MillWheelError
 
-COMMAND_MODULES = tuple(
-    f"{__package__}.{m}" for m in ("cli_local", "cli_service", "cli_client", "cli_errors", "cli_spark")
-)
+COMMAND_MODULES = tuple(f"{__package__}.{m}" for m in ("local", "service", "remote", "errors", "spark"))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -51,7 +49,3 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("millwheel: interrupted", file=sys.stderr)
         return 130
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,7 +1,7 @@
 """``millwheel up`` restarts its workers when they die.
 
 A worker may die on purpose: its watchdog kills it when user code overruns its
-deadline (:mod:`services.watchdog`), and the replacement learns from the store which
+deadline (:mod:`services.worker.watchdog`), and the replacement learns from the store which
 records to isolate. Like a process supervisor (``deploy/supervisor``'s
 ``autorestart``, a Kubernetes pod's restart policy), ``millwheel up`` starts a new
 worker in its place, after a backoff that doubles while workers keep dying quickly

@@ -1,6 +1,6 @@
 """Service commands: run the processes (up, controller, worker). The client commands
 that talk to them (register, unregister, inject, watermark, state, keys, status,
-computations, subscribe) are in :mod:`services.cli_client`.
+computations, subscribe) are in :mod:`services.cli.remote`.
 """
 
 from __future__ import annotations
@@ -20,12 +20,12 @@ from typing import Any, Callable
 from millwheel.errors import InvalidSpecError
 from millwheel.state.url import describe_store
 
-from . import security
-from .client import CONTROLLER_HELP, CONTROLLER_METAVAR, ControllerClient, controller_address
-from .limits import InjectLimits
+from ..client import CONTROLLER_HELP, CONTROLLER_METAVAR, ControllerClient, controller_address
+from ..controller.limits import InjectLimits
+from ..rpc import security
+from ..ui.server import add_args as console_args
+from ..ui.server import free_port, start_console
 from .restarter import Restarter
-from .ui.server import add_args as console_args
-from .ui.server import free_port, start_console
 
 DEFAULT_STORE = "sqlite:///millwheel-data/service.db"
 
@@ -150,7 +150,7 @@ def _wait_for_signal(tick: Callable[[], None] | None = None) -> None:
 
 
 def cmd_controller(args: argparse.Namespace) -> int:
-    from .controller import serve
+    from ..controller.service import serve
 
     if not 0 <= args.takeover_grace <= 86_400:  # nan and inf too: a grace must end
         raise InvalidSpecError(f"--takeover-grace must be 0..86400 seconds, got {args.takeover_grace:g}")
@@ -175,7 +175,7 @@ def cmd_controller(args: argparse.Namespace) -> int:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from .worker import WorkerProcess
+    from ..worker.service import WorkerProcess
 
     _logging(args.log_level)
     security.setup_server(args, "worker")
@@ -210,7 +210,7 @@ def cmd_up(args: argparse.Namespace) -> int:
                 raise InvalidSpecError(
                     f"port {port} on {args.host} is in use (another millwheel controller?); "
                     "choose another with --port")
-    base = [sys.executable, "-m", f"{__package__}.cli"]
+    base = [sys.executable, "-m", str(__package__)]
     client_sec, secure_args, how = security.up_credentials(args)
     common = ["--store", args.store, "--host", args.host, "--log-level", args.log_level,
               "--allow-code", args.allow_code, *secure_args]

@@ -17,7 +17,8 @@ import json
 import time
 from collections import defaultdict
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import TYPE_CHECKING, Any
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
 
 from millwheel.errors import NotFoundError
 from millwheel.keys import key_range
@@ -26,13 +27,12 @@ from millwheel.runtime.poison import letter_record
 from millwheel.state.protocol import StateStore
 from millwheel.topology import ComputationSpec, ErrorPolicy
 
-from . import convert
-from .generated import millwheel_pb2 as pb
-from .status import UnavailableError
-from .worker_link import LinkError
-
-if TYPE_CHECKING:
-    from .controller import ControllerService
+from ..generated import millwheel_pb2 as pb
+from ..rpc import convert
+from ..rpc.status import UnavailableError
+from ..rpc.worker_link import LinkError, PeerLink
+from .assign import Assigner
+from .registry import Registry
 
 REPLAY_CURSOR = "replay-cursor:"  # + computation: last dead-letter log seq replayed
 REPLAY_CHUNK = 500
@@ -69,8 +69,28 @@ def error_info(store: StateStore, spec: ComputationSpec) -> dict[str, Any]:
             "late_dropped": counters["late_dropped"], "recent_errors": recent[:20], "retrying": retrying}
 
 
+class ReplayHost(Protocol):
+    """What a replay needs of the controller (:class:`services.controller.service.ControllerService`
+    is one): read at each use, since a change of leadership replaces the registry and
+    the assignment."""
+
+    @property
+    def lock(self) -> AbstractContextManager[Any]: ...
+
+    @property
+    def store(self) -> StateStore: ...
+
+    @property
+    def registry(self) -> Registry: ...
+
+    @property
+    def assigner(self) -> Assigner: ...
+
+    def _link(self, address: str) -> PeerLink: ...
+
+
 class Replayer:
-    def __init__(self, controller: ControllerService) -> None:
+    def __init__(self, controller: ReplayHost) -> None:
         self.controller = controller
 
     def replay(self, name: str) -> pb.ReplayDeadLettersResponse:

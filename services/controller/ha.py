@@ -1,9 +1,9 @@
 """Controller replicas: what a controller does as the leader or as a standby.
 
-Any number of controllers run over one store; :class:`services.leader.Elector` makes
+Any number of controllers run over one store; :class:`services.controller.leader.Elector` makes
 one of them the leader. Only the leader writes (registry, assignment, tokens, the
 watermark reports of workers), each write fenced by its epoch
-(:class:`services.leader.LeaderStore`). A standby
+(:class:`services.controller.leader.LeaderStore`). A standby
 
 * answers reads itself from the store: watermarks, state, keys, the registry
   (re-read when its version changes), Subscribe;
@@ -18,7 +18,7 @@ On election the new leader reloads the registry and the assignment from the stor
 gives the workers found there ``takeover_grace_s`` to heartbeat before declaring any
 dead, so a leader change moves no range whose worker is alive.
 
-:class:`Replicated` is a mixin of :class:`services.controller.ControllerService`.
+:class:`Replicated` is a mixin of :class:`services.controller.service.ControllerService`.
 """
 
 from __future__ import annotations
@@ -35,14 +35,14 @@ import grpc
 from millwheel.importing import AllowList
 from millwheel.state.protocol import StateStore
 
-from .controller_assign import Assigner
-from .controller_link import LEADER_METADATA  # a refused heartbeat's pointer to the leader
-from .controller_registry import REGISTRY_KEY, Registry
-from .generated import millwheel_pb2_grpc as pb_grpc
-from .grpc_server import channel, check
+from ..generated import millwheel_pb2_grpc as pb_grpc
+from ..rpc.controller_link import LEADER_METADATA  # a refused heartbeat's pointer to the leader
+from ..rpc.security import process
+from ..rpc.server import channel, check
+from ..rpc.status import NotLeaderError, UnavailableError
+from .assign import Assigner
 from .leader import Elector
-from .security import process
-from .status import NotLeaderError, UnavailableError
+from .registry import REGISTRY_KEY, Registry
 
 log = logging.getLogger("millwheel.controller")
 
@@ -79,7 +79,7 @@ def leader_only(fn: F) -> F:
 class Replicated:
     """Leader or standby (a mixin of ControllerService)."""
 
-    # Set by ControllerService.__init__ (services/controller.py).
+    # Set by ControllerService.__init__ (services/controller/service.py).
     store: StateStore
     registry: Registry
     assigner: Assigner

@@ -34,8 +34,8 @@ import grpc
 
 from millwheel.errors import InvalidSpecError
 
-from .grpc_server import channel
 from .security import Security
+from .server import channel
 
 log = logging.getLogger("millwheel.controller_link")
 S = TypeVar("S")
@@ -51,7 +51,7 @@ SINGLE_DEADLINE_S = 5.0
 #: Calls on a link's channels are pinged this often and fail (UNAVAILABLE, so the caller
 #: fails over) when a ping goes unanswered as long: a SIGSTOPped or cut-off controller
 #: sends no reset, and a follow-mode Subscribe or a worker's heartbeat stream to it
-#: would otherwise wait forever. (Controllers accept pings every 1 s: grpc_server.py.)
+#: would otherwise wait forever. (Controllers accept pings every 1 s: services/rpc/server.py.)
 LINK_KEEPALIVE_S = 3.0
 FIRST_BACKOFF_S, MAX_BACKOFF_S = 0.05, 1.0
 
@@ -117,7 +117,7 @@ def fails_over(exc: BaseException) -> bool:
 class ControllerLink:
     """Channels to a list of controllers and the current one (see the module docstring).
 
-    ``security``/``token`` are passed to :func:`services.grpc_server.channel` as they
+    ``security``/``token`` are passed to :func:`services.rpc.server.channel` as they
     are: None for a cluster member's internal channel (the process's TLS and cluster
     secret), a client's own settings and token otherwise."""
 

@@ -5,7 +5,7 @@ Why a process: a thread cannot interrupt user code that holds the interpreter (o
 call such as ``3999999**999999`` holds the GIL for as long as it runs), and while it
 runs no other thread of the worker runs either, heartbeats included. The watchdog
 runs in its own interpreter, reads the worker's progress block
-(:mod:`services.worker_progress`) and acts:
+(:mod:`services.worker.progress`) and acts:
 
 * **busy, not dead**: while the worker's own heartbeats are late and it is inside a
   batch within its deadline and not stopped (``/proc/PID/stat`` state ``T``), the
@@ -13,7 +13,7 @@ runs in its own interpreter, reads the worker's progress block
   A stopped, dead or idle-but-silent worker gets none: silence still means dead.
 * **deadline**: when a batch overruns ``options.max_batch_seconds`` (time the worker
   spent stopped does not count), the watchdog records the batch's record IDs in the
-  store (:mod:`services.overruns`) and SIGKILLs the worker (see :meth:`_Loop.overrun`
+  store (:mod:`services.worker.overruns`) and SIGKILLs the worker (see :meth:`_Loop.overrun`
   for the order). The ranges move (or the restarted worker takes them back), senders
   resend the unacked batch, and the new owner isolates the recorded records.
 * **the worker died**: the watchdog holds the read end of a pipe whose write end only
@@ -38,8 +38,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from . import overruns, security
-from .store_lock import open_service_store
+from ..rpc import security
+from ..store_lock import open_service_store
+from . import overruns
 
 log = logging.getLogger("millwheel.watchdog")
 SECURITY_ENV = "MILLWHEEL_WATCHDOG_SECURITY"  # the worker's Security, as JSON
@@ -89,8 +90,8 @@ def _state(pid: int) -> str | None:
 
 class _Loop:
     def __init__(self, cfg: dict[str, Any]) -> None:
-        from .controller_link import ControllerLink
-        from .worker_progress import ProgressBlock
+        from ..rpc.controller_link import ControllerLink
+        from .progress import ProgressBlock
 
         self.cfg = cfg
         self.pid = int(cfg["pid"])
@@ -173,9 +174,9 @@ class _Loop:
     def liveness(self) -> None:
         """One liveness-only heartbeat; a controller that fails it (away, stopped, or a
         standby) leaves the next one to the next controller, as the worker's own do."""
-        from .controller_link import fails_over
-        from .generated import millwheel_pb2 as pb
-        from .generated import millwheel_pb2_grpc as pb_grpc
+        from ..generated import millwheel_pb2 as pb
+        from ..generated import millwheel_pb2_grpc as pb_grpc
+        from ..rpc.controller_link import fails_over
 
         address = self.link.current
         try:

@@ -6,7 +6,7 @@ the IDs of the batch's records: ``{record_id: {"overruns": n, "alone": bool}}``,
 ``alone`` when the batch was that one record. The batch's sender still holds the
 records (they were never acked) and resends them to whoever owns the range next.
 
-That owner (:class:`~services.worker_units.OwnedRange` loads the entry when it takes
+That owner (:class:`~services.worker.units.OwnedRange` loads the entry when it takes
 the range) processes a batch containing such records in order, in segments: each
 suspect record alone (its own batch, its own deadline), the records between them
 together. A record that already overran alone is not run again: it goes to the

@@ -1,39 +1,28 @@
 """Client commands: talk to a running controller (register, unregister, inject,
-watermark, state, keys, status, computations, subscribe), and the table/JSON output
-they share.
+watermark, state, keys, status, computations, subscribe).
 
 Every client command prints a human table by default and JSON with ``--json``; the
 controller address comes from ``--controller``, ``$MILLWHEEL_CONTROLLER`` or
 127.0.0.1:7070. The process commands (up, controller, worker) are in
-:mod:`services.cli_service`.
+:mod:`services.cli.service`.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import sys
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator
 
 from millwheel.errors import InvalidSpecError
-from millwheel.record import MAX_TIMESTAMP, MIN_TIMESTAMP, Record
+from millwheel.record import Record
 from millwheel.sources import parse_json_record
 from millwheel.spec import load_spec_file
 
-from . import security
-from .client import CONTROLLER_HELP, CONTROLLER_METAVAR, ControllerClient, inject_messages
-
-
-def client_parser(sub: Any, name: str, help: str, description: str) -> argparse.ArgumentParser:
-    """A client command's parser: --controller, --json and the client security flags,
-    the same for every command that talks to the controller."""
-    p: argparse.ArgumentParser = sub.add_parser(name, help=help, description=description)
-    p.add_argument("--controller", metavar=CONTROLLER_METAVAR, help=CONTROLLER_HELP)
-    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    security.add_args(p, server=False)
-    return p
+from ..client import inject_messages
+from .errors import status_lines
+from .output import client_for, client_parser, emit, fmt_ts, table
 
 
 def add_commands(sub: Any) -> None:
@@ -104,41 +93,13 @@ def add_commands(sub: Any) -> None:
     subs.set_defaults(func=cmd_subscribe)
 
 
-# -- formatting -----------------------------------------------------------------------------
-def fmt_ts(us: int) -> str:
-    if us <= MIN_TIMESTAMP:
-        return "-inf (nothing yet)"
-    if us >= MAX_TIMESTAMP:
-        return "+inf (done)"
-    when = dt.datetime.fromtimestamp(us / 1e6, tz=dt.UTC)
-    return f"{us} ({when.isoformat(timespec='milliseconds').replace('+00:00', 'Z')})"
-
-
-def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
-
-
-def _emit(args: argparse.Namespace, data: Any, text: str) -> int:
-    print(json.dumps(data, indent=2) if args.json else text)
-    return 0
-
-
 def _value_text(value: bytes) -> str:
     return value.decode("utf-8", "replace")
 
 
 # -- client commands ----------------------------------------------------------------------------
-def client_for(args: argparse.Namespace) -> ControllerClient:
-    """The client a command's flags (address, token, TLS) describe."""
-    return ControllerClient(args.controller, security=security.from_args(args, server=False))
-
-
 def cmd_register(args: argparse.Namespace) -> int:
-    from .convert import spec_dict_to_proto
+    from ..rpc.convert import spec_dict_to_proto
 
     data = load_spec_file(args.spec)
     if "computations" in data or "injectors" in data:
@@ -160,13 +121,13 @@ def cmd_register(args: argparse.Namespace) -> int:
     text = "\n".join(
         f"registered injector {d['injector']!r} -> stream {d['stream']!r}" if "injector" in d
         else f"registered computation {d['computation']!r} ({d['ranges']} key ranges)" for d in done)
-    return _emit(args, done, text)
+    return emit(args, done, text)
 
 
 def cmd_unregister(args: argparse.Namespace) -> int:
     with client_for(args) as client:
         client.unregister(args.name)
-    return _emit(args, {"unregistered": args.name}, f"unregistered {args.name!r}")
+    return emit(args, {"unregistered": args.name}, f"unregistered {args.name!r}")
 
 
 def _read_records(path: str) -> Iterator[Record]:
@@ -195,7 +156,7 @@ def cmd_inject(args: argparse.Namespace) -> int:
     with client_for(args) as client:
         resp = client.inject(messages)
     data = {"injector": args.injector, "accepted": resp.accepted, "watermark": resp.watermark}
-    return _emit(args, data, f"injected {resp.accepted} records through {args.injector!r}; "
+    return emit(args, data, f"injected {resp.accepted} records through {args.injector!r}; "
                  f"injector watermark {fmt_ts(resp.watermark)}")
 
 
@@ -206,7 +167,7 @@ def cmd_watermark(args: argparse.Namespace) -> int:
              "input_low_watermark": w.input_low_watermark, "lag_us": w.lag_us} for w in wms]
     rows = [(w.node, fmt_ts(w.low_watermark), fmt_ts(w.input_low_watermark),
              f"{w.lag_us / 1e6:.1f}s") for w in wms]
-    return _emit(args, data, table(["NODE", "LOW WATERMARK", "INPUT WATERMARK", "LAG"], rows))
+    return emit(args, data, table(["NODE", "LOW WATERMARK", "INPUT WATERMARK", "LAG"], rows))
 
 
 def cmd_state(args: argparse.Namespace) -> int:
@@ -225,7 +186,7 @@ def cmd_state(args: argparse.Namespace) -> int:
         text += table(["TIMER", "TIME", "DOMAIN", "HOLDS WATERMARK"],
                       [(t["tag"], fmt_ts(t["time"]), t["domain"], t["hold"]) for t in timers]) \
             if timers else "timers: (none)"
-    return _emit(args, data, text)
+    return emit(args, data, text)
 
 
 def cmd_keys(args: argparse.Namespace) -> int:
@@ -235,12 +196,10 @@ def cmd_keys(args: argparse.Namespace) -> int:
             keys.append(key)
             if args.limit and len(keys) >= args.limit:
                 break
-    return _emit(args, keys, "\n".join(keys) if keys else "(no keys with state)")
+    return emit(args, keys, "\n".join(keys) if keys else "(no keys with state)")
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from .cli_errors import status_lines
-
     with client_for(args) as client:
         s = client.status()
         errors = status_lines(client)
@@ -271,7 +230,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         "", table(["NODE", "LOW WATERMARK", "LAG"],
                   [(w.node, fmt_ts(w.low_watermark), f"{w.lag_us / 1e6:.1f}s") for w in s.watermarks]),
         *errors]
-    return _emit(args, data, "\n".join(parts))
+    return emit(args, data, "\n".join(parts))
 
 
 def cmd_computations(args: argparse.Namespace) -> int:
@@ -287,7 +246,7 @@ def cmd_computations(args: argparse.Namespace) -> int:
         (c["name"], ",".join(c["inputs"]), ",".join(c["outputs"]), c["code"], c["key_ranges"],
          fmt_ts(c["low_watermark"])) for c in data["computations"]])
     text += "\n\n" + table(["INJECTOR", "STREAM"], [(i["name"], i["stream"]) for i in data["injectors"]])
-    return _emit(args, data, text)
+    return emit(args, data, text)
 
 
 def cmd_subscribe(args: argparse.Namespace) -> int:

@@ -1,11 +1,11 @@
 """The worker's sending side: the pump loop that fires due timers and sends each owned
 range's outbox in slices (stream-log entries appended, consumer ranges owned here
 processed in place, others sent to their owner over a
-:class:`~services.worker_link.PeerLink`), and deletes entries (``outbox.ack``) only
+:class:`~services.rpc.worker_link.PeerLink`), and deletes entries (``outbox.ack``) only
 once the consumer has checkpointed them.
 
-:class:`Sender` is a mixin of :class:`services.worker.WorkerProcess`, which holds the
-state it uses; the receiving side is :mod:`services.worker_receive`.
+:class:`Sender` is a mixin of :class:`services.worker.service.WorkerProcess`, which holds the
+state it uses; the receiving side is :mod:`services.worker.receive`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 from collections import defaultdict
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 from millwheel.errors import FencedError, UserCodeError
 from millwheel.keys import key_range
@@ -25,16 +25,14 @@ from millwheel.runtime.routing import LOG_PREFIX
 from millwheel.state.protocol import Production, StateStore
 from millwheel.topology import Topology
 
-from . import convert, overruns
-from .generated import millwheel_pb2 as pb
-from .metrics import PrometheusSensors
+from ..generated import millwheel_pb2 as pb
+from ..metrics import PrometheusSensors
+from ..rpc import convert
+from ..rpc.worker_link import PeerLink
+from . import overruns
+from .progress import NoProgress, ProgressBlock
+from .units import OwnedRange, OwnerInfo, Slice
 from .watchdog import Watchdog
-from .worker_link import PeerLink
-from .worker_progress import NoProgress, ProgressBlock
-from .worker_units import OwnedRange, Slice
-
-if TYPE_CHECKING:
-    from .worker import OwnerInfo
 
 log = logging.getLogger("millwheel.worker")
 Unit = tuple[str, int]
@@ -43,7 +41,7 @@ Unit = tuple[str, int]
 class Sender:
     """The pump and delivery of outboxes (a mixin of WorkerProcess)."""
 
-    # Set by WorkerProcess.__init__ (services/worker.py) or defined by its other parts.
+    # Set by WorkerProcess.__init__ (services/worker/service.py) or defined by its other parts.
     units: dict[Unit, OwnedRange]
     owners: dict[Unit, OwnerInfo]
     links: dict[str, PeerLink]

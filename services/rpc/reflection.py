@@ -27,7 +27,7 @@ from grpc_reflection.v1alpha import reflection_pb2_grpc as rpb_grpc
 V1_PACKAGE = "grpc.reflection.v1"
 V1_SERVICE_NAME = f"{V1_PACKAGE}.ServerReflection"
 V1ALPHA_SERVICE_NAME: str = v1alpha.SERVICE_NAME
-GENERATED = Path(__file__).resolve().parent / "generated"
+GENERATED = Path(__file__).resolve().parents[1] / "generated"
 
 
 def documented_files() -> dict[str, bytes]:

@@ -8,10 +8,10 @@ range's owner and token, the registry and the input watermarks they need.
 Watermarks are kept durably per range in the store; the controller serves the
 minimum per node and never lets a served value go backwards.
 
-Parts live in modules of their own: the Inject path in :mod:`services.controller_inject`
+Parts live in modules of their own: the Inject path in :mod:`services.controller.inject`
 (a mixin of :class:`ControllerService`), range assignment in
-:mod:`services.controller_assign`, the registry in :mod:`services.controller_registry`,
-dead letters in :mod:`services.controller_errors`.
+:mod:`services.controller.assign`, the registry in :mod:`services.controller.registry`,
+dead letters in :mod:`services.controller.errors`.
 """
 
 from __future__ import annotations
@@ -32,22 +32,22 @@ from millwheel.state.protocol import StateStore
 from millwheel.state.url import redact
 from millwheel.topology import InjectorSpec
 
-from . import convert
-from .controller_assign import Assigner
-from .controller_errors import Replayer, error_info
-from .controller_ha import Replicated, leader_only
-from .controller_inject import INJECT_BATCH, Injecting
-from .controller_queries import Queries
-from .controller_registry import Registry
-from .generated import millwheel_pb2 as pb
-from .grpc_server import check, start_server
-from .health_monitor import HealthMonitor
+from ..generated import millwheel_pb2 as pb
+from ..metrics import PrometheusSensors
+from ..rpc import convert
+from ..rpc.health import HealthMonitor
+from ..rpc.server import check, start_server
+from ..rpc.status import rpc
+from ..rpc.worker_link import PeerLink
+from ..store_lock import open_service_store
+from .assign import Assigner
+from .errors import Replayer, error_info
+from .ha import Replicated, leader_only
+from .inject import INJECT_BATCH, Injecting
 from .leader import Elector, LeaderStore
 from .limits import InjectLimits
-from .metrics import PrometheusSensors
-from .status import rpc
-from .store_lock import open_service_store
-from .worker_link import PeerLink
+from .queries import Queries
+from .registry import Registry
 
 log = logging.getLogger("millwheel.controller")
 Ctx = grpc.ServicerContext
@@ -64,7 +64,7 @@ class ControllerService(Queries, Replicated, Injecting):
         lease_ttl_s: float = 2.0, takeover_grace_s: float = 10.0,
     ) -> None:
         """Nothing runs until :meth:`start`: it leads if it wins the store's lease, else
-        stands by (services/controller_ha.py)."""
+        stands by (services/controller/ha.py)."""
         self.limits = limits or InjectLimits(max_value_bytes=max_value_bytes)
         self.inject_batch = inject_batch
         self.inject_timeout_s = inject_timeout_s
@@ -77,7 +77,7 @@ class ControllerService(Queries, Replicated, Injecting):
         self.allow_code = allow_code or AllowList()
         self.lock = threading.RLock()
         self.elector = Elector(store, "", lease_ttl_s, self._on_elected, self._on_deposed)
-        # Every write the controller makes carries the leader epoch (services/leader.py).
+        # Every write the controller makes carries the leader epoch (services/controller/leader.py).
         self.store = cast(StateStore, LeaderStore(store, self.elector))
         self.registry = Registry(self.store, self.allow_code)
         self.assigner = Assigner(self.store, heartbeat_timeout_s, check_tokens=False)  # a view until elected
@@ -255,7 +255,7 @@ class ControllerService(Queries, Replicated, Injecting):
         with self.lock:
             return self._info(request.name)
 
-    # -- queries are in services/controller_queries.py; Inject in services/controller_inject.py
+    # -- queries are in services/controller/queries.py; Inject in services/controller/inject.py
     @rpc
     @leader_only
     def ReplayDeadLetters(self, request: Any, context: Ctx) -> pb.ReplayDeadLettersResponse:
@@ -270,7 +270,7 @@ class ControllerService(Queries, Replicated, Injecting):
             raise InvalidSpecError("Heartbeat: worker_id and address are required")
         if not self.leading():
             raise self.redirect(context)  # workers heartbeat to the leader alone
-        if request.liveness_only:  # a busy worker's watchdog: last-seen only (services/watchdog.py)
+        if request.liveness_only:  # a busy worker's watchdog: last-seen only (services/worker/watchdog.py)
             self.assigner.touch(request.worker_id)
             return pb.HeartbeatResponse()
         fenced = []
@@ -309,7 +309,7 @@ def serve(
     takeover_grace_s: float = 10.0,
 ) -> tuple[grpc.Server, int, int, ControllerService]:
     """Start a controller; returns (server, port, metrics port or 0, service). It leads
-    or stands by (services/controller_ha.py); ``advertise`` is the host the others
+    or stands by (services/controller/ha.py); ``advertise`` is the host the others
     reach it at (default ``host``, the machine's name when ``host`` is 0.0.0.0)."""
     store = open_service_store(store_url)
     sensors = PrometheusSensors("controller")

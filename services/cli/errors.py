@@ -7,9 +7,9 @@ import argparse
 import json
 from typing import Any
 
-from .cli_client import client_for, client_parser, fmt_ts, table
-from .client import ControllerClient
-from .generated import millwheel_pb2 as pb
+from ..client import ControllerClient
+from ..generated import millwheel_pb2 as pb
+from .output import client_for, client_parser, fmt_ts, table
 
 
 def add_commands(sub: Any) -> None:

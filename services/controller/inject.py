@@ -3,7 +3,7 @@ first use, handing batches over to the worker owning the injector (kept-open Del
 streams, a window of messages in flight, retries and backpressure) and counting what
 was accepted.
 
-:class:`Injecting` is a mixin of :class:`services.controller.ControllerService`, which
+:class:`Injecting` is a mixin of :class:`services.controller.service.ControllerService`, which
 holds the state it uses (registry, assigner, limits, links, lock).
 """
 
@@ -25,15 +25,15 @@ from millwheel.errors import InvalidSpecError, MillWheelError, NotFoundError
 from millwheel.record import MAX_TIMESTAMP, MIN_TIMESTAMP
 from millwheel.topology import InjectorSpec, injector_node
 
-from .controller_assign import Assigner
-from .controller_registry import Registry
-from .generated import millwheel_pb2 as pb
-from .grpc_server import check
+from ..generated import millwheel_pb2 as pb
+from ..metrics import PrometheusSensors
+from ..rpc.server import check
+from ..rpc.status import BusyError, UnavailableError, code_for
+from ..rpc.worker_link import LinkError, PeerLink
+from .assign import Assigner
 from .inject_split import split
 from .limits import InjectLimits
-from .metrics import PrometheusSensors
-from .status import BusyError, UnavailableError, code_for
-from .worker_link import LinkError, PeerLink
+from .registry import Registry
 
 Ctx = grpc.ServicerContext
 
@@ -45,7 +45,7 @@ INJECT_BATCH = 5000  # larger Inject messages go to the injector's owner in piec
 class Injecting:
     """The Inject RPC and its hand-over to the injector's owner (a mixin of ControllerService)."""
 
-    # Set by ControllerService.__init__ (services/controller.py) or defined there.
+    # Set by ControllerService.__init__ (services/controller/service.py) or defined there.
     registry: Registry
     assigner: Assigner
     limits: InjectLimits
@@ -175,7 +175,7 @@ class Injecting:
         ``INJECT_WINDOW`` messages are in flight at once on one ordered stream; the worker
         takes a message only after its predecessor, so after any refusal the rest are
         handed over one by one from the first refused message, in order. A standby
-        forwards the call to the leader as it comes (services/controller_ha.py)."""
+        forwards the call to the leader as it comes (services/controller/ha.py)."""
         if not self.leading():
             try:
                 return cast(pb.InjectResponse, self.forward_stream("Inject", request_iterator, context))

@@ -6,14 +6,14 @@ Three loops share the owned ranges (each range's lock serialises them):
   its token; receive every range's owner and token, the registry and input watermarks;
   take new ranges (a :class:`~millwheel.runtime.range_worker.RangeWorker` built with
   the controller's token) and drop ranges that moved;
-* pump, in :mod:`services.worker_send` (:class:`~services.worker_send.Sender`): fire
+* pump, in :mod:`services.worker.send` (:class:`~services.worker.send.Sender`): fire
   due timers, and send each range's outbox in slices: sink streams go to the stream
   log, consumer ranges owned here are processed in place, others go to their owner
-  over a :class:`~services.worker_link.PeerLink`; entries are deleted
+  over a :class:`~services.rpc.worker_link.PeerLink`; entries are deleted
   (``outbox.ack``) only once the consumer has checkpointed them;
-* the Deliver servicer, in :mod:`services.worker_receive`
-  (:class:`~services.worker_receive.DeliverServicer`,
-  :class:`~services.worker_receive.Receiver`): order injection messages, dedup, run
+* the Deliver servicer, in :mod:`services.worker.receive`
+  (:class:`~services.worker.receive.DeliverServicer`,
+  :class:`~services.worker.receive.Receiver`): order injection messages, dedup, run
   user code and checkpoint a received batch, then ack it (the exactly-once sequence
   of ``millwheel.runtime.range_worker``).
 
@@ -29,7 +29,6 @@ import socket
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
 
 import grpc
 
@@ -44,31 +43,25 @@ from millwheel.runtime.range_worker import RangeWorker
 from millwheel.runtime.routing import Router
 from millwheel.topology import Topology
 
-from . import convert, watchdog
-from .controller_link import ControllerLink, fails_over
-from .generated import millwheel_pb2 as pb
-from .generated import millwheel_pb2_grpc as pb_grpc
-from .grpc_server import start_server
-from .health_monitor import HealthMonitor
-from .metrics import PrometheusSensors
-from .store_lock import open_service_store
-from .worker_link import PeerLink
-from .worker_progress import NoProgress, ProgressBlock
-from .worker_receive import DeliverServicer, Receiver
-from .worker_send import Sender
-from .worker_units import OwnedRange
+from ..generated import millwheel_pb2 as pb
+from ..generated import millwheel_pb2_grpc as pb_grpc
+from ..metrics import PrometheusSensors
+from ..rpc import convert
+from ..rpc.controller_link import ControllerLink, fails_over
+from ..rpc.health import HealthMonitor
+from ..rpc.server import start_server
+from ..rpc.worker_link import PeerLink
+from ..store_lock import open_service_store
+from . import watchdog
+from .progress import NoProgress, ProgressBlock
+from .receive import DeliverServicer, Receiver
+from .send import Sender
+from .units import OwnedRange, OwnerInfo
 
 log = logging.getLogger("millwheel.worker")
 Unit = tuple[str, int]
 REPORT_REFRESH_S = 1.0  # an unchanged range is reported again after this long
 REPORT_PENDING_S = 0.25  # a changed pending count (display only) waits this long
-
-
-@dataclass(frozen=True)
-class OwnerInfo:
-    worker_id: str
-    address: str
-    token: int
 
 
 class WorkerProcess(Receiver, Sender):
@@ -130,7 +123,7 @@ class WorkerProcess(Receiver, Sender):
         self.worker_id = worker_id or f"{self.address}/{os.getpid()}"
         self.metrics_port = self.sensors.serve(host, metrics_port) if metrics_port is not None else 0
         self.metrics_address = f"{advertise}:{self.metrics_port}" if self.metrics_port else ""
-        # User code runs under a deadline kept by a watchdog process (services/watchdog.py).
+        # User code runs under a deadline kept by a watchdog process (services/worker/watchdog.py).
         self.progress = ProgressBlock() if use_watchdog else NoProgress()
         self.watchdog = watchdog.start(
             self.progress.fd, controller=",".join(self.controller_link.addresses), store_url=store_url,
@@ -188,7 +181,7 @@ class WorkerProcess(Receiver, Sender):
 
         A heartbeat that fails with UNAVAILABLE or DEADLINE_EXCEEDED moves to the next
         controller (the leader a standby names, else the next address; see
-        :mod:`services.controller_link`) for the next heartbeat; the owned ranges are
+        :mod:`services.rpc.controller_link`) for the next heartbeat; the owned ranges are
         worked on meanwhile, as while no controller answers at all."""
         last_error = 0.0
         while not self.stopped.is_set():

@@ -27,14 +27,24 @@ from millwheel.runtime.range_worker import RangeWorker
 from millwheel.runtime.routing import Router
 from millwheel.state.protocol import Checkpoint, Production, StateStore
 
+from ..generated import millwheel_pb2 as pb
 from . import overruns
-from .generated import millwheel_pb2 as pb
 from .overruns import Overruns
 
 INJ_WM_KEY = "__watermark__"
 
 
 Entry = tuple[str, str]  # (consumer, record id): an outbox entry
+
+
+@dataclass(frozen=True)
+class OwnerInfo:
+    """Who owns a range elsewhere in the cluster (from the controller's assignment):
+    where to send its records, and under which token they are accepted."""
+
+    worker_id: str
+    address: str
+    token: int
 
 
 @dataclass

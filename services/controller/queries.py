@@ -1,11 +1,11 @@
 """The controller's read-only RPCs: watermarks, state, keys, cluster status, Subscribe.
 
 Every controller answers these itself, leader or standby (a standby from the registry
-and assignment it re-reads from the store; services/controller_ha.py), except
+and assignment it re-reads from the store; services/controller/ha.py), except
 ClusterStatus, which a standby forwards to the leader: only the leader hears the
 workers' heartbeats, so only it knows which are alive.
 
-:class:`Queries` is a mixin of :class:`services.controller.ControllerService`.
+:class:`Queries` is a mixin of :class:`services.controller.service.ControllerService`.
 """
 
 from __future__ import annotations
@@ -25,13 +25,13 @@ from millwheel.state.protocol import StateStore
 from millwheel.state.url import redact
 from millwheel.topology import ComputationSpec, injector_node
 
-from . import convert
-from .controller_assign import Assigner
-from .controller_registry import Registry
-from .generated import millwheel_pb2 as pb
-from .grpc_server import check
+from ..generated import millwheel_pb2 as pb
+from ..rpc import convert
+from ..rpc.server import check
+from ..rpc.status import UnavailableError, rpc, rpc_stream
+from .assign import Assigner
 from .leader import Elector
-from .status import UnavailableError, rpc, rpc_stream
+from .registry import Registry
 
 log = logging.getLogger("millwheel.controller")
 T = TypeVar("T")
@@ -41,7 +41,7 @@ Ctx = grpc.ServicerContext
 class Queries:
     """GetWatermark, GetState, ListKeys, ClusterStatus, Subscribe (a mixin of ControllerService)."""
 
-    # Set by ControllerService.__init__ (services/controller.py) or defined by its other parts.
+    # Set by ControllerService.__init__ (services/controller/service.py) or defined by its other parts.
     store: StateStore
     registry: Registry
     assigner: Assigner

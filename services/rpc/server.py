@@ -2,7 +2,7 @@
 
 Every server gets standard health checking and server reflection (v1 and v1alpha), so
 any stock gRPC client can discover and call it. Servers and channels take their TLS and
-tokens from :mod:`services.security` (the process's settings unless given). Requests
+tokens from :mod:`services.rpc.security` (the process's settings unless given). Requests
 are parsed leniently: a malformed protobuf reaches the servicer as :class:`Malformed`
 and is answered INVALID_ARGUMENT (grpcio would otherwise answer INTERNAL), with a
 message naming the method.
@@ -21,8 +21,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from millwheel import __version__
 from millwheel.errors import InvalidSpecError, MillWheelError
 
+from ..generated import millwheel_pb2 as pb
 from . import reflection
-from .generated import millwheel_pb2 as pb
 from .security import Security, process
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024

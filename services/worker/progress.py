@@ -1,7 +1,7 @@
 """The worker's progress block: what user code runs right now, shared with its watchdog.
 
 A small shared-memory block (a ``memfd`` mapped by the worker and by its watchdog
-process, see :mod:`services.watchdog`). Before user code runs on a batch (or on a
+process, see :mod:`services.worker.watchdog`). Before user code runs on a batch (or on a
 range's due timers) the worker writes a slot: computation, range, token, start time
 (``CLOCK_MONOTONIC``, the same clock in both processes), deadline, and the batch's
 record IDs (at most ``MAX_IDS`` / ``IDS_BYTES``); it clears the slot after. The

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from .generated import millwheel_pb2 as pb
+from ..generated import millwheel_pb2 as pb
 
 
 def split(batch: pb.DeliverBatch, limit: int) -> Iterator[tuple[pb.DeliverBatch, bool]]:

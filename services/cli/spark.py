@@ -12,7 +12,7 @@ from millwheel.errors import InvalidSpecError
 from millwheel.spark.backfill import backfill, compare, streamed_results
 from millwheel.state import open_store
 
-from .cli_local import DEFAULT_STORE, load_target
+from .local import DEFAULT_STORE, load_target
 
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

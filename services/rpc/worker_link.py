@@ -20,10 +20,10 @@ from typing import Any, Iterator
 
 import grpc
 
-from .generated import millwheel_pb2 as pb
-from .generated import millwheel_pb2_grpc as pb_grpc
-from .grpc_server import channel
-from .metrics import PrometheusSensors
+from ..generated import millwheel_pb2 as pb
+from ..generated import millwheel_pb2_grpc as pb_grpc
+from ..metrics import PrometheusSensors
+from .server import channel
 
 log = logging.getLogger("millwheel.worker")
 _CLOSE = object()

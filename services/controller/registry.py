@@ -22,7 +22,7 @@ from millwheel.spec import computation_from_dict, computation_to_dict
 from millwheel.state.protocol import StateStore
 from millwheel.topology import ComputationSpec, InjectorSpec, Topology, injector_node
 
-from .status import PreconditionError
+from ..rpc.status import PreconditionError
 
 REGISTRY_KEY = "registry/v2"  # {"version", "computations", "injectors", "log_streams"}
 COMP_PREFIX = "registry/computation/"  # the older layout, read only

@@ -1,0 +1,56 @@
+"""What every client command shares: its parser (``--controller``, ``--json``, the client
+security flags), the client those flags describe, and the table/JSON output.
+
+Every client command prints a human table by default and JSON with ``--json``; the
+controller address comes from ``--controller``, ``$MILLWHEEL_CONTROLLER`` or
+127.0.0.1:7070.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+from typing import Any, Sequence
+
+from millwheel.record import MAX_TIMESTAMP, MIN_TIMESTAMP
+
+from ..client import CONTROLLER_HELP, CONTROLLER_METAVAR, ControllerClient
+from ..rpc import security
+
+
+def client_parser(sub: Any, name: str, help: str, description: str) -> argparse.ArgumentParser:
+    """A client command's parser: --controller, --json and the client security flags,
+    the same for every command that talks to the controller."""
+    p: argparse.ArgumentParser = sub.add_parser(name, help=help, description=description)
+    p.add_argument("--controller", metavar=CONTROLLER_METAVAR, help=CONTROLLER_HELP)
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    security.add_args(p, server=False)
+    return p
+
+
+def client_for(args: argparse.Namespace) -> ControllerClient:
+    """The client a command's flags (address, token, TLS) describe."""
+    return ControllerClient(args.controller, security=security.from_args(args, server=False))
+
+
+def fmt_ts(us: int) -> str:
+    if us <= MIN_TIMESTAMP:
+        return "-inf (nothing yet)"
+    if us >= MAX_TIMESTAMP:
+        return "+inf (done)"
+    when = dt.datetime.fromtimestamp(us / 1e6, tz=dt.UTC)
+    return f"{us} ({when.isoformat(timespec='milliseconds').replace('+00:00', 'Z')})"
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def emit(args: argparse.Namespace, data: Any, text: str) -> int:
+    print(json.dumps(data, indent=2) if args.json else text)
+    return 0
