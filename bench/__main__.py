@@ -15,7 +15,9 @@ import sys
 import time
 from pathlib import Path
 
-from bench import report, suite
+from bench import suite
+from bench.report.tables import markdown
+from bench.report.targets import ratios_and_targets
 
 SECTIONS = ("limits", "throughput", "latency", "recovery", "service", "ha", "growth", "ttl", "peer")
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -48,7 +50,7 @@ Sections (all by default, in this order; latency uses throughput's figures):
   peer        Bytewax's keyed windowed count, its recovery off and on; Flink SQL's
               (window TVF, exactly-once checkpoints every 1 s; full runs only: its
               own virtualenv bench/.peers/flink is made on first use, Java needed).
-              Interleaved rounds against millwheel: python -m bench.peer_flink N ROUNDS;
+              Interleaved rounds against millwheel: python -m bench.peers.peer_flink N ROUNDS;
               Pathway with persistence (full runs only, bench/.peers/pathway)
 
 --quick takes under 3 minutes (20k-record cases, a reduced matrix); the full run
@@ -113,12 +115,12 @@ def main(argv: list[str] | None = None) -> int:
         "loadavg_after": [round(x, 2) for x in os.getloadavg()],
         "duration_s": time.monotonic() - started,
     }
-    ratios, targets = report.ratios_and_targets(results)
+    ratios, targets = ratios_and_targets(results)
     doc = {"meta": meta, "results": results, "ratios": ratios, "targets": targets}
     args.out.mkdir(parents=True, exist_ok=True)
     stem = f"{date}-{sha}" + ("-quick" if args.quick else "")
     (args.out / f"{stem}.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
-    md = report.markdown(doc)
+    md = markdown(doc)
     (args.out / f"{stem}.md").write_text(md)
     print(md)
     print(f"wrote {args.out / stem}.json and .md in {meta['duration_s']:.0f} s", file=sys.stderr)

@@ -48,7 +48,7 @@ def topology(pipeline: str, *, exactly_once: bool = True, productions: str = "st
              key_ranges: int = 4, count_code: str = "window_aggregate",
              state_ttl_us: int | None = None) -> Topology:
     """``count_code`` may name a subclass of the built-in (the recovery probe);
-    ``state_ttl_us`` is the count stage's state TTL (bench/ttl.py)."""
+    ``state_ttl_us`` is the count stage's state TTL (bench/cases/ttl.py)."""
     count_opts = options(exactly_once, productions, key_ranges, LatePolicy.DROP, state_ttl_us)
     count_params = {"size_us": WINDOW_US}
     if pipeline == "single":

@@ -8,19 +8,14 @@ port. Progress goes to stderr, one line per case.
 
 from __future__ import annotations
 
-import multiprocessing
-import shutil
-import sys
 import tempfile
-import time
-import traceback
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable
 
-from bench import limits, peer_bytewax, peer_flink, peer_pathway
-from bench.recovery import recovery_case
+from bench.cases import limits
+from bench.cases.recovery import recovery_case
+from bench.harness import Stores, log, run_case
+from bench.peers import peer_bytewax, peer_flink, peer_pathway
 from bench.run_local import WorkloadArgs, backlog_case, paced_case
 from bench.workload import generate
 
@@ -45,78 +40,6 @@ CONFIGS = {
     "at-least-once": (False, "strong"),
 }
 STORES = ("sqlite", "redis", "redis-aof")
-
-
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
-def in_fresh_process(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    ctx = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=1, mp_context=ctx) as ex:
-        return ex.submit(fn, *args, **kwargs).result()
-
-
-class Stores:
-    """Fresh store URLs: a new SQLite file per case, flushed private Redis servers."""
-
-    def __init__(self) -> None:
-        self.tmp = Path(tempfile.mkdtemp(prefix="millwheel-bench-"))
-        self._redis: dict[str, Any] = {}
-        self._n = 0
-        self.redis_error: str | None = None
-
-    def url(self, kind: str) -> str | None:
-        self._n += 1
-        if kind == "sqlite":
-            return f"sqlite:///{self.tmp}/case{self._n}.db"
-        server = self._server(kind)
-        if server is None:
-            return None
-        import redis
-
-        client = redis.Redis.from_url(server.url)
-        client.flushall()
-        client.close()
-        return str(server.url)
-
-    def _server(self, kind: str) -> Any:
-        if kind in self._redis:
-            return self._redis[kind]
-        try:
-            from tests.support.redis_server import RedisServer
-
-            (self.tmp / kind).mkdir(parents=True, exist_ok=True)
-            server = RedisServer(appendonly=kind == "redis-aof", appendfsync="everysec",
-                                 data_dir=self.tmp / kind)
-        except Exception as exc:  # noqa: BLE001 - recorded as "not available"
-            self.redis_error = f"{exc.__class__.__name__}: {exc}"
-            server = None
-        self._redis[kind] = server
-        return server
-
-    def close(self) -> None:
-        for server in self._redis.values():
-            if server is not None:
-                server.stop()
-        shutil.rmtree(self.tmp, ignore_errors=True)
-
-
-def _case(results: list[dict[str, Any]], label: str, meta: dict[str, Any], fn: Callable[..., Any],
-          *args: Any, summary: Callable[[dict[str, Any]], str] = lambda r: "", **kwargs: Any) -> dict[str, Any]:
-    started = time.monotonic()
-    log(f"  {label} ...")
-    try:
-        result = in_fresh_process(fn, *args, **kwargs)
-        entry = {**meta, "result": result}
-        ok = result.get("correct", {}).get("ok", True) if isinstance(result, dict) else True
-        log(f"  {label}: {summary(result)}{'' if ok else '  OUTPUT WRONG: ' + result['correct']['detail']}"
-            f"  [{time.monotonic() - started:.1f}s]")
-    except Exception as exc:  # noqa: BLE001 - one failed case must not lose the run
-        entry = {**meta, "error": f"{exc.__class__.__name__}: {exc}", "trace": traceback.format_exc()[-3000:]}
-        log(f"  {label}: FAILED {exc.__class__.__name__}: {exc}")
-    results.append(entry)
-    return entry
 
 
 def _tp(r: dict[str, Any]) -> str:
@@ -149,24 +72,24 @@ def run(mode: Mode, sections: set[str]) -> dict[str, Any]:
             _recovery(mode, stores, out)
         if "service" in sections:
             log("== service: three stages across millwheel up --workers 2")
-            from bench import service
+            from bench.cases import service
 
-            service.section(mode.n, mode.full_matrix, out["service"], _case)
+            service.section(mode.n, mode.full_matrix, out["service"], run_case)
         if "ha" in sections:
             log("== ha: Redis Cluster (3 masters + 3 replicas) vs one Redis, service pipeline")
-            from bench import ha
+            from bench.cases import ha
 
-            ha.section(mode.n, mode.full_matrix, out["ha"], _case)
+            ha.section(mode.n, mode.full_matrix, out["ha"], run_case)
         if "growth" in sections:
             log("== growth: one long run at growing sizes (streamed workload)")
-            from bench import long_runs
+            from bench.cases import long_runs
 
-            long_runs.growth_section(mode.full_matrix, out["long"], _case)
+            long_runs.growth_section(mode.full_matrix, out["long"], run_case)
         if "ttl" in sections:
             log("== ttl: per-key state TTL on vs off, interleaved")
-            from bench import long_runs
+            from bench.cases import long_runs
 
-            long_runs.ttl_section(mode.full_matrix, out["long"], _case)
+            long_runs.ttl_section(mode.full_matrix, out["long"], run_case)
         if "peer" in sections:
             log("== peer: Bytewax")
             _peer(mode, out, uniform1k)
@@ -192,12 +115,12 @@ def _limits(mode: Mode, stores: Stores, out: dict[str, Any]) -> None:
                             "error": "not available: " + str(stores.redis_error)})
                 continue
             for depth in (1, 10):
-                _case(res, f"redis Lua checkpoint {kind} batch {batch} depth {depth}",
+                run_case(res, f"redis Lua checkpoint {kind} batch {batch} depth {depth}",
                       {"limit": "redis_lua_checkpoint", "store": kind}, limits.redis_lua_checkpoint,
                       url, w, batch, depth, mode.limit_s, summary=_tp)
-    _case(res, "grpc bidi stream, 100-record batches", {"limit": "grpc_stream"}, limits.grpc_stream,
+    run_case(res, "grpc bidi stream, 100-record batches", {"limit": "grpc_stream"}, limits.grpc_stream,
           w, 100, mode.limit_s, summary=_tp)
-    _case(res, "pybloom-live", {"limit": "bloom"}, limits.bloom, w, 200_000,
+    run_case(res, "pybloom-live", {"limit": "bloom"}, limits.bloom, w, 200_000,
           summary=lambda r: f"adds {r['adds_per_s']:,.0f}/s lookups {r['lookups_per_s']:,.0f}/s")
 
 
@@ -225,7 +148,7 @@ def _throughput(mode: Mode, stores: Stores, out: dict[str, Any], uniform1k: Work
             res.append({**meta, "error": "not available: " + str(stores.redis_error)})
             log(f"  {label}: skipped, Redis not available")
             continue
-        _case(res, label, meta, backlog_case, wa, pipeline, url, eo, prod, summary=_tp)
+        run_case(res, label, meta, backlog_case, wa, pipeline, url, eo, prod, summary=_tp)
 
 
 def sustainable(out: dict[str, Any], pipeline: str, store: str, cfg: str = "eo-strong") -> float | None:
@@ -256,7 +179,7 @@ def _latency(mode: Mode, stores: Stores, out: dict[str, Any]) -> None:
             if url is None:
                 out["latency"].append({**meta, "error": "not available: " + str(stores.redis_error)})
                 continue
-            _case(out["latency"], f"{pipeline:6} {store:9} {pct}% = {rate:,.0f} rec/s", meta, paced_case,
+            run_case(out["latency"], f"{pipeline:6} {store:9} {pct}% = {rate:,.0f} rec/s", meta, paced_case,
                   wa, pipeline, url, rate, summary=_lat)
 
 
@@ -271,7 +194,7 @@ def _recovery(mode: Mode, stores: Stores, out: dict[str, Any]) -> None:
             out["recovery"].append({**meta, "error": "not available: " + str(stores.redis_error)})
             continue
         wa = WorkloadArgs(0, 1_000, "uniform", density=max(1, int(rate / 5)))
-        _case(out["recovery"], f"single {store} kill -9 at 50% load", meta, recovery_case, wa, "single", url,
+        run_case(out["recovery"], f"single {store} kill -9 at 50% load", meta, recovery_case, wa, "single", url,
               rate, *mode.recovery_s,
               summary=lambda r: f"first record {r['to_first_record_s']:.2f}s, steady lag {r['to_steady_lag_s']:.2f}s")
 
@@ -287,11 +210,11 @@ def _peer(mode: Mode, out: dict[str, Any], uniform1k: WorkloadArgs) -> None:
         for recovery in (False, True):
             meta = {"peer": "bytewax", "workload": f"{wa.distribution}-{wa.keys // 1000}k", "records": wa.n,
                     "recovery": recovery}
-            _case(out["peer"], f"bytewax {meta['workload']} recovery {'on' if recovery else 'off'}", meta,
+            run_case(out["peer"], f"bytewax {meta['workload']} recovery {'on' if recovery else 'off'}", meta,
                   peer_bytewax.bytewax_case, wa, recovery, summary=_tp)
     # Bytewax's per-key event clocks scale with the number of keys: a small measured sample.
     small = WorkloadArgs(min(mode.n, 10_000), 100_000, "uniform")
-    _case(out["peer"], "bytewax uniform-100k (10k records) recovery off",
+    run_case(out["peer"], "bytewax uniform-100k (10k records) recovery off",
           {"peer": "bytewax", "workload": "uniform-100k", "records": small.n, "recovery": False},
           peer_bytewax.bytewax_case, small, False, summary=_tp)
 
@@ -326,10 +249,10 @@ def _peer_flink(mode: Mode, out: dict[str, Any], uniform1k: WorkloadArgs) -> Non
                        " (JVM start and warm-ups ~40 s)"):
         return
     with tempfile.TemporaryDirectory(prefix="millwheel-bench-peer-") as tmp:
-        _case(out["peer"], f"millwheel single uniform-1k sqlite eo-strong ({wa.n:,} records, beside Flink)",
+        run_case(out["peer"], f"millwheel single uniform-1k sqlite eo-strong ({wa.n:,} records, beside Flink)",
               {**meta, "peer": "millwheel-single-sqlite-eo-strong"}, backlog_case, wa, "single",
               f"sqlite:///{tmp}/peer.db", True, "strong", summary=_tp)
-    _case(out["peer"], "flink sql uniform-1k EO checkpoints 1 s, hashmap, parallelism 2", meta,
+    run_case(out["peer"], "flink sql uniform-1k EO checkpoints 1 s, hashmap, parallelism 2", meta,
           peer_flink.flink_case, wa, summary=_tp)
 
 
@@ -339,5 +262,5 @@ def _peer_pathway(mode: Mode, out: dict[str, Any], uniform1k: WorkloadArgs) -> N
     meta = {"peer": "pathway", "workload": "uniform-1k", "records": wa.n, "recovery": True}
     if not _peer_ready(mode, out, meta, "Pathway", peer_pathway.available):
         return
-    _case(out["peer"], "pathway uniform-1k persistence on (snapshots every 1 s)", meta,
+    run_case(out["peer"], "pathway uniform-1k persistence on (snapshots every 1 s)", meta,
           peer_pathway.pathway_case, wa, summary=_tp)

@@ -41,9 +41,9 @@ def test_small_run_outputs_exact_counts_and_check_catches_errors(tmp_path: objec
 
 
 def test_streamed_growth_workload_replays_and_a_run_is_exact() -> None:
-    """bench.growth: the streamed source gives the same records from any cursor (a
+    """bench.cases.growth: the streamed source gives the same records from any cursor (a
     restarted injector replays exactly), and a small run's output is exact."""
-    from bench import growth
+    from bench.cases import growth
 
     src = growth.StreamSource(7, 25_000, 50)
     first = src.read(None, 12_000)
@@ -59,11 +59,11 @@ def test_streamed_growth_workload_replays_and_a_run_is_exact() -> None:
 
 def test_flink_peer_reports_not_available_cleanly_and_parses_its_io(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """bench.peer_flink without Flink: 'not available' with the reason, never an error;
+    """bench.peers.peer_flink without Flink: 'not available' with the reason, never an error;
     its CSV input holds the records (ms event times, IDs) and its sink parser turns
     committed rows into the (key, window start us) counts the check compares, skipping
     in-progress files."""
-    from bench import peer_flink
+    from bench.peers import peer_flink
     from bench.workload import WINDOW_US, check
 
     why = peer_flink.prepare(venv=tmp_path / "no-venv", install=False)
@@ -104,7 +104,7 @@ def test_flink_peer_reports_not_available_cleanly_and_parses_its_io(
 
 
 def test_pathway_peer_reports_not_available_cleanly_and_parses_its_output(tmp_path: Path) -> None:
-    from bench import peer_pathway
+    from bench.peers import peer_pathway
     from bench.workload import WINDOW_US, check
 
     why = peer_pathway.available(venv=tmp_path / "no-venv", install=False)
@@ -133,7 +133,7 @@ def test_pathway_peer_reports_not_available_cleanly_and_parses_its_output(tmp_pa
 def test_report_computes_the_issue_14_targets_from_a_run() -> None:
     """The targets table reads the figures of the right cases (store, size) and only
     exact runs count for the growth ratio."""
-    from bench import report
+    from bench.report.targets import ratios_and_targets
 
     def tp(pipeline: str, store: str, rate: float) -> dict[str, object]:
         return {"pipeline": pipeline, "workload": "uniform-1k", "store": store, "config": "eo-strong",
@@ -150,7 +150,7 @@ def test_report_computes_the_issue_14_targets_from_a_run() -> None:
                      "result": {"records_per_s": 18_000.0, "correct": {"ok": True}}}],
         "long": [growth(100_000, 80_000.0), growth(1_000_000, 76_000.0), growth(10_000_000, 1.0, ok=False)],
     }
-    _ratios, targets = report.ratios_and_targets(res)
+    _ratios, targets = ratios_and_targets(res)
     redis = next(t for t in targets if "Redis AOF >= 0.5x SQLite" in t["target"])
     assert redis["value"] == 0.4 and redis["met"] is False
     service = next(t for t in targets if "service (up --workers 2) >= 0.5x local" in t["target"])

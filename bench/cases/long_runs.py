@@ -1,16 +1,16 @@
 """The suite's ``growth`` and ``ttl`` sections (issue 14): does a long run stay flat,
 and what does a per-key state TTL cost.
 
-* ``growth``: :func:`bench.growth.case` (single stage, SQLite, exactly-once strong, a
+* ``growth``: :func:`bench.cases.growth.case` (single stage, SQLite, exactly-once strong, a
   *streamed* workload so the runner's peak RSS is its own) at growing sizes, each in a
   fresh process, output checked exactly: records/s (whole run and its last 30%), peak
   RSS, store bytes per record. The target is the largest size's rate over the
   smallest's (>= 0.9).
 * ``ttl``: the single stage with ``state_ttl_us`` unset and set to an hour, alternated in
-  fresh processes (:func:`bench.ttl.compare`); the median ratio, wall and per CPU-second.
+  fresh processes (:func:`bench.cases.ttl.compare`); the median ratio, wall and per CPU-second.
 
-Both sections live here, not in :mod:`bench.suite`, which they import (for
-``in_fresh_process``): the suite imports this module only when the section runs.
+Both sections live here, not in :mod:`bench.suite`: the suite imports this module only
+when the section runs.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ TTL_QUICK = (20_000, 1)
 
 
 def growth_section(full: bool, out: list[dict[str, Any]], case: Callable[..., dict[str, Any]]) -> None:
-    """One :func:`bench.growth.case` per size; ``case`` is the suite's runner of a case."""
-    from bench import growth
+    """One :func:`bench.cases.growth.case` per size; ``case`` is the suite's runner of a case."""
+    from bench.cases import growth
 
     for n in GROWTH_FULL if full else GROWTH_QUICK:
         case(out, f"growth single sqlite eo-strong {n:,} records (streamed)", {"figure": "growth", "records": n},
@@ -36,7 +36,7 @@ def growth_section(full: bool, out: list[dict[str, Any]], case: Callable[..., di
 
 
 def ttl_section(full: bool, out: list[dict[str, Any]], case: Callable[..., dict[str, Any]]) -> None:
-    from bench import ttl
+    from bench.cases import ttl
 
     n, rounds = TTL_FULL if full else TTL_QUICK
     case(out, f"state TTL 1 h vs none, single sqlite eo-strong, {n:,} records x {rounds} rounds",

@@ -1,4 +1,4 @@
-"""The Pathway side of :mod:`bench.peer_pathway`: run by the peer's own virtualenv.
+"""The Pathway side of :mod:`bench.peers.peer_pathway`: run by the peer's own virtualenv.
 
 Standard library and Pathway only (never millwheel). Usage::
 

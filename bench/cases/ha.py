@@ -1,7 +1,7 @@
 """Scale-out figures (issue 13): the service pipeline on a Redis Cluster against one
 Redis server, measured in the same run.
 
-**Cluster vs single Redis**: :func:`bench.service.backlog` (the three-stage pipeline
+**Cluster vs single Redis**: :func:`bench.cases.service.backlog` (the three-stage pipeline
 across ``millwheel up --workers 2``; the workload injected through ``Inject`` as fast
 as the service takes it; the clock stops when ``Subscribe`` on the sink has every
 window row; rows checked exactly) on
@@ -18,13 +18,13 @@ Reported: every round's records/s, the medians, and the ratio cluster / single (
 the medians, and per round). On one machine the cluster's six servers share its
 cores: the ratio is the cost of cluster mode here, not what separate machines give.
 
-**Leader failover** (bench/ha_failover.py): two controllers, two workers, records
+**Leader failover** (bench/cases/ha_failover.py): two controllers, two workers, records
 injected steadily into a windowed count; the leading controller is killed -9 a few
 times; per kill, the time until a standby leads and until the first window result
 that only a working pipeline could produce after the kill; median and max.
 
-    .venv/bin/python -m bench.ha [--only cluster|failover] [--records 20000] [--rounds 2]
-                                 [--wait-replicas] [--kills 3] [--lease-ttl S]
+    .venv/bin/python -m bench.cases.ha [--only cluster|failover] [--records 20000] [--rounds 2]
+                                       [--wait-replicas] [--kills 3] [--lease-ttl S]
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def cluster_vs_single(n: int, rounds: int, out: list[dict[str, Any]], case: Call
                       wait_replicas: bool = False, batch: int = 1000) -> dict[str, Any]:
     """Interleaved rounds; ``case(out, label, meta, fn, *args, summary=...)`` runs one
     in a fresh process and appends its entry (the suite's runner, or :func:`_local_case`)."""
-    from bench import service
+    from bench.cases import service
 
     kinds = [SINGLE, CLUSTER] + ([CLUSTER_WAIT] if wait_replicas else [])
     for i in range(rounds):
@@ -86,8 +86,8 @@ def cluster_vs_single(n: int, rounds: int, out: list[dict[str, Any]], case: Call
 
 def failover(kills: int, out: list[dict[str, Any]], case: Callable[..., dict[str, Any]],
              lease_ttl_s: float | None = None) -> dict[str, Any]:
-    """Leader kill -9 ``kills`` times in one deployment (bench/ha_failover.py)."""
-    from bench.ha_failover import failover as run
+    """Leader kill -9 ``kills`` times in one deployment (bench/cases/ha_failover.py)."""
+    from bench.cases.ha_failover import failover as run
 
     return case(out, f"leader kill -9 x{kills}", {"figure": "failover"}, run, kills, lease_ttl_s=lease_ttl_s,
                 summary=lambda r: f"first window result after the kill: median "
@@ -159,9 +159,9 @@ def _markdown_cluster(entries: list[dict[str, Any]]) -> list[str]:
 def _local_case(out: list[dict[str, Any]], label: str, meta: dict[str, Any], fn: Callable[..., Any],
                 *args: Any, summary: Callable[[dict[str, Any]], str] = lambda r: "", **kwargs: Any
                 ) -> dict[str, Any]:
-    from bench.suite import _case
+    from bench.harness import run_case
 
-    entry = _case(out, label, meta, fn, *args, summary=summary, **kwargs)
+    entry = run_case(out, label, meta, fn, *args, summary=summary, **kwargs)
     print(json.dumps({k: v for k, v in entry.items() if k != "trace"}, default=str), flush=True)
     return entry
 
@@ -169,7 +169,7 @@ def _local_case(out: list[dict[str, Any]], label: str, meta: dict[str, Any], fn:
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    ap = argparse.ArgumentParser(prog="python -m bench.ha", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m bench.cases.ha", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--records", type=int, default=20_000, help="records per case (default 20000)")
     ap.add_argument("--rounds", type=int, default=2, help="interleaved rounds (default 2)")

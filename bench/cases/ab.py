@@ -1,4 +1,4 @@
-"""``python -m bench.ab [N] [REPS] [BATCH]``: backlog throughput of both pipelines on
+"""``python -m bench.cases.ab [N] [REPS] [BATCH]``: backlog throughput of both pipelines on
 SQLite, exactly-once strong, REPS times each in fresh processes. The quick before/after
 check for a hot-path change (run it on the old and the new code, same machine)."""
 
@@ -9,8 +9,8 @@ import os
 import sys
 import tempfile
 
+from bench.harness import in_fresh_process
 from bench.run_local import WorkloadArgs, backlog_case
-from bench.suite import in_fresh_process
 
 
 def main(argv: list[str]) -> None:

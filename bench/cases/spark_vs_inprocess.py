@@ -12,7 +12,7 @@ a one-stage topology three times on a fresh SQLite store, in this process:
 It prints wall seconds of each, the aggregation's own cost (minus baseline), the
 time inside Spark jobs, and the first N at which the Spark stage is faster.
 
-    .venv/bin/python bench/spark_vs_inprocess.py [--sizes 1000,10000,100000] [--aggregation mean]
+    .venv/bin/python bench/cases/spark_vs_inprocess.py [--sizes 1000,10000,100000] [--aggregation mean]
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from millwheel.record import Record  # noqa: E402
 from millwheel.runtime.local_runner import LocalRunner  # noqa: E402

@@ -1,13 +1,15 @@
-"""``python -m bench.service_ab [--records N] [--rounds R] TREE ...``: the service's
-backlog case (``python -m bench.service``) run from several source trees, alternated
+"""``python -m bench.cases.service_ab [--records N] [--rounds R] TREE ...``: the service's
+backlog case (``python -m bench.cases.service``) run from several source trees, alternated
 with local mode's three-stage backlog (this tree), in one run: the before/after check
 of a change to the service, with each tree's ratio to local mode.
 
 A TREE is a directory holding a copy of the project at some commit, made e.g. with
 ``git archive COMMIT | tar -x -C TREE`` plus ``cp -r services/generated TREE/services/``
-(the gRPC stubs are not in git). Each round runs local mode first, then the trees in
-order, the order reversed every other round (the machine's load drifts). Prints each
-run, then per tree the median, the runs, and the ratio of medians to local mode.
+(the gRPC stubs are not in git); a commit older than ``bench/cases/`` has the case at
+``bench/service.py``: copy this tree's ``bench/`` into its TREE. Each round runs local
+mode first, then the trees in order, the order reversed every other round (the
+machine's load drifts). Prints each run, then per tree the median, the runs, and the
+ratio of medians to local mode.
 """
 
 from __future__ import annotations
@@ -20,11 +22,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _service(tree: str, n: int) -> tuple[float, dict[str, float]]:
-    out = subprocess.run([sys.executable, "-m", "bench.service", "--records", str(n)], cwd=tree,
+    out = subprocess.run([sys.executable, "-m", "bench.cases.service", "--records", str(n)], cwd=tree,
                          capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=tree), check=True)
     r = json.loads([line for line in out.stdout.splitlines() if line.startswith("{")][-1])
     if not r["correct"]["ok"]:
@@ -33,7 +35,7 @@ def _service(tree: str, n: int) -> tuple[float, dict[str, float]]:
 
 
 def _local(n: int) -> float:
-    code = (f"from bench.service import _local_three; r = _local_three({n}); "
+    code = (f"from bench.cases.service import _local_three; r = _local_three({n}); "
             "assert r['correct']['ok'], r['correct']; print(r['records_per_s'])")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                          env=dict(os.environ, PYTHONPATH=str(ROOT)), check=True)
@@ -41,7 +43,7 @@ def _local(n: int) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.service_ab", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m bench.cases.service_ab", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--records", type=int, default=100_000)
     ap.add_argument("--rounds", type=int, default=4)

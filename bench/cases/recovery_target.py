@@ -1,4 +1,4 @@
-"""The topology and paced source that ``millwheel run bench.recovery_target`` runs in
+"""The topology and paced source that ``millwheel run bench.cases.recovery_target`` runs in
 the recovery figure; configured by ``$BENCH_RECOVERY`` (JSON: n, keys, distribution,
 density, rate, t0, pipeline, probe). The release schedule is anchored at ``t0`` (wall
 clock), so records keep arriving while the process is dead and a restarted runner

@@ -1,4 +1,4 @@
-"""``python -m bench.latency_ab [--stores ...] [--rounds R] [--seconds S] [TREE ...]``:
+"""``python -m bench.cases.latency_ab [--stores ...] [--rounds R] [--seconds S] [TREE ...]``:
 the suite's paced case (single stage, EO + strong, 1k keys) at a fraction of a measured
 backlog rate, on SQLite and on Redis with AOF everysec, from several source trees
 alternated in one run: the before/after check of a change to record latency.
@@ -24,13 +24,10 @@ import os
 import statistics
 import subprocess
 import sys
-from pathlib import Path
 from typing import Any
 
+from bench.harness import ROOT, Stores, in_fresh_process
 from bench.run_local import WorkloadArgs, backlog_case
-from bench.suite import Stores, in_fresh_process
-
-ROOT = Path(__file__).resolve().parents[1]
 
 _PACED = """
 import json, sys
@@ -52,7 +49,7 @@ def paced(tree: str, n: int, rate: float, url: str, batch: int) -> dict[str, Any
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.latency_ab", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m bench.cases.latency_ab", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--stores", nargs="+", default=["sqlite", "redis-aof"])
     ap.add_argument("--rounds", type=int, default=3)

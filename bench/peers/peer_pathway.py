@@ -1,11 +1,11 @@
 """The peer: Pathway's keyed 10 s tumbling count, with persistence, on the same workload.
 
-``python -m bench.peer_pathway N ROUNDS`` runs it ROUNDS times (persistence on) and
+``python -m bench.peers.peer_pathway N ROUNDS`` runs it ROUNDS times (persistence on) and
 prints records/s. Like Flink it lives in its own virtualenv, ``bench/.peers/pathway``
 (``pip install pathway``, made on first use by :func:`available`), and runs
-:mod:`bench.pathway_job` there.
+:mod:`bench.peers.pathway_job` there.
 
-Same records: the CSV file of :func:`bench.peer_flink.write_input`, read into memory
+Same records: the CSV file of :func:`bench.peers.peer_common.write_input`, read into memory
 and fed through a ``pw.io.python`` connector subject committing every 100 ms (Pathway's
 streaming input). Lateness: Pathway's temporal operators keep their own time, the
 largest event time they have processed, and ``exactly_once_behavior(shift=2 s)`` closes
@@ -33,12 +33,12 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from bench.peer_flink import HERE, prepare, venv_python, write_input
+from bench.peers.peer_common import VENVS, prepare, venv_python, write_input
 from bench.run_local import WorkloadArgs
 from bench.workload import WINDOW_US, Workload, check, expected_counts
 
-VENV = HERE / ".peers" / "pathway"
-JOB = HERE / "pathway_job.py"
+VENV = VENVS / "pathway"
+JOB = Path(__file__).resolve().parent / "pathway_job.py"
 
 
 def available(venv: Path = VENV, install: bool = True) -> str | None:

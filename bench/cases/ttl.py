@@ -1,4 +1,4 @@
-"""``python -m bench.ttl [N] [ROUNDS]``: what a per-key state TTL costs (issue 14).
+"""``python -m bench.cases.ttl [N] [ROUNDS]``: what a per-key state TTL costs (issue 14).
 
 The single-stage windowed count (1k keys, backlog, SQLite, exactly-once strong) with
 the count stage's ``state_ttl_us`` unset and set to one hour, alternated ROUNDS times
@@ -18,8 +18,8 @@ import sys
 import tempfile
 from typing import Any
 
+from bench.harness import in_fresh_process
 from bench.run_local import WorkloadArgs, backlog_case
-from bench.suite import in_fresh_process
 
 HOUR_US = 3_600_000_000
 

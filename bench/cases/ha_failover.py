@@ -1,5 +1,5 @@
 """Controller failover as a user of the service sees it: how long after ``kill -9`` of
-the leading controller does the next window result arrive? (Part of ``bench/ha.py``.)
+the leading controller does the next window result arrive? (Part of ``bench/cases/ha.py``.)
 
 Two controllers (one leads, one stands by) and two workers run as separate processes
 on one store (a private redis-server, AOF ``everysec``, or SQLite); client, workers
@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import pipelines, workload
-from bench.service import ROOT, _closed, _free_port
+from bench.harness import ROOT, closed_windows, free_port, private_store
 from bench.workload import DISORDER_US
 from services.client import ControllerClient, inject_messages
 from services.rpc.convert import spec_to_proto
@@ -53,7 +53,7 @@ class Deployment:
     def __init__(self, store_url: str, tmp: Path, controllers: int = 2, workers: int = 2,
                  lease_ttl_s: float | None = None) -> None:
         self.store_url, self.tmp = store_url, tmp
-        self.ports = [_free_port() for _ in range(controllers)]
+        self.ports = [free_port() for _ in range(controllers)]
         self.addresses = [f"127.0.0.1:{p}" for p in self.ports]
         self.lease_args = ["--lease-ttl", str(lease_ttl_s)] if lease_ttl_s else []
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
@@ -170,22 +170,20 @@ def _inject(client: ControllerClient, msgs: list[Any], interval_s: float, closes
                 time.sleep(0.05)
         if msg.HasField("watermark"):
             now = time.monotonic()
-            for start in _closed(msg.watermark, closes):
+            for start in closed_windows(msg.watermark, closes):
                 closes[start] = now
 
 
 def failover(kills: int = 3, store: str = "redis-aof", rate: float = 1000, gap_s: float = 8.0,
              warmup_s: float = 4.0, speedup: int = 20, lease_ttl_s: float | None = None) -> dict[str, Any]:
     """See the module docstring; ``rate`` records/s, event time ``speedup`` x wall clock."""
-    from bench.service import _store
-
     batch = max(1, int(rate / 10))
     seconds = warmup_s + kills * gap_s + 2.0
     w = workload.generate(int(rate * seconds), keys=100, late_fraction=0.0, density=max(1, int(rate / speedup)))
     msgs = list(inject_messages("events", "events", w.records, batch, DISORDER_US, done=True))
     with tempfile.TemporaryDirectory(prefix="mw-bench-ha-") as tmpdir:
         tmp = Path(tmpdir)
-        url, server = _store(store, tmp)
+        url, server = private_store(store, tmp)
         dep = None
         try:
             dep = Deployment(url, tmp, lease_ttl_s=lease_ttl_s)

@@ -1,7 +1,7 @@
-"""``python -m bench.redis_ab [--records N] [--rounds R] [--batch B] TREE ...``: the
+"""``python -m bench.cases.redis_ab [--records N] [--rounds R] [--batch B] TREE ...``: the
 single-stage backlog case (EO + strong productions) on Redis with AOF everysec and on
 SQLite, run from several source trees, interleaved, each run a fresh process, with
-the raw Lua checkpoint limit (``bench.limits.redis_lua_checkpoint``, batch 1000, depth
+the raw Lua checkpoint limit (``bench.cases.limits.redis_lua_checkpoint``, batch 1000, depth
 1) measured in the same rounds: the before/after check of a change to the Redis store.
 
 A TREE is a directory holding a copy of the project at some commit (``git archive
@@ -24,7 +24,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 _CASE = """
 import json, sys
@@ -35,7 +35,7 @@ print(json.dumps({{"rate": r["records_per_s"], "cpu": r["records_per_cpu_s"], "c
 
 _LIMIT = """
 import json
-from bench import limits
+from bench.cases import limits
 from bench.workload import generate
 r = limits.redis_lua_checkpoint({url!r}, generate(20_000), 1000, 1, {seconds})
 print(json.dumps({{"rate": r["records_per_s"]}}))
@@ -59,7 +59,7 @@ def _flush(url: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.redis_ab", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m bench.cases.redis_ab", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--records", type=int, default=100_000)
     ap.add_argument("--rounds", type=int, default=3)

@@ -1,4 +1,4 @@
-"""``python -m bench.growth [N ...]``: does a long run stay flat? (issue 14)
+"""``python -m bench.cases.growth [N ...]``: does a long run stay flat? (issue 14)
 
 The single-stage pipeline (SQLite, exactly-once, strong productions, uniform 1k keys)
 over N records from a *streamed* workload: records are generated chunk by chunk as
@@ -27,7 +27,7 @@ from collections import Counter
 from typing import Any, Iterator
 
 from bench import pipelines
-from bench.suite import in_fresh_process
+from bench.harness import in_fresh_process
 from bench.workload import DISORDER_US, EPOCH_US, LATE_MIN_US, LATE_SPREAD_US, PAD, SECOND, WINDOW_US
 from millwheel.record import MAX_TIMESTAMP, MIN_TIMESTAMP, Record
 from millwheel.runtime.local_runner import LocalRunner

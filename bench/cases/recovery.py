@@ -1,6 +1,6 @@
 """Recovery after kill -9: a real ``millwheel run`` process, SIGKILLed mid-stream.
 
-The runner (``python -m services.cli run bench.recovery_target``) processes a paced
+The runner (``python -m services.cli run bench.cases.recovery_target``) processes a paced
 stream whose schedule is anchored to wall clock, so records keep arriving while it
 is dead. Its count stage appends ``time lag`` samples to a probe file. We kill it
 after ``before_s`` seconds, restart it at once on the same store, and read:
@@ -26,11 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from bench import pipelines
+from bench.harness import ROOT
 from bench.run_local import WorkloadArgs
 from bench.workload import check
 from millwheel.state import open_store
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _vm_hwm_mb(pid: int) -> float | None:
@@ -47,7 +46,7 @@ def _start(spec: dict[str, Any], store_url: str) -> subprocess.Popen[bytes]:
     env = {**os.environ, "BENCH_RECOVERY": json.dumps(spec), "PYTHONPATH": str(ROOT)}
     env.pop("MILLWHEEL_CRASH_AT", None)
     return subprocess.Popen(
-        [sys.executable, "-m", "services.cli", "run", "bench.recovery_target", "--store", store_url, "--quiet"],
+        [sys.executable, "-m", "services.cli", "run", "bench.cases.recovery_target", "--store", store_url, "--quiet"],
         cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )
 

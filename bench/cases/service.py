@@ -41,24 +41,15 @@ from pathlib import Path
 from typing import Any
 
 from bench import pipelines, workload
-from bench.workload import DISORDER_US, WINDOW_US
-from millwheel.record import MAX_TIMESTAMP
+from bench.harness import ROOT, STORE_KINDS, closed_windows, free_port, private_store
+from bench.workload import DISORDER_US
 from services.client import ControllerClient, inject_messages
 from services.rpc.convert import spec_to_proto
 from services.rpc.security import Security
 
-ROOT = Path(__file__).resolve().parents[1]
 SINK = "rows"
 INJECTOR = "events"
 TICK = os.sysconf("SC_CLK_TCK")
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _cpu_s(pid: int) -> float:
@@ -86,7 +77,7 @@ class Service:
 
     def __init__(self, store_url: str, workers: int, tmp: Path, extra_env: dict[str, str] | None = None,
                  secure: bool = False, extra_args: tuple[str, ...] = ()) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
         self.log_path = tmp / "up.log"
         self._log = open(self.log_path, "wb")  # noqa: SIM115
@@ -187,28 +178,6 @@ def _register(client: ControllerClient, productions: str) -> None:
         client.register_computation(spec_to_proto(spec), logged)
 
 
-#: Store kinds: SQLite; one redis-server without AOF, AOF everysec, AOF always; a Redis
-#: Cluster of 3 masters + 3 replicas with AOF always (tests/support/redis_cluster.py),
-#: and the same with ``wait_replicas=1`` (each write waits for its replica: docs/redis.md).
-STORE_KINDS = ("sqlite", "redis", "redis-aof", "redis-always", "redis-cluster", "redis-cluster-wait")
-
-
-def _store(kind: str, tmp: Path) -> tuple[str, Any]:
-    if kind not in STORE_KINDS:
-        raise ValueError(f"store kind {kind!r} is not one of {', '.join(STORE_KINDS)}")
-    if kind == "sqlite":
-        return f"sqlite:///{tmp}/service.db", None
-    if kind.startswith("redis-cluster"):  # 3 masters + 3 replicas, AOF always (bench/ha.py)
-        from tests.support.redis_cluster import RedisClusterNodes
-
-        nodes = RedisClusterNodes()
-        return nodes.url + ("?wait_replicas=1" if kind == "redis-cluster-wait" else ""), nodes
-    from tests.support.redis_server import RedisServer
-
-    server = RedisServer(appendonly=kind != "redis", appendfsync="always" if kind == "redis-always" else "everysec")
-    return server.url, server
-
-
 def _security(tmp: Path) -> tuple[Security, dict[str, str]]:
     """(client settings, server environment): tokens + TLS + mTLS from a throwaway CA."""
     import secrets
@@ -231,7 +200,7 @@ def _running_service(store: str, workers: int, productions: str, secure: bool = 
     balanced; everything (a private Redis too) stopped on the way out."""
     with tempfile.TemporaryDirectory(prefix="mw-bench-svc-") as tmpdir:
         tmp = Path(tmpdir)
-        url, redis = _store(store, tmp)
+        url, redis = private_store(store, tmp)
         svc = Service(url, workers, tmp, secure=secure, extra_args=extra_args)
         try:
             _register(svc.client, productions)
@@ -300,7 +269,7 @@ def latency(n: int, rate: float, store: str = "sqlite", workers: int = 2, batch:
                     time.sleep(delay)
                 if msg.HasField("watermark"):
                     now = time.monotonic()
-                    for start in _closed(msg.watermark, closes):
+                    for start in closed_windows(msg.watermark, closes):
                         closes[start] = now
                 yield msg
 
@@ -317,20 +286,6 @@ def latency(n: int, rate: float, store: str = "sqlite", workers: int = 2, batch:
         "result_latency_ms": {"p50": _pct(lat_ms, 50), "p95": _pct(lat_ms, 95), "max": max(lat_ms, default=None)},
         "correct": verdict.as_dict(),
     }
-
-
-def _closed(watermark: int, seen: dict[int, float]) -> list[int]:
-    """Window starts the watermark has newly passed the end of (the final, infinite
-    watermark of end of input is not a window closing in time: excluded)."""
-    if watermark >= MAX_TIMESTAMP:
-        return []
-    out = []
-    start = workload.EPOCH_US - WINDOW_US
-    while start + WINDOW_US <= watermark:
-        if start not in seen:
-            out.append(start)
-        start += WINDOW_US
-    return out
 
 
 def _pct(xs: list[float], p: int) -> float | None:
@@ -452,8 +407,8 @@ def _local_three(n: int) -> dict[str, Any]:
     """Local mode's three-stage figure as ``python -m bench`` measures it (the suite's
     backlog case: SQLite, exactly-once, strong productions, 1k uniform keys), in a
     fresh process."""
+    from bench.harness import in_fresh_process
     from bench.run_local import WorkloadArgs, backlog_case
-    from bench.suite import in_fresh_process
 
     with tempfile.TemporaryDirectory(prefix="mw-bench-local-") as d:
         r: dict[str, Any] = in_fresh_process(backlog_case, WorkloadArgs(n, 1000, "uniform"), "three",
@@ -496,8 +451,8 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
     import json
 
-    ap = argparse.ArgumentParser(prog="python -m bench.service",
-                                 description="the service figures alone (see bench/service.py)")
+    ap = argparse.ArgumentParser(prog="python -m bench.cases.service",
+                                 description="the service figures alone (see bench/cases/service.py)")
     ap.add_argument("--records", type=int, default=50_000)
     ap.add_argument("--store", default="sqlite", choices=STORE_KINDS)
     ap.add_argument("--batch", type=int, default=1000, help="records per Inject message")

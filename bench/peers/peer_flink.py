@@ -1,15 +1,15 @@
 """The peer: Flink SQL's keyed 10 s tumbling count on the same workload.
 
-``python -m bench.peer_flink N ROUNDS [--pathway] [--bytewax]`` alternates, in fresh
+``python -m bench.peers.peer_flink N ROUNDS [--pathway] [--bytewax]`` alternates, in fresh
 processes, millwheel's local single stage (:func:`bench.run_local.backlog_case`:
 SQLite, exactly-once, strong productions) and Flink SQL (and Pathway with persistence,
-:mod:`bench.peer_pathway`; Bytewax with recovery, :mod:`bench.peer_bytewax`) on the same
+:mod:`bench.peers.peer_pathway`; Bytewax with recovery, :mod:`bench.peers.peer_bytewax`) on the same
 N records, ROUNDS times, and prints records/s per run and the median ratios.
 
 **Its own virtualenv.** apache-flink pins py4j, protobuf and apache-beam versions that
 clash with the project's, so it is never a dependency of the project: on first use the
 bench makes ``bench/.peers/flink`` (gitignored) with ``pip install apache-flink`` and runs
-:mod:`bench.flink_job` with that interpreter. PyFlink needs Java 11 or 17 (``JAVA_HOME``,
+:mod:`bench.peers.flink_job` with that interpreter. PyFlink needs Java 11 or 17 (``JAVA_HOME``,
 else the ``java`` on PATH). If either is missing, :func:`available` says why and the
 suite records "not available"; it never fails the run.
 
@@ -60,19 +60,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from bench.peers.peer_common import VENVS, prepare, venv_python, write_input
 from bench.run_local import WorkloadArgs, backlog_case
 from bench.workload import Workload, check
-from millwheel.record import Record
 
 HERE = Path(__file__).resolve().parent
-VENV = HERE / ".peers" / "flink"
+VENV = VENVS / "flink"
 JOB = HERE / "flink_job.py"
 TINY = 1000  # records in the warm-up and empty runs
-INSTALL_TIMEOUT_S = 1800
-
-
-def venv_python(venv: Path = VENV) -> Path:
-    return venv / "bin" / "python"
 
 
 def java_home() -> str | None:
@@ -84,45 +79,11 @@ def java_home() -> str | None:
     return str(Path(java).resolve().parents[1]) if java else None
 
 
-def _imports(venv: Path, module: str) -> str | None:
-    python = venv_python(venv)
-    if not python.exists():
-        return f"no peer virtualenv at {venv}"
-    done = subprocess.run([str(python), "-c", f"import {module}"], capture_output=True, text=True)
-    return None if done.returncode == 0 else f"{module} does not import in {venv}: {done.stderr.strip()[-300:]}"
-
-
-def prepare(venv: Path = VENV, install: bool = True, package: str = "apache-flink",
-            module: str = "pyflink") -> str | None:
-    """Make a peer's virtualenv with ``package`` on first use. None when ready, else why not."""
-    if _imports(venv, module) is None:
-        return None
-    if not install:
-        return f"{package} not installed (no install asked): {_imports(venv, module)}"
-    try:
-        if not venv_python(venv).exists():
-            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True, text=True)
-        subprocess.run([str(venv_python(venv)), "-m", "pip", "install", "-q", package], check=True,
-                       capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S)
-    except subprocess.CalledProcessError as exc:
-        return f"pip install {package} failed: {(exc.stderr or '').strip()[-500:]}"
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"pip install {package} failed: {exc.__class__.__name__}: {exc}"
-    return _imports(venv, module)
-
-
 def available(venv: Path = VENV, install: bool = True) -> str | None:
     """None if Flink SQL can run here (Java found, the peer's virtualenv ready), else why not."""
     if java_home() is None:
         return "no Java: PyFlink needs Java 11 or 17 (set JAVA_HOME or put java on PATH)"
     return prepare(venv, install)
-
-
-def write_input(records: list[Record], path: Path) -> int:
-    """The records as CSV ``key,event time ms,record ID``, in injection order; returns the count."""
-    with path.open("w") as f:
-        f.writelines(f"{r.key},{r.timestamp // 1000},{r.record_id}\n" for r in records)
-    return len(records)
 
 
 def read_counts(sink: Path) -> Counter[tuple[str, int]]:
@@ -201,7 +162,7 @@ def _millwheel(wa: WorkloadArgs, writer_process: bool = False) -> dict[str, Any]
 
 
 def main(argv: list[str]) -> int:
-    from bench.suite import in_fresh_process
+    from bench.harness import in_fresh_process
 
     with_pathway = "--pathway" in argv
     with_bytewax = "--bytewax" in argv
@@ -210,14 +171,14 @@ def main(argv: list[str]) -> int:
     n = int(argv[0]) if argv else 1_000_000
     rounds = int(argv[1]) if len(argv) > 1 else 3
     if with_pathway:
-        from bench import peer_pathway
+        from bench.peers import peer_pathway
 
         why_pw = peer_pathway.available()
         if why_pw is not None:
             print(f"Pathway not available: {why_pw}")
             with_pathway = False
     if with_bytewax:
-        from bench import peer_bytewax
+        from bench.peers import peer_bytewax
 
         why_bw = peer_bytewax.available()
         if why_bw is not None:

@@ -1,4 +1,4 @@
-"""The Flink SQL side of :mod:`bench.peer_flink`: run by the peer's own virtualenv.
+"""The Flink SQL side of :mod:`bench.peers.peer_flink`: run by the peer's own virtualenv.
 
 It imports only the standard library and PyFlink (never millwheel: apache-flink's pins
 clash with the project's, so it lives in ``bench/.peers/flink``). Usage::
@@ -7,7 +7,7 @@ clash with the project's, so it lives in ``bench/.peers/flink``). Usage::
 
 SPEC_JSON names the jobs to run in order (name, input CSV file), a work directory
 (sinks, checkpoints), the parallelism, the checkpoint and the watermark intervals. One
-JVM (a local mini-cluster) runs them one after another; :mod:`bench.peer_flink` chooses
+JVM (a local mini-cluster) runs them one after another; :mod:`bench.peers.peer_flink` chooses
 the plan (a warm-up, tiny "empty" runs, the measured job). Each job is timed from its
 submission to its end (``TableResult.wait()``: the sink's files committed). It prints
 one JSON line: the JVM start, each job's seconds and sink directory, the JVM's peak RSS.

@@ -6,7 +6,7 @@ batch is deduplicated, processed and checkpointed, so the figure is records/s of
 exactly-once work including the store round trips. Both backends get the same seeded
 workload and must produce the same windows (checked).
 
-    .venv/bin/python bench/redis_vs_sqlite.py [--records N] [--keys K] [--redis URL]
+    .venv/bin/python bench/cases/redis_vs_sqlite.py [--records N] [--keys K] [--redis URL]
 
 Without ``--redis`` it starts its own redis-server (AOF on) on a free port, once with
 ``appendfsync everysec`` and once with ``always``.
@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from millwheel.record import Record  # noqa: E402
