@@ -184,7 +184,7 @@ def main(args: argparse.Namespace) -> int:
     from millwheel.runtime.crash import crash_hook_from_env
     from millwheel.runtime.local_runner import LocalRunner, print_progress
     from millwheel.state import open_store
-    from millwheel.state.url import describe_store
+    from millwheel.state.url_display import describe_store
 
     with tempfile.TemporaryDirectory(prefix="zeitgeist-") as tmp:
         url = args.store or f"sqlite:///{Path(tmp) / 'zeitgeist.db'}"

@@ -17,8 +17,8 @@ from typing import Any, Iterable
 
 from millwheel.computation import Computation, Context
 from millwheel.errors import InvalidSpecError
-from millwheel.operators.windows import Windowing
 from millwheel.record import Record, Timer
+from millwheel.windows import Windowing
 
 AGGREGATIONS = ("count", "sum", "min", "max", "mean")
 MAX_DECODED_KEYS = 200_000  # keys whose decoded windows are kept (then the cache restarts)

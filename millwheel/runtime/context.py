@@ -7,20 +7,42 @@ state writes, timer changes, productions, consumed IDs — and becomes exactly o
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterator, Sequence
+from typing import Iterator, Protocol, Sequence
 
 from millwheel.errors import InvalidSpecError
 from millwheel.record import Record, TimeDomain, Timer, derive_record_id, well_formed
 from millwheel.runtime import ttl
-from millwheel.runtime.routing import record_of
+from millwheel.runtime.routing import Router, record_of
 from millwheel.state.protocol import Checkpoint, Production
 
-if TYPE_CHECKING:
-    from millwheel.runtime.range_worker import RangeWorker
+
+class RangeOwner(ttl.TTLWorker, Protocol):
+    """What a transaction and ``ctx`` use of the worker of their key range.
+
+    :class:`~millwheel.runtime.range_worker.RangeWorker` satisfies it. It is declared
+    here, below the worker, so this module needs nothing of range_worker (which builds
+    transactions and contexts, and so imports this one)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def range_id(self) -> int: ...
+
+    @property
+    def state_ttl_us(self) -> int | None: ...
+
+    @property
+    def outputs(self) -> frozenset[str]: ...
+
+    @property
+    def router(self) -> Router: ...
+
+    def get_state(self, key: str) -> bytes | None: ...
 
 
 class RangeTransaction:
-    def __init__(self, worker: RangeWorker) -> None:
+    def __init__(self, worker: RangeOwner) -> None:
         self.worker = worker
         self.state_writes: dict[str, bytes | None] = {}
         self.timer_ops: dict[tuple[str, str], Timer | None] = {}

@@ -17,16 +17,42 @@ per ``ttl/16``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from millwheel.clock import Clock
 from millwheel.errors import InvalidSpecError
 from millwheel.record import TimeDomain, Timer
-
-if TYPE_CHECKING:
-    from millwheel.runtime.context import RangeTransaction
+from millwheel.timers import TimerQueue
 
 RESERVED_PREFIX = "millwheel:"
 TTL_TAG = RESERVED_PREFIX + "ttl"
+
+
+class TTLWorker(Protocol):
+    """What the TTL uses of a key range's worker: its timers, its clock, its state
+    cache. :class:`~millwheel.runtime.range_worker.RangeWorker` satisfies it; declared
+    here so that this module, below both, imports neither range_worker nor
+    :mod:`millwheel.runtime.context` (both call it)."""
+
+    @property
+    def timers(self) -> TimerQueue: ...
+
+    @property
+    def clock(self) -> Clock: ...
+
+    def put_state(self, key: str, value: bytes | None) -> None: ...
+
+
+class TTLTransaction(Protocol):
+    """What the TTL writes into of a batch's transaction
+    (:class:`~millwheel.runtime.context.RangeTransaction` satisfies it)."""
+
+    timer_ops: dict[tuple[str, str], Timer | None]
+    state_writes: dict[str, bytes | None]
+    expired: int
+
+    @property
+    def worker(self) -> TTLWorker: ...
 
 
 def check_user_tag(computation: str, key: str, tag: str) -> None:
@@ -35,7 +61,7 @@ def check_user_tag(computation: str, key: str, tag: str) -> None:
                                f"starting with {RESERVED_PREFIX!r} are the runtime's own")
 
 
-def after_write(txn: RangeTransaction, key: str, value: bytes | None, ttl_us: int) -> None:
+def after_write(txn: TTLTransaction, key: str, value: bytes | None, ttl_us: int) -> None:
     """Called on every state write of a computation with a TTL."""
     worker = txn.worker
     existing = worker.timers.get(key, TTL_TAG)
@@ -52,7 +78,7 @@ def after_write(txn: RangeTransaction, key: str, value: bytes | None, ttl_us: in
     txn.timer_ops[(key, TTL_TAG)] = timer
 
 
-def expire(txn: RangeTransaction, key: str) -> None:
+def expire(txn: TTLTransaction, key: str) -> None:
     """The key's TTL timer fired: delete its state in this transaction."""
     txn.worker.put_state(key, None)
     txn.state_writes[key] = None

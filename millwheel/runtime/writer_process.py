@@ -56,7 +56,7 @@ from millwheel.errors import FencedError, InvalidSpecError, StoreError
 from millwheel.record import Record, TimeDomain, Timer
 from millwheel.runtime.grouped import GroupedStore, held_ids
 from millwheel.state.protocol import Checkpoint, Production, StateStore
-from millwheel.state.url import redact
+from millwheel.state.url_display import redact
 
 MAX_STEPS_HELD = 8  # steps merged into one group at most while the child is busy
 SOCKET_BUFFER = 4 << 20  # bytes; the kernel caps it at net.core.wmem_max

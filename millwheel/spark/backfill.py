@@ -21,12 +21,12 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping
 
 from millwheel.errors import InvalidSpecError
-from millwheel.operators.windows import Windowing
 from millwheel.record import Record, derive_record_id
 from millwheel.spark.aggregations import Aggregation, Group
 from millwheel.spark.session import run_job
 from millwheel.state.protocol import StateStore
 from millwheel.topology import ComputationSpec, Topology
+from millwheel.windows import Windowing
 
 WINDOWED_CODES = ("spark_aggregate", "window_aggregate")
 PAGE = 10_000

@@ -30,10 +30,10 @@ from typing import Any, Mapping, Sequence
 
 from millwheel.computation import Computation, Context
 from millwheel.errors import InvalidSpecError
-from millwheel.operators.windows import Windowing
 from millwheel.record import Record, Timer
 from millwheel.spark.aggregations import Aggregation, Group
 from millwheel.spark.session import restart_count, run_job
+from millwheel.windows import Windowing
 
 META_CACHE_KEYS = 100_000
 

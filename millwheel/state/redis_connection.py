@@ -43,7 +43,7 @@ from millwheel.state.redis_cluster import (
     replicated,
 )
 from millwheel.state.redis_keys import _RangeKeys, _show, _tag
-from millwheel.state.url import redact
+from millwheel.state.url_display import redact
 
 T = TypeVar("T")
 

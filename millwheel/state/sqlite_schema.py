@@ -2,7 +2,8 @@
 (pragmas), the fence check and the write transaction, and multi-row INSERT building.
 
 :class:`SQLiteFile` is the base of :class:`millwheel.state.sqlite_store.SQLiteStore`,
-which holds the StateStore operations.
+which holds the StateStore operations (some in its mixins: sqlite_errors, sqlite_shared,
+sqlite_lease).
 """
 
 from __future__ import annotations

@@ -8,7 +8,11 @@ checkpoint; ``?synchronous=FULL`` in the URL also survives power loss.
 
 The file itself (schema, migrations, pragmas, the fence check, the write
 transaction, multi-row INSERTs) is :mod:`millwheel.state.sqlite_schema`; this module
-holds the StateStore operations.
+holds the StateStore operations on a key range's data (ownership, the checkpoint,
+acks, the reads for recovery). Its mixins hold the rest: the error policy's tables
+(:mod:`millwheel.state.sqlite_errors`), the stream log, watermarks and metadata
+(:mod:`millwheel.state.sqlite_shared`) and the controller lease
+(:mod:`millwheel.state.sqlite_lease`).
 """
 
 from __future__ import annotations
@@ -18,13 +22,14 @@ from typing import Iterable, Iterator, Sequence
 
 from millwheel.errors import CorruptDataError
 from millwheel.record import Record, TimeDomain, Timer
-from millwheel.state.lease import check_meta_name
-from millwheel.state.protocol import RECENT_ERRORS, Checkpoint, ErrorReport, Production
+from millwheel.state.protocol import Checkpoint, Production
+from millwheel.state.sqlite_errors import SQLiteErrors
 from millwheel.state.sqlite_lease import SQLiteLease
 from millwheel.state.sqlite_schema import SQLiteFile, _insert_rows, _json_list
+from millwheel.state.sqlite_shared import SQLiteShared
 
 
-class SQLiteStore(SQLiteLease, SQLiteFile):
+class SQLiteStore(SQLiteLease, SQLiteErrors, SQLiteShared, SQLiteFile):
     """A :class:`~millwheel.state.protocol.StateStore` in one SQLite file."""
     # -- ownership -----------------------------------------------------------
     def acquire(self, computation: str, range_id: int, epoch: int | None = None) -> int:
@@ -113,70 +118,6 @@ class SQLiteStore(SQLiteLease, SQLiteFile):
                 self._apply_errors(cp)
 
         self._write(txn)
-
-    def _apply_errors(self, cp: Checkpoint) -> None:
-        """The error policy's part of a checkpoint (inside its transaction)."""
-        db, comp, rid = self._db, cp.computation, cp.range_id
-        db.executemany(
-            "DELETE FROM attempts WHERE computation=? AND range_id=? AND item_id=?",
-            [(comp, rid, i) for i in cp.resolved],
-        )
-        db.executemany(
-            "INSERT INTO error_counts VALUES (?, ?, ?, ?) ON CONFLICT (computation, range_id, name) "
-            "DO UPDATE SET count = count + excluded.count",
-            [(comp, rid, name, n) for name, n in cp.counters.items()],
-        )
-        if cp.errors:
-            db.executemany("INSERT INTO error_log (computation, range_id, error) VALUES (?, ?, ?)",
-                           [(comp, rid, e) for e in cp.errors])
-            db.execute(
-                "DELETE FROM error_log WHERE computation=?1 AND range_id=?2 AND seq <= ("
-                "SELECT seq FROM error_log WHERE computation=?1 AND range_id=?2 "
-                "ORDER BY seq DESC LIMIT 1 OFFSET ?3)",
-                (comp, rid, RECENT_ERRORS),
-            )
-
-    # -- failing user code ---------------------------------------------------------
-    def bump_attempts(
-        self, computation: str, range_id: int, token: int, item_id: str, error: bytes
-    ) -> int:
-        def txn() -> int:
-            self._fence(computation, range_id, token)
-            self._db.execute(
-                "INSERT INTO attempts VALUES (?, ?, ?, 1, ?) ON CONFLICT "
-                "(computation, range_id, item_id) DO UPDATE SET attempts = attempts + 1, "
-                "error = excluded.error",
-                (computation, range_id, item_id, error),
-            )
-            row = self._db.execute(
-                "SELECT attempts FROM attempts WHERE computation=? AND range_id=? AND item_id=?",
-                (computation, range_id, item_id),
-            ).fetchone()
-            return int(row[0])
-
-        return self._write(txn)
-
-    def read_errors(self, computation: str, range_id: int) -> ErrorReport:
-        with self._lock:
-            db = self._db
-            attempts = db.execute(
-                "SELECT item_id, attempts, error FROM attempts WHERE computation=? AND range_id=?",
-                (computation, range_id),
-            ).fetchall()
-            counters = db.execute(
-                "SELECT name, count FROM error_counts WHERE computation=? AND range_id=?",
-                (computation, range_id),
-            ).fetchall()
-            recent = db.execute(
-                "SELECT error FROM error_log WHERE computation=? AND range_id=? "
-                "ORDER BY seq DESC LIMIT ?",
-                (computation, range_id, RECENT_ERRORS),
-            ).fetchall()
-        return ErrorReport(
-            attempts={i: (int(n), bytes(e)) for i, n, e in attempts},
-            counters={name: int(n) for name, n in counters},
-            recent=[bytes(row[0]) for row in recent],
-        )
 
     def ack(
         self, producer: str, range_id: int, token: int, acked: Sequence[tuple[str, str]]
@@ -327,76 +268,3 @@ class SQLiteStore(SQLiteLease, SQLiteFile):
                 f"SELECT key FROM state WHERE computation=? {bound}ORDER BY key LIMIT ?", args
             ).fetchall()
         return [row[0] for row in rows]
-
-    # -- stream log ------------------------------------------------------------
-    def append_log(self, stream: str, records: Sequence[Record]) -> int:
-        def txn() -> int:
-            before = self._db.total_changes
-            rows: list[object] = []
-            for r in records:
-                rows += (r.record_id, r.key, r.value, r.timestamp)
-            _insert_rows(
-                self._db, "INSERT OR IGNORE INTO stream_log (stream, record_id, key, value, ts)",
-                (stream,), 4, rows,
-            )
-            return self._db.total_changes - before
-
-        return self._write(txn)
-
-    def read_log(self, stream: str, after_seq: int, limit: int) -> list[tuple[int, Record]]:
-        with self._lock:
-            rows = self._db.execute(
-                "SELECT seq, record_id, key, value, ts FROM stream_log "
-                "WHERE stream=? AND seq > ? ORDER BY seq LIMIT ?",
-                (stream, after_seq, limit),
-            ).fetchall()
-        return [(seq, Record(k, v, ts, rid)) for seq, rid, k, v, ts in rows]
-
-    # -- watermarks ----------------------------------------------------------
-    def report_watermark(self, node: str, range_id: int, token: int, watermark: int) -> int:
-        def txn() -> int:
-            self._fence(node, range_id, token)
-            self._db.execute(
-                "INSERT INTO watermarks VALUES (?, ?, ?) ON CONFLICT (node, range_id) "
-                "DO UPDATE SET watermark = max(watermark, excluded.watermark)",
-                (node, range_id, watermark),
-            )
-            row = self._db.execute(
-                "SELECT watermark FROM watermarks WHERE node=? AND range_id=?", (node, range_id)
-            ).fetchone()
-            return int(row[0])
-
-        return self._write(txn)
-
-    def read_watermarks(self, node: str) -> dict[int, int]:
-        with self._lock:
-            rows = self._db.execute(
-                "SELECT range_id, watermark FROM watermarks WHERE node=?", (node,)
-            ).fetchall()
-        return {int(r): int(w) for r, w in rows}
-
-    # -- metadata ------------------------------------------------------------
-    def put_meta(self, name: str, value: bytes | None, epoch: int | None = None) -> None:
-        check_meta_name(name)
-
-        def txn() -> None:
-            self._check_epoch(f"put_meta {name[:100]!r}", epoch)
-            if value is None:
-                self._db.execute("DELETE FROM meta WHERE name=?", (name,))
-            else:
-                self._db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (name, value))
-
-        self._write(txn)
-
-    def get_meta(self, name: str) -> bytes | None:
-        with self._lock:
-            row = self._db.execute("SELECT value FROM meta WHERE name=?", (name,)).fetchone()
-        return bytes(row[0]) if row else None
-
-    def list_meta(self, prefix: str) -> dict[str, bytes]:
-        with self._lock:
-            rows = self._db.execute(
-                "SELECT name, value FROM meta WHERE substr(name, 1, ?) = ? ORDER BY name",
-                (len(prefix), prefix),
-            ).fetchall()
-        return {name: bytes(value) for name, value in rows}

@@ -10,11 +10,15 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 from millwheel.errors import InvalidSpecError
 from millwheel.state.protocol import StateStore
+from millwheel.state.url_display import describe_store, redact
+
+# The URL helpers live in url_display (the backends use them, and this module imports
+# the backends); they stay importable from here too.
+__all__ = ["describe_store", "open_store", "redact"]
 
 
 def open_store(url: str) -> StateStore:
@@ -41,23 +45,3 @@ def open_store(url: str) -> StateStore:
         f"store URL {url!r}: unknown scheme {parts.scheme!r}; use sqlite:///PATH or "
         "redis://HOST:PORT/DB"
     )
-
-
-def redact(url: str) -> str:
-    """The URL without its password: what logs, start-up lines and ClusterStatus show."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rsplit("@", 1)[1]
-    user = parts.username or ""
-    return parts._replace(netloc=f"{user}:***@{netloc}").geturl()
-
-
-def describe_store(url: str) -> str:
-    """``url`` as a person should read it at start-up: a SQLite URL with the absolute
-    file it resolves to from here (``sqlite:///tmp/x.db`` is ``./tmp/x.db``), any
-    password replaced by ``***``."""
-    if url.startswith("sqlite:///"):
-        path = url[len("sqlite:///"):].split("?", 1)[0]
-        return f"{url} (file {Path(path).resolve()})"
-    return redact(url)

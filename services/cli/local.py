@@ -18,7 +18,7 @@ from millwheel.runtime.writer_process import check_store_url
 from millwheel.sources import Source
 from millwheel.spec import load_spec_file, sources_from_dict, topology_from_dict
 from millwheel.state import open_store
-from millwheel.state.url import describe_store
+from millwheel.state.url_display import describe_store
 from millwheel.topology import Topology
 
 DEFAULT_STORE = "sqlite:///millwheel-data/local.db"

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from millwheel.errors import InvalidSpecError
-from millwheel.state.url import describe_store
+from millwheel.state.url_display import describe_store
 
 from ..client import CONTROLLER_HELP, CONTROLLER_METAVAR, ControllerClient, controller_address
 from ..controller.limits import InjectLimits

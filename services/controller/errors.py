@@ -23,7 +23,7 @@ from typing import Any, Protocol
 from millwheel.errors import NotFoundError
 from millwheel.keys import key_range
 from millwheel.record import Record, derive_record_id
-from millwheel.runtime.poison import letter_record
+from millwheel.runtime.failures import letter_record
 from millwheel.state.protocol import StateStore
 from millwheel.topology import ComputationSpec, ErrorPolicy
 

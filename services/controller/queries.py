@@ -22,7 +22,7 @@ from millwheel.errors import InvalidSpecError, NotFoundError
 from millwheel.keys import key_range
 from millwheel.limits import MAX_NAME_CHARS
 from millwheel.state.protocol import StateStore
-from millwheel.state.url import redact
+from millwheel.state.url_display import redact
 from millwheel.topology import ComputationSpec, injector_node
 
 from ..generated import millwheel_pb2 as pb

@@ -29,7 +29,7 @@ from millwheel.importing import AllowList
 from millwheel.record import MAX_TIMESTAMP, MIN_TIMESTAMP
 from millwheel.state.lease import LeadershipLostError
 from millwheel.state.protocol import StateStore
-from millwheel.state.url import redact
+from millwheel.state.url_display import redact
 from millwheel.topology import InjectorSpec
 
 from ..generated import millwheel_pb2 as pb

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from millwheel.state.sqlite_store import SQLiteStore
-from millwheel.state.url import redact
+from millwheel.state.url_display import redact
 from tests.support import pipelines
 
 WP = ("--writer-process",)

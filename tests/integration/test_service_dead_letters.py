@@ -24,7 +24,7 @@ import pytest
 
 from millwheel.keys import KeyExtractor
 from millwheel.record import MAX_TIMESTAMP, Record
-from millwheel.runtime.poison import dead_letter_id
+from millwheel.runtime.failures import dead_letter_id
 from millwheel.sources import ListSource
 from millwheel.topology import CodeRef, ComputationSpec, ErrorPolicy, InjectorSpec, InputSpec, Options, Topology
 from tests.integration.service_cluster import ROOT, Cluster, expected_outputs, wait_for

@@ -15,7 +15,6 @@ import pytest
 
 from millwheel.demo import zeitgeist
 from millwheel.errors import UserCodeError
-from millwheel.operators.windows import Windowing
 from millwheel.record import Record
 from millwheel.runtime.local_runner import LocalRunner
 from millwheel.sensors import CountingSensors
@@ -32,6 +31,7 @@ from millwheel.topology import (
     Options,
     Topology,
 )
+from millwheel.windows import Windowing
 
 S = 1_000_000
 

@@ -1,6 +1,7 @@
-"""The error policy (millwheel.runtime.poison): a record or timer whose code raises is
-retried up to max_attempts, isolated from its batch, and then dead-lettered (exactly
-once, in the checkpoint of its consumed ID), skipped, or left failing (on_error fail)."""
+"""The error policy (millwheel.runtime.poison, its bookkeeping millwheel.runtime.failures):
+a record or timer whose code raises is retried up to max_attempts, isolated from its
+batch, and then dead-lettered (exactly once, in the checkpoint of its consumed ID),
+skipped, or left failing (on_error fail)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 from millwheel.clock import ManualClock
 from millwheel.errors import UserCodeError
 from millwheel.record import Record, timer_cause
-from millwheel.runtime import poison
+from millwheel.runtime import failures, poison
 from millwheel.runtime.context import RangeTransaction
 from millwheel.runtime.crash import CrashSchedule, SimulatedCrash
 from millwheel.runtime.local_runner import LocalRunner
@@ -105,7 +106,7 @@ def test_a_poison_record_is_dead_lettered_once_and_the_rest_equals_a_run_without
     assert letter["computation"] == "calc" and letter["traceback"]
     assert "faulty.py" in str(letter["traceback"][-1])  # type: ignore[index]
     [(dl_id)] = [r.record_id for _s, r in store.read_log("calc.dead_letters", 0, 10)]
-    assert dl_id == poison.dead_letter_id("calc", "r11")
+    assert dl_id == failures.dead_letter_id("calc", "r11")
     attempts, counters, recent = errors(store)
     assert attempts == {}  # resolved in the dead letter's checkpoint
     assert counters == {"dead_lettered": 1}
@@ -117,7 +118,7 @@ def test_a_non_utf8_value_is_kept_in_base64(tmp_path: Path) -> None:
     store = run(tmp_path / "a.db", topology(), records)
     [letter] = letters(store)
     assert letter["value_base64"] == "//4=" and "value" not in letter
-    assert poison.letter_record(letter) == records[-1]
+    assert failures.letter_record(letter) == records[-1]
 
 
 def range_worker(store: SQLiteStore, code: object, **options: object) -> RangeWorker:
@@ -247,7 +248,7 @@ def test_a_record_whose_key_cannot_be_extracted_is_dead_lettered_by_its_consumer
     assert (letter["record_id"], letter["key"], letter["stage"], letter["attempts"]) == (
         "bad", "raw", "key_extraction", 3)
     assert letter["exception_type"] == "InvalidSpecError" and "'user'" in str(letter["message"])
-    assert poison.letter_record(letter) is None  # replay cannot key it either
+    assert failures.letter_record(letter) is None  # replay cannot key it either
 
 
 # -- timers -----------------------------------------------------------------------------------
@@ -264,7 +265,7 @@ def test_a_failing_timer_is_dead_lettered_and_the_others_fire(tmp_path: Path) ->
     assert len(ids) == 4
     assert errors(store)[0] == {} and errors(store)[1] == {"dead_lettered": 4}
     from millwheel.record import Timer
-    assert poison.dead_letter_id("calc", timer_cause(Timer("k1", "r1", 1 * S))) in ids
+    assert failures.dead_letter_id("calc", timer_cause(Timer("k1", "r1", 1 * S))) in ids
 
 
 # -- crashes while isolating -------------------------------------------------------------------
@@ -285,14 +286,14 @@ def test_a_crash_while_isolating_still_gives_exactly_once(tmp_path: Path, point:
     assert log_of(store, "doubled") == log_of(want, "doubled")
     assert [x["record_id"] for x in letters(store)] == [x["record_id"] for x in letters(want)]
     assert sorted(r.record_id for _s, r in store.read_log("calc.dead_letters", 0, 10)) == sorted(
-        poison.dead_letter_id("calc", i) for i in ("r11", "r20"))
+        failures.dead_letter_id("calc", i) for i in ("r11", "r20"))
     assert errors(store)[1] == {"dead_lettered": 2}
 
 
 # -- logs ---------------------------------------------------------------------------------------
 
 def test_repeated_tracebacks_are_logged_once_a_minute_with_a_count(caplog: pytest.LogCaptureFixture) -> None:
-    limiter = poison.RateLimitedLog(logging.getLogger("test.poison"), period_s=60)
+    limiter = failures.RateLimitedLog(logging.getLogger("test.poison"), period_s=60)
     with caplog.at_level(logging.ERROR, logger="test.poison"):
         assert limiter.report(("c", "ValueError", "f.py:1"), "boom", "trace")
         for _ in range(250):

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from millwheel.state import open_store
-from millwheel.state.url import describe_store
+from millwheel.state.url_display import describe_store
 
 
 def test_relative_and_absolute_sqlite_urls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -29,7 +29,7 @@ def test_relative_and_absolute_sqlite_urls(tmp_path: Path, monkeypatch: pytest.M
 
 
 def test_passwords_never_shown() -> None:
-    from millwheel.state.url import redact
+    from millwheel.state.url_display import redact
 
     assert redact("redis://user:s3cret@10.0.0.5:6379/0") == "redis://user:***@10.0.0.5:6379/0"
     assert redact("rediss://:s3cret@h:6380/1?cluster=yes") == "rediss://:***@h:6380/1?cluster=yes"

@@ -1,7 +1,7 @@
 import pytest
 
 from millwheel.errors import InvalidSpecError
-from millwheel.operators.windows import Windowing
+from millwheel.windows import Windowing
 
 
 def test_tumbling_windows_assign_one_window() -> None:

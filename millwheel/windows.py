@@ -3,6 +3,11 @@
 A window is ``[start, start + size)``. Its result is stamped ``end - 1`` (the last
 timestamp it can hold), and its end-of-window timer is set at that same time, so the
 timer's watermark hold keeps the result from ever being late downstream.
+
+It is used by the built-in ``window_aggregate`` (:mod:`millwheel.operators`) and by the
+Spark stage and backfill (:mod:`millwheel.spark`), so it sits below both packages: the
+operators package registers the Spark stage, and the Spark stage reaching back into
+the operators package for its windows was an import cycle.
 """
 
 from __future__ import annotations

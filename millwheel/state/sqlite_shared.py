@@ -1,0 +1,106 @@
+"""The SQLite store's tables that are not one key range's data: the durable stream
+log (``stream_log``: sinks, Subscribe, backfill), the watermark reports
+(``watermarks``, per node and range, token-fenced) and the small metadata (``meta``:
+the service's registry, epoch-fenced by the controller lease).
+
+They are not a key range's data, so they stand apart from
+:mod:`millwheel.state.sqlite_store`, which holds what a range's owner does to its
+range (ownership, the checkpoint, acks, the reads for recovery).
+
+:class:`SQLiteShared` is a mixin of :class:`millwheel.state.sqlite_store.SQLiteStore`.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from typing import Callable, Sequence, TypeVar
+
+from millwheel.record import Record
+from millwheel.state.lease import check_meta_name
+from millwheel.state.sqlite_schema import _insert_rows
+
+T = TypeVar("T")
+
+
+class SQLiteShared:
+    """Stream log, watermarks and metadata (a mixin of SQLiteStore)."""
+
+    _db: sqlite3.Connection
+    _lock: threading.RLock
+    _write: Callable[[Callable[[], T]], T]
+    _fence: Callable[[str, int, int], None]
+    _check_epoch: Callable[[str, int | None], None]
+
+    # -- stream log ------------------------------------------------------------
+    def append_log(self, stream: str, records: Sequence[Record]) -> int:
+        def txn() -> int:
+            before = self._db.total_changes
+            rows: list[object] = []
+            for r in records:
+                rows += (r.record_id, r.key, r.value, r.timestamp)
+            _insert_rows(
+                self._db, "INSERT OR IGNORE INTO stream_log (stream, record_id, key, value, ts)",
+                (stream,), 4, rows,
+            )
+            return self._db.total_changes - before
+
+        return self._write(txn)
+
+    def read_log(self, stream: str, after_seq: int, limit: int) -> list[tuple[int, Record]]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT seq, record_id, key, value, ts FROM stream_log "
+                "WHERE stream=? AND seq > ? ORDER BY seq LIMIT ?",
+                (stream, after_seq, limit),
+            ).fetchall()
+        return [(seq, Record(k, v, ts, rid)) for seq, rid, k, v, ts in rows]
+
+    # -- watermarks ----------------------------------------------------------
+    def report_watermark(self, node: str, range_id: int, token: int, watermark: int) -> int:
+        def txn() -> int:
+            self._fence(node, range_id, token)
+            self._db.execute(
+                "INSERT INTO watermarks VALUES (?, ?, ?) ON CONFLICT (node, range_id) "
+                "DO UPDATE SET watermark = max(watermark, excluded.watermark)",
+                (node, range_id, watermark),
+            )
+            row = self._db.execute(
+                "SELECT watermark FROM watermarks WHERE node=? AND range_id=?", (node, range_id)
+            ).fetchone()
+            return int(row[0])
+
+        return self._write(txn)
+
+    def read_watermarks(self, node: str) -> dict[int, int]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT range_id, watermark FROM watermarks WHERE node=?", (node,)
+            ).fetchall()
+        return {int(r): int(w) for r, w in rows}
+
+    # -- metadata ------------------------------------------------------------
+    def put_meta(self, name: str, value: bytes | None, epoch: int | None = None) -> None:
+        check_meta_name(name)
+
+        def txn() -> None:
+            self._check_epoch(f"put_meta {name[:100]!r}", epoch)
+            if value is None:
+                self._db.execute("DELETE FROM meta WHERE name=?", (name,))
+            else:
+                self._db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (name, value))
+
+        self._write(txn)
+
+    def get_meta(self, name: str) -> bytes | None:
+        with self._lock:
+            row = self._db.execute("SELECT value FROM meta WHERE name=?", (name,)).fetchone()
+        return bytes(row[0]) if row else None
+
+    def list_meta(self, prefix: str) -> dict[str, bytes]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT name, value FROM meta WHERE substr(name, 1, ?) = ? ORDER BY name",
+                (len(prefix), prefix),
+            ).fetchall()
+        return {name: bytes(value) for name, value in rows}
