@@ -10,8 +10,12 @@ heartbeat thread writes the time of its last successful heartbeat in the header.
 The watchdog only reads. The block lives in memory shared with a second process, so
 it stays readable when the worker holds the interpreter in one C call, is stopped,
 or was just killed. Several batches can run at once (one per thread), each in its
-own slot; a slot's sequence number is odd while it is being written (a seqlock).
-Writing a slot costs a few microseconds plus one join of the batch's IDs.
+own slot, guarded by a seqlock: the writer makes the slot's sequence number odd, writes
+the fields, and publishes the next even number last; the reader reads the number, the
+fields, and the number again, and keeps what it read only if both are the same even
+number. (One ``pack_into`` of the whole slot is no atomic write: it stores the fields
+in order, sequence first, so a reader could see the new even number over the old
+fields.) Writing a slot costs a few microseconds plus one join of the batch's IDs.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 from millwheel.record import Record
 
@@ -34,7 +38,9 @@ NAME_BYTES = 256
 SEP = "\x00"  # between IDs (record IDs and timer causes may hold newlines)
 _HEADER = struct.Struct("<d")  # last successful heartbeat (monotonic seconds)
 _HEADER_SIZE = 64
-_SLOT = struct.Struct("<QBddqiII")  # seq, active, start, deadline_s, token, range, n_ids, ids_len
+_SEQ = struct.Struct("<Q")  # the slot's sequence number: odd while being written
+_FIELDS = struct.Struct("<BddqiII")  # active, start, deadline_s, token, range, n_ids, lens
+_SLOT = struct.Struct("<Q" + _FIELDS.format[1:])  # the sequence number, then the fields
 _SLOT_SIZE = _SLOT.size + NAME_BYTES + IDS_BYTES
 SIZE = _HEADER_SIZE + SLOTS * _SLOT_SIZE
 
@@ -81,21 +87,25 @@ class ProgressBlock:
             return
         base = _HEADER_SIZE + slot * _SLOT_SIZE
         mm = self.mm
-        seq = _SLOT.unpack_from(mm, base)[0]
+        seq = _SEQ.unpack_from(mm, base)[0]
         n = len(records) or len(ids)
         joined = SEP.join(r.record_id for r in records[:MAX_IDS]) if records else SEP.join(ids[:MAX_IDS])
         raw = joined.encode()[:IDS_BYTES]
         name = computation.encode()[:NAME_BYTES]
-        _SLOT.pack_into(mm, base, seq + 1, 0, 0.0, 0.0, 0, 0, 0, 0)  # odd: being written
+        # 1. odd: being written; 2. the fields, name and IDs; 3. even, published last.
+        _SEQ.pack_into(mm, base, seq + 1)
         head = base + _SLOT.size
         mm[head:head + len(name)] = name
         mm[head + NAME_BYTES:head + NAME_BYTES + len(raw)] = raw
-        _SLOT.pack_into(mm, base, seq + 2, 1, time.monotonic(), deadline_s, token, range_id,
-                        n, len(raw) | (len(name) << 20))
+        _FIELDS.pack_into(mm, base + _SEQ.size, 1, time.monotonic(), deadline_s, token, range_id,
+                          n, len(raw) | (len(name) << 20))
+        _SEQ.pack_into(mm, base, seq + 2)
         try:
             yield
-        finally:
-            _SLOT.pack_into(mm, base, seq + 4, 0, 0.0, 0.0, 0, 0, 0, 0)
+        finally:  # the same three steps: the slot is inactive when the even number shows
+            _SEQ.pack_into(mm, base, seq + 3)
+            _FIELDS.pack_into(mm, base + _SEQ.size, 0, 0.0, 0.0, 0, 0, 0, 0)
+            _SEQ.pack_into(mm, base, seq + 4)
             with self._lock:
                 self._free.append(slot)
 
@@ -104,29 +114,37 @@ class ProgressBlock:
         return float(_HEADER.unpack_from(self.mm, 0)[0])
 
     def running(self) -> list[Running]:
+        """Every active slot as one consistent read. A slot being written is read again
+        (for up to ~10 ms); a writer stopped mid-write leaves it odd, and it is skipped."""
         out = []
         for slot in range(SLOTS):
-            base = _HEADER_SIZE + slot * _SLOT_SIZE
-            for _ in range(100):
-                seq, active, start, deadline, token, range_id, n_ids, lens = _SLOT.unpack_from(self.mm, base)
-                if seq % 2 == 0:
-                    break
-                time.sleep(0.0001)  # being written; a stopped writer leaves it odd: skip it
-            if seq % 2 or not active:
-                continue
-            head = base + _SLOT.size
-            name = bytes(self.mm[head:head + (lens >> 20)]).decode(errors="replace")
-            if _SLOT.unpack_from(self.mm, base)[0] == seq:
-                out.append(Running(slot, seq, start, deadline, name, range_id, token, n_ids))
+            read = self._read(_HEADER_SIZE + slot * _SLOT_SIZE)
+            if read is not None:
+                seq, (active, start, deadline, token, range_id, n_ids, lens), name = read
+                if active:
+                    out.append(Running(slot, seq, start, deadline, name, range_id, token, n_ids))
         return out
+
+    def _read(self, base: int) -> tuple[int, tuple[Any, ...], str] | None:
+        mm = self.mm
+        for _ in range(100):
+            seq = _SEQ.unpack_from(mm, base)[0]
+            if seq % 2 == 0:
+                fields = _FIELDS.unpack_from(mm, base + _SEQ.size)
+                head = base + _SLOT.size
+                name = bytes(mm[head:head + (fields[6] >> 20)]).decode(errors="replace")
+                if _SEQ.unpack_from(mm, base)[0] == seq:  # nothing was written meanwhile
+                    return seq, fields, name
+            time.sleep(0.0001)
+        return None
 
     def record_ids(self, r: Running) -> list[str]:
         """The IDs of a running batch (empty if the slot moved on meanwhile)."""
         base = _HEADER_SIZE + r.slot * _SLOT_SIZE
-        lens = _SLOT.unpack_from(self.mm, base)[7]
+        lens = _FIELDS.unpack_from(self.mm, base + _SEQ.size)[6]
         start = base + _SLOT.size + NAME_BYTES
         raw = bytes(self.mm[start:start + (lens & 0xFFFFF)])
-        if _SLOT.unpack_from(self.mm, base)[0] != r.seq:
+        if _SEQ.unpack_from(self.mm, base)[0] != r.seq:
             return []
         return raw.decode(errors="replace").split(SEP) if raw else []
 

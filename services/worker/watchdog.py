@@ -130,6 +130,10 @@ class _Loop:
         self.paused_at = {k: v for k, v in self.paused_at.items() if k in seen}
         over = []
         for r in running:
+            if r.start <= 0.0 or r.deadline_s <= 0.0:  # never written so: not acted on
+                log.warning("ignored slot %d of the progress block: start %r, deadline %r",
+                            r.slot, r.start, r.deadline_s)
+                continue
             paused = self.paused - self.paused_at.setdefault((r.slot, r.seq), self.paused)
             if now - r.start - paused > r.deadline_s:
                 over.append(r)
