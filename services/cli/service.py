@@ -25,6 +25,7 @@ from ..controller.limits import InjectLimits
 from ..rpc import security
 from ..ui.server import add_args as console_args
 from ..ui.server import free_port, start_console
+from . import lifeline
 from .restarter import Restarter
 
 DEFAULT_STORE = "sqlite:///millwheel-data/service.db"
@@ -152,6 +153,7 @@ def _wait_for_signal(tick: Callable[[], None] | None = None) -> None:
 def cmd_controller(args: argparse.Namespace) -> int:
     from ..controller.service import serve
 
+    lifeline.die_with_parent(signal.SIGTERM)
     if not 0 <= args.takeover_grace <= 86_400:  # nan and inf too: a grace must end
         raise InvalidSpecError(f"--takeover-grace must be 0..86400 seconds, got {args.takeover_grace:g}")
     _logging(args.log_level)
@@ -177,6 +179,7 @@ def cmd_controller(args: argparse.Namespace) -> int:
 def cmd_worker(args: argparse.Namespace) -> int:
     from ..worker.service import WorkerProcess
 
+    lifeline.die_with_parent(signal.SIGKILL)
     _logging(args.log_level)
     security.setup_server(args, "worker")
     worker = WorkerProcess(
@@ -222,14 +225,16 @@ def cmd_up(args: argparse.Namespace) -> int:
     def worker() -> subprocess.Popen[bytes]:
         return subprocess.Popen([*base, "worker", *common, "--controller", controller,
                                  "--port", "0", "--metrics-port", "0",
-                                 *(["--no-watchdog"] if args.no_watchdog else [])], start_new_session=True)
+                                 *(["--no-watchdog"] if args.no_watchdog else [])],
+                                start_new_session=True, env=lifeline.child_env())
 
     ui_port = free_port(args.host) if args.ui_port == 0 else args.ui_port
 
     def controller_proc(i: int) -> subprocess.Popen[bytes]:
         return subprocess.Popen([*base, "controller", *common, "--port", str(ports[i]),
                                  "--metrics-port", str(args.metrics_port if i == 0 else 0),
-                                 "--ui-port", str(ui_port if i == 0 else -1)], start_new_session=True)
+                                 "--ui-port", str(ui_port if i == 0 else -1)],
+                                start_new_session=True, env=lifeline.child_env())
     # Every child is stopped on the way out, whatever the way: a controller that never
     # answers, Ctrl-C while starting, an error, or the end of a normal run.
     try:

@@ -1,6 +1,7 @@
 """`millwheel up` never leaks its children: not when the controller cannot start, not
-on Ctrl-C while it is starting. (A leaked controller or worker would keep a port, a
-store lock and a heartbeat going after the user thinks everything stopped.)"""
+on Ctrl-C while it is starting, not when `up` itself is killed with SIGKILL. (A leaked
+controller or worker would keep a port, a store lock and a heartbeat going after the
+user thinks everything stopped.)"""
 
 from __future__ import annotations
 
@@ -69,3 +70,60 @@ def test_ctrl_c_while_starting_stops_every_child(tmp_path: Path) -> None:
     proc.send_signal(signal.SIGINT)  # up is waiting for its controller to answer
     proc.wait(60)
     wait_for(lambda: not children(port), 10, "no child left behind")
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as probe:
+        return probe.connect_ex(("127.0.0.1", port)) != 0
+
+
+def _all_descendants(pid: int) -> list[int]:
+    """Every process whose chain of parents leads to ``pid`` (watchdogs included)."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    found, frontier = [], [pid]
+    while frontier:
+        p = frontier.pop()
+        kids = [c for c, pp in parents.items() if pp == p]
+        found += kids
+        frontier += kids
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
+
+
+def test_up_killed_with_sigkill_takes_every_child_with_it(tmp_path: Path) -> None:
+    """A supervisor's kill -9 of `up`: the controller, the workers and their watchdogs
+    end within a few seconds and the controller's port is free again."""
+    port = free_port()
+    proc = up(tmp_path, port, "--workers", "2", "--store", f"sqlite:///{tmp_path}/s.db")
+    family: list[int] = []
+    try:
+        wait_for(lambda: "millwheel is up" in (tmp_path / "up.log").read_text(), 60, "up to be up")
+        family += _all_descendants(proc.pid)
+        roles = sorted(_role(p) for p in family)
+        assert roles.count("controller") == 1 and roles.count("worker") == 2, roles
+        assert len(family) >= 5, f"expected a controller, 2 workers and 2 watchdogs, got {family}"
+        proc.kill()
+        proc.wait(10)
+        wait_for(lambda: not any(_alive(p) for p in family), 10, "every child of up to end")
+        wait_for(lambda: _port_free(port), 5, "the controller's port to be free")
+    finally:
+        proc.kill()
+        for p in family:
+            try:
+                os.kill(p, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
