@@ -101,7 +101,7 @@ class Snapshotter:
             units = {u: (o.worker_id, o.token) for u, o in c.assigner.units.items()}
             pending = dict(c._pending)
             workers = [(w.worker_id, w.address, w.metrics_address, w.alive, w.draining,
-                        mono - w.last_seen) for w in c.assigner.workers.values()]
+                        w.heartbeat_age_s()) for w in c.assigner.workers.values()]
         now_us = c.clock.now_us()
         t = time.time()
         self.topology = topo
