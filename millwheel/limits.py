@@ -12,6 +12,7 @@ the controller: :mod:`services.controller.limits`.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Mapping
 
 from millwheel.errors import InvalidSpecError
 
@@ -25,6 +26,7 @@ _NAME = re.compile(r"[A-Za-z0-9_.:-]+")
 MAX_KEY_RANGES = 4096  #: key ranges of one computation
 MAX_TOTAL_KEY_RANGES = 65_536  #: key ranges of all registered computations together
 MAX_PARAMS_BYTES = 64 * 1024  #: a computation's code parameters, as JSON
+MAX_PARAMS_DEPTH = 32  #: levels of nested lists and mappings in them (the params mapping is one)
 MAX_STREAMS_PER_COMPUTATION = 256  #: inputs, and outputs, of one computation
 MAX_COMPUTATIONS = 1000  #: computations in one topology
 MAX_INJECTORS = 1000  #: injectors in one topology
@@ -43,3 +45,43 @@ def check_name(name: object, what: str) -> None:
             f"{MAX_NAME_CHARS}")
     if not _NAME.fullmatch(name):
         raise InvalidSpecError(f"{what} {name!r}: names may hold only {NAME_CHARSET}")
+
+
+def nesting_depth(value: object, limit: int = MAX_PARAMS_DEPTH) -> int:
+    """Levels of nested lists and mappings in ``value`` (1 for a flat mapping, 0 for a
+    scalar), found without recursion (a value nested deeper than Python's stack is
+    exactly what this must survive) and no further than ``limit + 1``. A container met
+    twice (YAML aliases) is walked once."""
+    deepest = 0
+    seen: set[int] = set()
+    stack: list[tuple[object, int]] = [(value, 1)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, Mapping):
+            children: Iterable[object] = v.values()
+        elif isinstance(v, (list, tuple)):
+            children = v
+        else:
+            continue
+        if id(v) in seen:
+            continue
+        seen.add(id(v))
+        deepest = max(deepest, depth)
+        if deepest > limit:
+            break
+        stack.extend((c, depth + 1) for c in children)
+    return deepest
+
+
+def check_params_depth(params: object, where: str) -> None:
+    """InvalidSpecError naming ``where`` if ``params`` nest deeper than
+    :data:`MAX_PARAMS_DEPTH`: every later walk of them (JSON, comparison, copies) may
+    recurse, and 1,000 levels fit in 64 KiB of JSON."""
+    if nesting_depth(params) > MAX_PARAMS_DEPTH:
+        raise params_too_deep(where)
+
+
+def params_too_deep(where: str) -> InvalidSpecError:
+    return InvalidSpecError(
+        f"{where}: lists and mappings nested more than {MAX_PARAMS_DEPTH} deep, over the limit of "
+        f"{MAX_PARAMS_DEPTH} levels (the params mapping counts as one); flatten the parameters")

@@ -21,7 +21,7 @@ from typing import Any, Mapping
 
 from millwheel.errors import InvalidSpecError
 from millwheel.keys import KeyExtractor
-from millwheel.limits import check_name
+from millwheel.limits import MAX_PARAMS_DEPTH, check_name, check_params_depth
 from millwheel.topology import (
     CodeRef,
     ComputationSpec,
@@ -63,6 +63,7 @@ def computation_from_dict(data: Mapping[str, Any]) -> ComputationSpec:
     params = code.get("params", {})
     if not isinstance(params, Mapping):
         raise InvalidSpecError(f"{where}.code.params: must be a mapping")
+    check_params_depth(params, f"{where}.code.params")
     return ComputationSpec(
         name, tuple(inputs), tuple(outputs), CodeRef(code["name"], dict(params)),
         _options(data.get("options", {}), where),
@@ -163,6 +164,9 @@ def load_spec_file(path: str | Path) -> dict[str, Any]:
         raise InvalidSpecError(f"{p}: cannot read: {exc.strerror}") from None
     except yaml.YAMLError as exc:
         raise InvalidSpecError(f"{p}: not valid YAML/JSON: {exc}") from None
+    except RecursionError:  # the YAML reader's own limit (about 1,000 levels)
+        raise InvalidSpecError(f"{p}: nested too deep to read (code params may nest "
+                               f"{MAX_PARAMS_DEPTH} levels)") from None
     if not isinstance(data, dict):
         raise InvalidSpecError(f"{p}: expected a mapping at top level")
     return data

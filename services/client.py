@@ -226,10 +226,13 @@ class ControllerClient:
         req = pb.DescribeComputationRequest(name=computation)
         return cast(pb.ComputationInfo, self._unary("DescribeComputation", req, self.timeout_s))
 
-    def replay_dead_letters(self, computation: str) -> pb.ReplayDeadLettersResponse:
+    def replay_dead_letters(self, computation: str, timeout_s: float | None = None
+                            ) -> pb.ReplayDeadLettersResponse:
+        """Replay the dead letters present now; the controller stops at ``timeout_s``
+        (default the larger of the client's timeout and 120 s) and says how many remain."""
         req = pb.ReplayDeadLettersRequest(computation=computation)
-        return cast(pb.ReplayDeadLettersResponse,
-                    self._unary("ReplayDeadLetters", req, max(self.timeout_s, 120)))
+        timeout = max(self.timeout_s, 120) if timeout_s is None else timeout_s
+        return cast(pb.ReplayDeadLettersResponse, self._unary("ReplayDeadLetters", req, timeout))
 
     def watermarks(self, node: str = "") -> list[pb.NodeWatermark]:
         req = pb.GetWatermarkRequest(computation=node)

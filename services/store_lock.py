@@ -31,7 +31,7 @@ class WriterLockedStore:
 
     def __init__(self, store: StateStore, lock_path: str) -> None:
         self._store = store
-        self._fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        self._fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)  # the store's owner alone, as the store
         self._thread_lock = threading.Lock()  # flock is per process: threads take turns first
         self._wrapped: dict[str, Callable[..., Any]] = {}
 

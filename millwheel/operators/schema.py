@@ -21,7 +21,7 @@ from typing import Any, Mapping
 
 from millwheel.errors import InvalidSpecError
 from millwheel.importing import AllowList, check_import_path
-from millwheel.limits import MAX_PARAMS_BYTES, MAX_WINDOWS_PER_RECORD
+from millwheel.limits import MAX_PARAMS_BYTES, MAX_WINDOWS_PER_RECORD, check_params_depth
 from millwheel.operators.aggregate import AGGREGATIONS
 from millwheel.operators.transform import check_expression
 from millwheel.spark.aggregations import BUILTIN as SPARK_AGGREGATIONS
@@ -73,6 +73,7 @@ def validate_spec(spec: ComputationSpec) -> None:
     where = f"computation {spec.name!r}.code"
     name = spec.code.name
     params = dict(spec.code.params)
+    check_params_depth(params, f"{where}.params")  # before anything walks them
     try:
         size = len(json.dumps(params))
     except (TypeError, ValueError) as exc:

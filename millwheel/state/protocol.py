@@ -188,6 +188,14 @@ class StateStore(Protocol):
         """Log entries with sequence number > ``after_seq``, in order."""
         ...
 
+    def log_end(self, stream: str, after_seq: int = 0, upto_seq: int | None = None) -> tuple[int, int]:
+        """``(last, count)``: the sequence number of the stream's last entry, or of its
+        last up to ``upto_seq`` (``after_seq`` if none follows it), and how many entries
+        follow ``after_seq`` up to that one. A reader that must stop at what is there
+        now (a dead-letter replay, whose own output lands in the log it reads) fixes its
+        end with this before it reads."""
+        ...
+
     # -- watermarks --------------------------------------------------------------
     def report_watermark(self, node: str, range_id: int, token: int, watermark: int) -> int:
         """Store the range's low watermark (fenced, never backwards); returns the stored value."""

@@ -294,6 +294,15 @@ class RedisStore(RedisLease, RedisGrouping):
                 raise self._corrupt(entries, member[:40], f"log entry unreadable: {exc}") from None
         return out
 
+    def log_end(self, stream: str, after_seq: int = 0, upto_seq: int | None = None) -> tuple[int, int]:
+        """The last entry first, then the count up to it: an append in between is not counted."""
+        _seq, _ids, entries = self._log(stream)
+        top = self._call("log_end", [entries], lambda: self._r.zrevrangebyscore(
+            entries, "+inf" if upto_seq is None else upto_seq, f"({after_seq}", start=0, num=1, withscores=True))
+        last = int(top[0][1]) if top else after_seq
+        count = self._call("log_end", [entries], lambda: self._r.zcount(entries, f"({after_seq}", last))
+        return last, int(count)
+
     # -- watermarks -------------------------------------------------------------------
     def report_watermark(self, node: str, range_id: int, token: int, watermark: int) -> int:
         """The stored watermark (inside a write group: ``watermark``, not known yet)."""

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
+import os
 import sqlite3
+import stat
 import threading
 import time
 from contextlib import contextmanager
@@ -21,6 +24,7 @@ from millwheel.errors import FencedError, StoreError
 from millwheel.state.sqlite_checkpointer import Checkpointer
 
 T = TypeVar("T")
+log = logging.getLogger("millwheel.store")
 
 # Why the schema is shaped this way (each b-tree written per record costs; docs/bench.md):
 # * outbox ``seq`` is a plain rowid, not AUTOINCREMENT (no sqlite_sequence write per
@@ -157,6 +161,29 @@ def _wal_mode(db: sqlite3.Connection, timeout_s: float) -> None:
             time.sleep(0.02)
 
 
+def _private_file(path: str) -> None:
+    """Create the store's file readable and writable by its owner alone (0600, whatever
+    the umask) before SQLite opens it: SQLite gives the -wal and -shm files it creates
+    beside a database the database file's mode, so they are 0600 too. The file holds
+    every key's state, the records in flight and the registry. A file that exists keeps
+    its mode (an operator may have chosen one, e.g. for a backup group); one that other
+    users can read is reported each time it is opened."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+        if mode & 0o077:
+            log.warning("store file %s has mode %04o: other users may read all of its state; "
+                        "chmod 600 %s (SQLite gives new -wal and -shm files the same mode)", path, mode, path)
+        return
+    except OSError:
+        return  # SQLite's own open says what is wrong
+    try:
+        os.fchmod(fd, 0o600)  # a umask such as 0277 would leave it unwritable
+    finally:
+        os.close(fd)
+
+
 class SQLiteFile:
     """One SQLite file opened for the store: connection, lock, fence and transactions."""
 
@@ -167,6 +194,7 @@ class SQLiteFile:
         self.path = str(path)
         if self.path != ":memory:":
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+            _private_file(self.path)
         if synchronous.upper() not in {"OFF", "NORMAL", "FULL", "EXTRA"}:
             raise StoreError(f"{self.url}: synchronous must be OFF, NORMAL, FULL or EXTRA")
         self._lock = threading.RLock()

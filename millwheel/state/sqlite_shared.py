@@ -20,6 +20,8 @@ from millwheel.record import Record
 from millwheel.state.lease import check_meta_name
 from millwheel.state.sqlite_schema import _insert_rows
 
+_MAX_SEQ = 2**63 - 1
+
 T = TypeVar("T")
 
 
@@ -55,6 +57,15 @@ class SQLiteShared:
                 (stream, after_seq, limit),
             ).fetchall()
         return [(seq, Record(k, v, ts, rid)) for seq, rid, k, v, ts in rows]
+
+    def log_end(self, stream: str, after_seq: int = 0, upto_seq: int | None = None) -> tuple[int, int]:
+        upto = _MAX_SEQ if upto_seq is None else upto_seq
+        with self._lock:
+            last, count = self._db.execute(
+                "SELECT max(seq), count(*) FROM stream_log WHERE stream=? AND seq > ? AND seq <= ?",
+                (stream, after_seq, upto),
+            ).fetchone()
+        return (int(last) if last is not None else after_seq), int(count)
 
     # -- watermarks ----------------------------------------------------------
     def report_watermark(self, node: str, range_id: int, token: int, watermark: int) -> int:

@@ -27,10 +27,14 @@ def add_commands(sub: Any) -> None:
     replay = client_parser(
         dl_sub, "replay", "re-inject the dead letters into the computation, once",
         "Hand the computation's dead letters back to it (and to no other consumer "
-        "of its inputs), after its code was fixed. Exactly once: replaying again hands over "
-        "only dead letters written since. Dead letters of timers and of records whose key "
-        "could not be extracted are not replayed (counted as skipped).")
+        "of its inputs), after its code was fixed. It takes the dead letters present when it "
+        "starts (not those its records write if the code still fails) and stops at --timeout, "
+        "saying how many remain. Exactly once: replaying again first finishes a replay that was "
+        "cut off, then hands over only dead letters written since. Dead letters of timers and "
+        "of records whose key could not be extracted are not replayed (counted as skipped).")
     replay.add_argument("computation", metavar="COMPUTATION")
+    replay.add_argument("--timeout", type=float, default=120.0, metavar="SECONDS",
+                        help="stop handing over after this long (default 120); run again for the rest")
     replay.set_defaults(func=cmd_replay)
 
 
@@ -77,12 +81,13 @@ def cmd_errors(args: argparse.Namespace) -> int:
 
 def cmd_replay(args: argparse.Namespace) -> int:
     with client_for(args) as client:
-        resp = client.replay_dead_letters(args.computation)
+        resp = client.replay_dead_letters(args.computation, timeout_s=args.timeout)
     if args.json:
-        print(json.dumps({"replayed": resp.replayed, "skipped": resp.skipped}))
+        print(json.dumps({"replayed": resp.replayed, "skipped": resp.skipped, "remaining": resp.remaining}))
     else:
         print(f"replayed {resp.replayed} dead letters into {args.computation}"
-              + (f" ({resp.skipped} not replayable: timers or unkeyable records)" if resp.skipped else ""))
+              + (f" ({resp.skipped} not replayable: timers or unkeyable records)" if resp.skipped else "")
+              + (f"; {resp.remaining} remain (the time ran out): run it again" if resp.remaining else ""))
     return 0
 
 

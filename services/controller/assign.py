@@ -35,6 +35,14 @@ class WorkerState:
     refuses: frozenset[str] = frozenset()  # computations its --allow-code refuses
     grace_until: float = 0.0  # not declared dead before this (monotonic): a new leader's grace
 
+    def heartbeat_age_s(self) -> float:
+        """Seconds since its last heartbeat, never negative: ``last_seen`` is read before
+        the clock, since a heartbeat (or a watchdog's touch, which takes no lock) may set
+        it at any moment, and a clock read taken earlier (say before waiting for the
+        controller's lock) made the age negative."""
+        seen = self.last_seen
+        return max(0.0, time.monotonic() - seen)
+
 
 @dataclass
 class Owner:

@@ -135,13 +135,12 @@ class Queries:
                 return self.forward("ClusterStatus", request, context)
             except UnavailableError as exc:  # the leader cannot be reached: the store's view
                 log.info("ClusterStatus from the store's view: %s", exc)
-        now = time.monotonic()
         with self.lock:
             out, inputs = self.watermarks()
             workers = [
                 pb.WorkerInfo(worker_id=w.worker_id, address=w.address,
                               metrics_address=w.metrics_address, alive=w.alive,
-                              draining=w.draining, last_heartbeat_age_s=now - w.last_seen,
+                              draining=w.draining, last_heartbeat_age_s=w.heartbeat_age_s(),
                               ranges=len(self.assigner.owned_by(w.worker_id)))
                 for w in sorted(self.assigner.workers.values(), key=lambda w: w.worker_id)
             ]

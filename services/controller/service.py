@@ -11,7 +11,8 @@ minimum per node and never lets a served value go backwards.
 Parts live in modules of their own: the Inject path in :mod:`services.controller.inject`
 (a mixin of :class:`ControllerService`), range assignment in
 :mod:`services.controller.assign`, the registry in :mod:`services.controller.registry`,
-dead letters in :mod:`services.controller.errors`.
+failing user code in :mod:`services.controller.errors`, the replay of dead letters in
+:mod:`services.controller.replay`.
 """
 
 from __future__ import annotations
@@ -41,13 +42,14 @@ from ..rpc.status import rpc
 from ..rpc.worker_link import PeerLink
 from ..store_lock import open_service_store
 from .assign import Assigner
-from .errors import Replayer, error_info
+from .errors import error_info
 from .ha import Replicated, leader_only
 from .inject import INJECT_BATCH, Injecting
 from .leader import Elector, LeaderStore
 from .limits import InjectLimits
 from .queries import Queries
 from .registry import Registry
+from .replay import Replayer
 
 log = logging.getLogger("millwheel.controller")
 Ctx = grpc.ServicerContext
@@ -89,6 +91,7 @@ class ControllerService(Queries, Replicated, Injecting):
         self._forwards_lock = threading.Lock()
         self._stop = threading.Event()
         self._reaper = threading.Thread(target=self._reap_loop, name="reaper", daemon=True)
+        self.replayer = Replayer(self)
 
     health_monitor: HealthMonitor | None = None
 
@@ -260,7 +263,7 @@ class ControllerService(Queries, Replicated, Injecting):
     @leader_only
     def ReplayDeadLetters(self, request: Any, context: Ctx) -> pb.ReplayDeadLettersResponse:
         check(request)
-        return Replayer(self).replay(request.computation)
+        return self.replayer.replay(request.computation, context)
 
     # -- workers ---------------------------------------------------------------------
     @rpc

@@ -11,7 +11,7 @@ import json
 from typing import Any, Iterable, Mapping
 
 from millwheel.errors import InvalidSpecError
-from millwheel.limits import MAX_NAME_CHARS, MAX_PARAMS_BYTES, check_name
+from millwheel.limits import MAX_NAME_CHARS, MAX_PARAMS_BYTES, check_name, check_params_depth, params_too_deep
 from millwheel.record import Record, Timer
 from millwheel.runtime.routing import record_of
 from millwheel.spec import computation_from_dict, computation_to_dict, topology_from_dict
@@ -35,6 +35,9 @@ def spec_dict_from_proto(msg: pb.ComputationSpec) -> dict[str, Any]:
         params = json.loads(msg.code.params_json) if msg.code.params_json else {}
     except ValueError as exc:
         raise InvalidSpecError(f"{where}.code.params_json: not valid JSON: {exc}") from None
+    except RecursionError:  # the parser's own limit (about 1,000 levels): far over ours
+        raise params_too_deep(f"{where}.code.params") from None
+    check_params_depth(params, f"{where}.code.params")
     options: dict[str, Any] = {}
     o = msg.options
     if o.HasField("exactly_once"):

@@ -13,7 +13,10 @@ few read-only endpoints, not worth a web framework. Rules:
 * Every answer carries a Content-Security-Policy allowing only this origin's script
   and style files (no inline script), ``X-Content-Type-Options: nosniff``,
   ``X-Frame-Options: DENY`` and ``Cache-Control: no-store`` on data.
-* Under ``--tls-cert``/``--tls-key`` it serves HTTPS with the same certificate.
+* Under ``--tls-cert``/``--tls-key`` it serves HTTPS with the same certificate; under
+  mTLS (``--tls-ca`` too) it requires a client certificate signed by that CA, as the
+  gRPC port does: without one the TLS handshake fails, before any page (even
+  ``/healthz``). The token rules apply on top.
 """
 
 from __future__ import annotations
@@ -160,6 +163,9 @@ def start_console(controller: ControllerService, args: argparse.Namespace) -> Co
     if sec.tls_cert and sec.tls_key:
         tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         tls.load_cert_chain(sec.tls_cert, sec.tls_key)
+        if sec.tls_ca:  # mTLS: the console is a door to the same data as the gRPC port
+            tls.load_verify_locations(cafile=sec.tls_ca)
+            tls.verify_mode = ssl.CERT_REQUIRED
     try:
         console = Console(controller, args.host, args.ui_port, sec.client_token, tls)
     except OSError as exc:

@@ -26,6 +26,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Any, Callable
 
 from millwheel.record import MAX_TIMESTAMP, MIN_TIMESTAMP
+from millwheel.state.url_display import redact
 from millwheel.topology import Topology, injector_node
 
 from ..controller.errors import error_info
@@ -100,7 +101,7 @@ class Snapshotter:
             units = {u: (o.worker_id, o.token) for u, o in c.assigner.units.items()}
             pending = dict(c._pending)
             workers = [(w.worker_id, w.address, w.metrics_address, w.alive, w.draining,
-                        mono - w.last_seen) for w in c.assigner.workers.values()]
+                        w.heartbeat_age_s()) for w in c.assigner.workers.values()]
         now_us = c.clock.now_us()
         t = time.time()
         self.topology = topo
@@ -164,7 +165,8 @@ class Snapshotter:
         self._tail(logged)
         self.history.keep([*comps, *(injector_node(i) for i in injectors)])
         self.snapshot = {
-            "ready": True, "time_us": now_us, "version": version, "store": c.store.url,
+            "ready": True, "time_us": now_us, "version": version,
+            "store": redact(c.store.url),  # never the password (as ClusterStatus)
             "leader": c.elector.leader_address or "", "leading": leading,
             "computations": comps, "injectors": injectors, "workers": worker_rows,
             "logged_streams": logged, "graph": _graph(topo, comps, injectors),

@@ -356,6 +356,24 @@ def test_read_log_order_and_paging(store: StateStore) -> None:
     assert store.read_log("missing", 0, 10) == []
 
 
+def test_log_end_fixes_where_a_reader_stops(store: StateStore) -> None:
+    assert store.log_end("s") == (0, 0)
+    assert store.log_end("s", 7) == (7, 0)
+    store.append_log("s", [rec(f"r{i}") for i in range(5)])
+    store.append_log("other", [rec("x")])
+    seqs = [seq for seq, _r in store.read_log("s", 0, 10)]
+    assert store.log_end("s") == (seqs[-1], 5)
+    assert store.log_end("s", seqs[1]) == (seqs[-1], 3)
+    assert store.log_end("s", seqs[-1]) == (seqs[-1], 0)
+    end = store.log_end("s")
+    store.append_log("s", [rec("later")])  # written after the end was fixed: beyond it
+    [(later, _r)] = [(seq, r) for seq, r in store.read_log("s", 0, 10) if seq > end[0]]
+    assert _r.record_id == "later" and later > end[0]
+    assert store.log_end("s", end[0]) == (later, 1) and store.log_end("s") == (later, 6)
+    assert store.log_end("s", 0, end[0]) == end and store.log_end("s", seqs[1], seqs[3]) == (seqs[3], 2)
+    assert store.log_end("s", seqs[3], seqs[3]) == (seqs[3], 0)
+
+
 # -- watermarks --------------------------------------------------------------------------
 
 def test_report_watermark_never_goes_backwards(store: StateStore) -> None:
