@@ -217,3 +217,48 @@ def _heartbeat(address: str, token: str | None) -> pb.HeartbeatResponse:
     finally:
         ch.close()
 
+
+
+@pytest.mark.parametrize("controller", [["--max-client-streams", "3", "--max-streams", "3",
+                                         "--max-client-calls", "2", "--max-calls", "2"]], indirect=True)
+def test_refusals_are_answered_while_every_admitted_slot_is_held(controller: Cluster) -> None:
+    """Every admitted slot held (3 streams, 2 unary calls whose request never comes):
+    a burst of 60 more calls is refused at once, each with its message, since the
+    decision never waits for a request and the pool keeps threads beyond the slots."""
+    ch6, v6 = stub(controller, True)
+    silent = ch6.stream_unary("/millwheel.v1.Controller/GetWatermark", request_serializer=lambda m: m,
+                              response_deserializer=pb.GetWatermarkResponse.FromString)
+    feeds = [Silent(), Silent()]
+    held = [started(follow(v6)) for _ in range(3)] + [silent.future(iter(f)) for f in feeds]
+    try:
+        wait_for(lambda: _refused(v6.GetWatermark.future(pb.GetWatermarkRequest(), timeout=5)), 5,
+                 "the unary slots to be taken")
+        began = time.monotonic()
+        burst = [v6.GetWatermark.future(pb.GetWatermarkRequest(), timeout=10) for _ in range(30)] + \
+                [follow(v6) for _ in range(30)]
+        answers = [_refused(call) for call in burst]
+        took = time.monotonic() - began
+        assert all(answers), [a for a in answers if not a][:3]
+        assert all("--max-client-calls=2" in a for a in answers[:30])
+        assert all("--max-client-streams=3" in a for a in answers[30:])
+        assert took < 5, f"60 refusals took {took:.1f} s"
+        assert all(call.running() if hasattr(call, "running") else call.is_active() for call in held)
+    finally:
+        for f in feeds:
+            f.release.set()
+        for call in held:
+            call.cancel()
+        ch6.close()
+
+
+def _refused(call: Any) -> str:
+    """The details of a RESOURCE_EXHAUSTED refusal of ``call`` ('' if it was not one)."""
+    try:
+        if hasattr(call, "result"):
+            call.result()
+        else:
+            for _ in call:
+                pass
+    except grpc.RpcError as exc:
+        return (exc.details() or "") if exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED else ""
+    return ""
