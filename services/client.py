@@ -27,10 +27,8 @@ single address and no leader named, a failure is raised at once, as it always wa
 
 from __future__ import annotations
 
-import hashlib
 import os
 import random
-import secrets
 import time
 from typing import Any, Callable, Iterable, Iterator, TypeVar, cast
 
@@ -43,6 +41,8 @@ from millwheel.topology import Topology
 from .generated import millwheel_pb2 as pb
 from .generated import millwheel_pb2_grpc as pb_grpc
 from .inject_feed import CallFeed
+from .inject_feed import inject_messages as inject_messages  # part of this module's API
+from .rpc.admission import ended_idle
 from .rpc.controller_link import SEVERAL_DEADLINE_S, ControllerLink, Tried, await_start, fails_over, leader_hint
 from .rpc.security import Security, client_security
 from .rpc.status import UnavailableError, error_class
@@ -270,8 +270,10 @@ class ControllerClient:
         up to ``failover_s``: a message the broken controller had taken is then sent
         twice, which is a no-op downstream only because its records carry IDs (consumers
         drop a record ID they have seen). :func:`inject_messages` gives every record
-        an ID before the first send; messages built otherwise should carry IDs too. An
-        error raised while producing the messages (a bad input line) is raised as itself."""
+        an ID before the first send; messages built otherwise should carry IDs too. A call
+        the controller ended as idle (the messages came slower than its
+        ``--stream-idle-timeout``: a quiet ``tail -f``) goes on in a new call the same way.
+        An error raised while producing the messages (a bad input line) is raised as itself."""
         accepted = 0
         watermark = MIN_TIMESTAMP
         source = iter(messages)
@@ -312,6 +314,9 @@ class ControllerClient:
             except grpc.RpcError as exc:
                 if feed.failed is not None:
                     raise
+                if ended_idle(exc):  # the source was quiet: go on in a new call
+                    requests = feed.resume(done)
+                    continue
                 meta: dict[str, Any] = dict(cast(Any, exc.trailing_metadata()) or ())
                 hint = meta.get("retry-after-ms")
                 busy = exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and hint is not None
@@ -334,7 +339,8 @@ class ControllerClient:
         """(seq, record) of ``stream`` after ``after_seq``. A stream broken by its
         controller (UNAVAILABLE), or one a controller does not start, goes on from the
         next controller after the last record yielded: none twice, none skipped (the
-        positions are the store's, the same on every controller)."""
+        positions are the store's, the same on every controller). So does one the
+        controller ended because nothing was read from it for its ``--stream-idle-timeout``."""
         after = after_seq
         tried = Tried(self.failover_s)
         while True:
@@ -352,49 +358,11 @@ class ControllerClient:
                 self.link.succeeded(address)
                 return
             except grpc.RpcError as exc:
+                if ended_idle(exc):  # we read nothing for a while: go on from the last record
+                    continue
                 if got or time.monotonic() - began > self.answer_s:
                     tried = Tried(self.failover_s)  # it worked for a while: a fresh failure
                 self._fail_over(address, exc, tried)
             finally:
                 call.cancel()
 
-
-def inject_messages(
-    injector: str, stream: str, records: Iterable[Record], batch: int = 500,
-    max_disorder_us: int | None = 0, done: bool = False,
-) -> Iterator[pb.InjectRequest]:
-    """Batches of records as Inject messages. Each message carries the watermark
-    ``max timestamp so far - max_disorder_us`` (none if ``max_disorder_us`` is None);
-    ``done`` ends with ``done=true`` (no more records, ever: the injector is closed).
-
-    Every record without an ID gets one here, ``INJECTOR/cSESSION/MESSAGE/INDEX``
-    (SESSION random per call of this function), fixed before anything is sent: a
-    message :meth:`ControllerClient.inject` resends after a controller failed mid-call
-    carries the same IDs, and consumers, which drop record IDs they have already seen,
-    make the resend a no-op. Records keep the IDs they have. (The same records injected
-    again by another call get other IDs: give your own for exactly-once across calls.)"""
-    session = secrets.token_hex(6)
-    # Record IDs are at most 256 bytes: a long injector name is replaced by its digest.
-    name = injector if len(injector.encode()) <= 160 else hashlib.sha256(injector.encode()).hexdigest()[:32]
-    prefix = f"{name}/c{session}/"
-    max_seen = MIN_TIMESTAMP
-    buf: list[pb.Record] = []
-    index = 0
-
-    def message(final: bool) -> pb.InjectRequest:
-        msg = pb.InjectRequest(injector=injector, stream=stream, records=buf)
-        if final and done:
-            msg.done = True
-        elif max_disorder_us is not None and max_seen > MIN_TIMESTAMP:
-            msg.watermark = max_seen - max_disorder_us
-        return msg
-
-    for rec in records:
-        buf.append(pb.Record(key=rec.key, value=rec.value, timestamp=rec.timestamp,
-                             id=rec.record_id or f"{prefix}{index}/{len(buf)}"))
-        max_seen = max(max_seen, rec.timestamp)
-        if len(buf) >= batch:
-            yield message(False)
-            buf = []
-            index += 1
-    yield message(True)

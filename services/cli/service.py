@@ -23,6 +23,7 @@ from millwheel.state.url_display import describe_store
 from ..client import CONTROLLER_HELP, CONTROLLER_METAVAR, ControllerClient, controller_address
 from ..controller.limits import InjectLimits
 from ..rpc import security
+from ..rpc.admission import AdmissionLimits
 from ..ui.server import add_args as console_args
 from ..ui.server import free_port, start_console
 from . import lifeline
@@ -67,6 +68,7 @@ def add_commands(sub: Any) -> None:
                           "(default one day; 0 = no limit)")
     ctl.add_argument("--inject-batch", type=int, default=5000, metavar="N",
                      help="Inject messages larger than N records go to the worker in pieces of N")
+    _admission_args(ctl)
     ha = ctl.add_argument_group(
         "several controllers (docs/service.md, Controller high availability)",
         "Start any number of controllers on one store: one leads (it holds a lease in the "
@@ -114,6 +116,37 @@ def add_commands(sub: Any) -> None:
     wk.set_defaults(func=cmd_worker)
 
 
+def _admission_args(p: argparse.ArgumentParser) -> None:
+    d = AdmissionLimits()
+    g = p.add_argument_group(
+        "control plane and client admission (docs/service.md, Limits)",
+        "Heartbeats have a listener and threads of their own; client calls are admitted per "
+        "client (its host) and in total, each refusal RESOURCE_EXHAUSTED naming the flag.")
+    g.add_argument("--cluster-port", type=int, default=0, metavar="PORT",
+                   help="port of the Cluster service (worker heartbeats), apart from the client "
+                        "port; workers learn it from the controller (default 0 = any free)")
+    g.add_argument("--max-client-streams", type=int, default=d.client_streams, metavar="N",
+                   help="streams (Inject, Subscribe, ...) one client may hold open "
+                        f"(default {d.client_streams})")
+    g.add_argument("--max-client-calls", type=int, default=d.client_calls, metavar="N",
+                   help=f"unary calls one client may have in flight (default {d.client_calls})")
+    g.add_argument("--max-streams", type=int, default=d.streams, metavar="N",
+                   help=f"streams open from all clients together (default {d.streams})")
+    g.add_argument("--max-calls", type=int, default=d.calls, metavar="N",
+                   help=f"unary calls in flight from all clients together (default {d.calls})")
+    g.add_argument("--stream-idle-timeout", type=float, default=d.idle_s, metavar="SECONDS",
+                   help="end a call whose client sends nothing it awaits, or reads nothing "
+                        f"sent to it, for this long (default {d.idle_s:g})")
+
+
+def admission_limits(args: argparse.Namespace) -> AdmissionLimits:
+    limits = AdmissionLimits(client_streams=args.max_client_streams, client_calls=args.max_client_calls,
+                             streams=args.max_streams, calls=args.max_calls,
+                             idle_s=args.stream_idle_timeout)
+    limits.check()
+    return limits
+
+
 def _allow_code_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allow-code", default=os.environ.get("MILLWHEEL_ALLOW_CODE", ""),
                    metavar="PATTERNS", help="modules whose code specs may name by import path, "
@@ -156,6 +189,9 @@ def cmd_controller(args: argparse.Namespace) -> int:
     lifeline.die_with_parent(signal.SIGTERM)
     if not 0 <= args.takeover_grace <= 86_400:  # nan and inf too: a grace must end
         raise InvalidSpecError(f"--takeover-grace must be 0..86400 seconds, got {args.takeover_grace:g}")
+    if not 0 <= args.cluster_port <= 65535:
+        raise InvalidSpecError(f"--cluster-port must be 0..65535, got {args.cluster_port}")
+    admission = admission_limits(args)
     _logging(args.log_level)
     security.setup_server(args, "controller")
     server, port, mport, service = serve(
@@ -164,10 +200,11 @@ def cmd_controller(args: argparse.Namespace) -> int:
         inject_wait_s=args.inject_wait, inject_batch=args.inject_batch, allow_code=args.allow_code,
         advertise=args.advertise,
         lease_ttl_s=args.lease_ttl, takeover_grace_s=args.takeover_grace,
+        cluster_port=args.cluster_port, admission=admission,
         limits=InjectLimits(max_records=args.max_inject_records, max_value_bytes=args.max_value_bytes,
                             max_future_us=args.max_future_us))
-    print(f"millwheel controller listening on {args.host}:{port} (metrics port {mport}, "
-          f"store {describe_store(args.store)})", file=sys.stderr, flush=True)
+    print(f"millwheel controller listening on {args.host}:{port}, cluster port {service.cluster_port} "
+          f"(metrics port {mport}, store {describe_store(args.store)})", file=sys.stderr, flush=True)
     start_console(service, args)
     _wait_for_signal()
     service.close()  # a leader hands the lease over at once

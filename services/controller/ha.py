@@ -9,8 +9,10 @@ watermark reports of workers), each write fenced by its epoch
   (re-read when its version changes), Subscribe;
 * forwards public writes (register, unregister, Inject, dead-letter replay) and
   ClusterStatus (worker liveness is known to the leader alone) to the leader, with
-  the process's own client credentials, marked so a request is forwarded once at
-  most (two controllers that each think the other leads cannot bounce it);
+  the cluster secret (else the process's client token), marked so a request is
+  forwarded once at most (two controllers that each think the other leads cannot
+  bounce it) and naming the client it is for, whose admission limits it counts
+  against at the leader too (services/rpc/admission.py);
 * refuses worker heartbeats with UNAVAILABLE and the leader's address in the
   ``millwheel-leader`` trailing metadata: workers go to the leader themselves.
 
@@ -36,6 +38,7 @@ from millwheel.importing import AllowList
 from millwheel.state.protocol import StateStore
 
 from ..generated import millwheel_pb2_grpc as pb_grpc
+from ..rpc.admission import FORWARDED_FOR, peer_host
 from ..rpc.controller_link import LEADER_METADATA  # a refused heartbeat's pointer to the leader
 from ..rpc.security import process
 from ..rpc.server import channel, check
@@ -194,7 +197,7 @@ class Replicated:
         ch = self._leader_channels.get(leader)
         if ch is None:
             sec = process()
-            ch = self._leader_channels[leader] = channel(leader, sec, sec.client_token,
+            ch = self._leader_channels[leader] = channel(leader, sec, sec.cluster_secret or sec.client_token,
                                                          keepalive_s=FORWARD_KEEPALIVE_S)
         return leader, pb_grpc.ControllerStub(ch)
 
@@ -203,14 +206,14 @@ class Replicated:
         leader, stub = self._leader_stub(context)
         remaining = context.time_remaining()
         call = getattr(stub, method).future(request, timeout=min(remaining or 120.0, 120.0),
-                                            metadata=((FORWARDED_METADATA, self.address),))
+                                            metadata=_forwarded(self.address, context))
         return self._forwarded(leader, call, context)
 
     def forward_stream(self, method: str, requests: Iterator[Any], context: grpc.ServicerContext) -> Any:
         """Forward a client-streaming call (Inject) to the leader, message by message as
         they arrive; its trailing metadata (backpressure hints) comes back too."""
         leader, stub = self._leader_stub(context)
-        call = getattr(stub, method).future(requests, metadata=((FORWARDED_METADATA, self.address),))
+        call = getattr(stub, method).future(requests, metadata=_forwarded(self.address, context))
         return self._forwarded(leader, call, context)
 
     def _forwarded(self, leader: str, call: Any, context: grpc.ServicerContext) -> Any:
@@ -248,3 +251,8 @@ class Replicated:
         if code == grpc.StatusCode.UNAVAILABLE:
             details = f"leader {self.elector.leader_address}: {details}"
         return RemoteError(details, code)
+
+
+def _forwarded(address: str, context: grpc.ServicerContext) -> tuple[tuple[str, str], ...]:
+    """The metadata of a forwarded request: by whom (never forwarded again), for whom."""
+    return ((FORWARDED_METADATA, address), (FORWARDED_FOR, peer_host(context.peer())))

@@ -18,7 +18,6 @@ failing user code in :mod:`services.controller.errors`, the replay of dead lette
 from __future__ import annotations
 
 import logging
-import socket
 import threading
 from typing import Any, cast
 
@@ -36,12 +35,14 @@ from millwheel.topology import InjectorSpec
 from ..generated import millwheel_pb2 as pb
 from ..metrics import PrometheusSensors
 from ..rpc import convert
+from ..rpc.admission import AdmissionLimits
 from ..rpc.health import HealthMonitor
-from ..rpc.server import check, start_server
+from ..rpc.server import check
 from ..rpc.status import rpc
 from ..rpc.worker_link import PeerLink
 from ..store_lock import open_service_store
 from .assign import Assigner
+from .cluster_port import advertised_host, start_servers
 from .errors import error_info
 from .ha import Replicated, leader_only
 from .inject import INJECT_BATCH, Injecting
@@ -94,6 +95,7 @@ class ControllerService(Queries, Replicated, Injecting):
         self.replayer = Replayer(self)
 
     health_monitor: HealthMonitor | None = None
+    cluster_port = 0  # where Cluster (heartbeats) is served apart from clients, once serving
 
     def start(self, address: str) -> None:
         """Elect (leading at once if the lease is free) and run. ``address``: where the
@@ -309,11 +311,13 @@ def serve(
     heartbeat_timeout_s: float = 3.0, max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
     inject_wait_s: float = 10.0, inject_batch: int = INJECT_BATCH, limits: InjectLimits | None = None,
     allow_code: str | None = None, advertise: str | None = None, lease_ttl_s: float = 2.0,
-    takeover_grace_s: float = 10.0,
+    takeover_grace_s: float = 10.0, cluster_port: int = 0, admission: AdmissionLimits | None = None,
 ) -> tuple[grpc.Server, int, int, ControllerService]:
     """Start a controller; returns (server, port, metrics port or 0, service). It leads
     or stands by (services/controller/ha.py); ``advertise`` is the host the others
-    reach it at (default ``host``, the machine's name when ``host`` is 0.0.0.0)."""
+    reach it at (default ``host``, the machine's name when ``host`` is 0.0.0.0).
+    Heartbeats have a listener of their own, ``cluster_port``, and client calls are
+    admitted under ``admission`` (services/controller/cluster_port.py)."""
     store = open_service_store(store_url)
     sensors = PrometheusSensors("controller")
     service = ControllerService(store, heartbeat_timeout_s=heartbeat_timeout_s,
@@ -321,12 +325,13 @@ def serve(
                                 inject_wait_s=inject_wait_s, inject_batch=inject_batch, limits=limits,
                                 allow_code=AllowList.parse(allow_code), lease_ttl_s=lease_ttl_s,
                                 takeover_grace_s=takeover_grace_s)
-    server, bound, health = start_server(
-        f"{host}:{port}", {"Controller": service, "Cluster": service}, max_workers=32)
+    advertise = advertised_host(host, advertise)
+    server, bound, cluster_bound, health = start_servers(
+        service, {"Controller": service}, host, port, cluster_port, advertise, admission or AdmissionLimits())
     service.health_monitor = HealthMonitor(health, store, problem=service.readiness_problem)
-    if advertise is None:
-        advertise = socket.getfqdn() if host in ("0.0.0.0", "::", "") else host
+    service.cluster_port = cluster_bound
     service.start(f"{advertise}:{bound}")
     mport = sensors.serve(host, metrics_port) if metrics_port is not None else 0
-    log.info("controller listening on %s:%d (store %s, metrics port %d)", host, bound, redact(store_url), mport)
+    log.info("controller listening on %s:%d, cluster port %d (store %s, metrics port %d)", host, bound,
+             cluster_bound, redact(store_url), mport)
     return server, bound, mport, service

@@ -108,16 +108,14 @@ class AuthInterceptor(grpc.ServerInterceptor):
 
 
 def _refusing(handler: grpc.RpcMethodHandler[Any, Any], code: grpc.StatusCode, message: str) -> Any:
-    """A handler of the same shape as ``handler`` that only aborts. The request is
-    neither parsed nor read (raw bytes, no deserializer)."""
+    """A handler answering like ``handler`` that only aborts. The request is neither
+    parsed nor read: it takes a request stream whatever the method (grpcio reads a
+    unary request on a pool thread *before* the handler runs, so a caller that never
+    sent its message would hold that thread), and aborts without touching it."""
 
-    def abort(_request: Any, context: grpc.ServicerContext) -> Any:
+    def abort(_requests: Any, context: grpc.ServicerContext) -> Any:
         context.abort(code, message)
 
-    kind = {
-        (False, False): grpc.unary_unary_rpc_method_handler,
-        (False, True): grpc.unary_stream_rpc_method_handler,
-        (True, False): grpc.stream_unary_rpc_method_handler,
-        (True, True): grpc.stream_stream_rpc_method_handler,
-    }[(bool(handler.request_streaming), bool(handler.response_streaming))]
-    return kind(abort)
+    if handler.response_streaming:
+        return grpc.stream_stream_rpc_method_handler(abort)
+    return grpc.stream_unary_rpc_method_handler(abort)

@@ -23,6 +23,7 @@ from millwheel.errors import InvalidSpecError, MillWheelError
 
 from ..generated import millwheel_pb2 as pb
 from . import reflection
+from .admission import Admission
 from .security import Security, process
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
@@ -107,16 +108,33 @@ def add_service(server: grpc.Server, service_name: str, servicer: Any) -> str:
     return str(service.full_name)
 
 
+#: The server pings a silent client this often and drops the connection (ending its
+#: calls) when a ping goes unanswered this long: a client that vanished without a reset
+#: (a host gone, a cable pulled) must not hold a follow-mode Subscribe forever.
+KEEPALIVE_S, KEEPALIVE_TIMEOUT_S = 60, 20
+
+
 def start_server(
     address: str, services: dict[str, Any], max_workers: int = 16, security: Security | None = None,
+    *, admission: Admission | None = None, probes: bool = True, pool_name: str = "grpc",
 ) -> tuple[grpc.Server, int, health.HealthServicer]:
     """Start a server on ``address`` (``host:0`` picks a free port) with the given
-    millwheel services plus health and reflection, authenticated and over TLS as
-    ``security`` (default: the process's) says. Returns (server, port, health)."""
+    millwheel services plus (``probes``) health, reflection and the ``--health-port``
+    listener, authenticated and over TLS as ``security`` (default: the process's) says.
+    ``admission``: admit client calls (services/rpc/admission.py); the pool then has
+    its size, and grpc-core refuses calls past twice that (its fixed message; the
+    admission's own refusals come first). Returns (server, port, health)."""
     sec = security or process()
+    interceptors: list[grpc.ServerInterceptor] = list(sec.server_interceptors())
+    limit: int | None = None
+    if admission is not None:
+        interceptors.append(admission)  # inside the token check: a refused token never counts
+        max_workers = admission.limits.threads
+        limit = 2 * max_workers
     server = grpc.server(
-        interceptors=sec.server_interceptors(),
-        thread_pool=futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grpc"),
+        interceptors=interceptors,
+        thread_pool=futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=pool_name),
+        maximum_concurrent_rpcs=limit,
         options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -125,13 +143,16 @@ def start_server(
             # partitioned leader must not hold a forwarded call forever) are welcome.
             ("grpc.http2.min_ping_interval_without_data_ms", 1000),
             ("grpc.http2.max_ping_strikes", 0),
+            ("grpc.keepalive_time_ms", KEEPALIVE_S * 1000),
+            ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_S * 1000),
         ],
     )
     names = [add_service(server, name, servicer) for name, servicer in services.items()]
     health_servicer = health.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    names.append(health_pb2.DESCRIPTOR.services_by_name["Health"].full_name)
-    names = reflection.enable(server, names)
+    if probes:
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+        names.append(health_pb2.DESCRIPTOR.services_by_name["Health"].full_name)
+        names = reflection.enable(server, names)
     creds = sec.server_credentials()
     try:
         port = server.add_secure_port(address, creds) if creds else server.add_insecure_port(address)
@@ -141,7 +162,7 @@ def start_server(
         raise ListenError(f"cannot listen on {address}: address in use or not local"
                           + (", or --tls-cert/--tls-key are not a matching pair" if creds else ""))
     server.start()
-    if sec.health_port is not None:
+    if probes and sec.health_port is not None:
         _health_only(server, address.rpartition(":")[0], sec.health_port, health_servicer)
     serving = health_pb2.HealthCheckResponse.SERVING
     health_servicer.set("", serving)

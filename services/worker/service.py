@@ -47,6 +47,7 @@ from ..generated import millwheel_pb2 as pb
 from ..generated import millwheel_pb2_grpc as pb_grpc
 from ..metrics import PrometheusSensors
 from ..rpc import convert
+from ..rpc.cluster_routes import ClusterRoutes
 from ..rpc.controller_link import ControllerLink, fails_over
 from ..rpc.health import HealthMonitor
 from ..rpc.server import start_server
@@ -83,6 +84,7 @@ class WorkerProcess(Receiver, Sender):
         self.allow_code = AllowList.parse(allow_code)
         # One controller or several (comma-separated): heartbeats fail over between them.
         self.controller_link = ControllerLink(controller)
+        self.cluster_routes = ClusterRoutes()  # each controller's cluster port, as it named it
         self.store = open_service_store(store_url)
         self.sensors = PrometheusSensors("worker")
         self.clock = SystemClock()
@@ -225,17 +227,20 @@ class WorkerProcess(Receiver, Sender):
                     for n, r, t in fenced]
         link = self.controller_link
         address = link.current
+        target = self.cluster_routes.target(address)  # its cluster port, once it named it
         try:
-            resp = link.stub(pb_grpc.ClusterStub, address).Heartbeat(pb.HeartbeatRequest(
+            resp = link.stub(pb_grpc.ClusterStub, target).Heartbeat(pb.HeartbeatRequest(
                 worker_id=self.worker_id, address=self.address, metrics_address=self.metrics_address,
                 draining=draining, known_topology_version=self.version, reports=reports,
                 refused=sorted(self.refused)), timeout=link.deadline_s)
         except grpc.RpcError as exc:
             self._fenced_unreported = fenced + self._fenced_unreported  # report them next time
+            self.cluster_routes.failed(address, target)
             if fails_over(exc):
                 link.failover_from(address, exc)
             raise
         link.succeeded(address)
+        self.cluster_routes.answered(address, target, resp.cluster_address)
         live = {(o.node, o.range_id, o.token) for o in self.units.values()}
         self._reported = {u: v for u, v in self._reported.items() if u in live}
         self._reported.update(sent)

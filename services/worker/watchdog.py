@@ -90,6 +90,7 @@ def _state(pid: int) -> str | None:
 
 class _Loop:
     def __init__(self, cfg: dict[str, Any]) -> None:
+        from ..rpc.cluster_routes import ClusterRoutes
         from ..rpc.controller_link import ControllerLink
         from .progress import ProgressBlock
 
@@ -102,6 +103,7 @@ class _Loop:
         self.late_s = max(0.5, 3 * hb)  # the worker's own heartbeats count as late after this
         security.configure(security.Security(**json.loads(os.environ.pop(SECURITY_ENV, "{}"))))
         self.link = ControllerLink(cfg["controller"])  # the worker's controllers, in its order
+        self.routes = ClusterRoutes()  # their cluster ports, as they name them
         self.paused = 0.0  # seconds the worker spent stopped, in all
         self.paused_at: dict[tuple[int, int], float] = {}  # batch -> self.paused when first seen
         self.last_sent = 0.0
@@ -183,13 +185,16 @@ class _Loop:
         from ..rpc.controller_link import fails_over
 
         address = self.link.current
+        target = self.routes.target(address)  # its cluster port, once it named it
         try:
-            self.link.stub(pb_grpc.ClusterStub, address).Heartbeat(pb.HeartbeatRequest(
+            resp = self.link.stub(pb_grpc.ClusterStub, target).Heartbeat(pb.HeartbeatRequest(
                 worker_id=self.cfg["worker_id"], address=self.cfg["address"],
                 metrics_address=self.cfg["metrics_address"], liveness_only=True), timeout=1.0)
             self.link.succeeded(address)
+            self.routes.answered(address, target, resp.cluster_address)
         except Exception as exc:  # noqa: BLE001 - the controller may be away; try again later
-            log.debug("liveness heartbeat to %s failed: %s", address, exc)
+            log.debug("liveness heartbeat to %s failed: %s", target, exc)
+            self.routes.failed(address, target)
             if fails_over(exc):
                 self.link.failover_from(address, exc)  # type: ignore[arg-type]
 

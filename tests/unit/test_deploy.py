@@ -180,6 +180,8 @@ def test_k8s_ports_agree_flags_containers_probes_services_annotations() -> None:
         where = wl["metadata"]["name"]
         pod = wl["spec"]["template"]
         assert named_port(c, "grpc") == args.port, where
+        if args.command == "controller":
+            assert named_port(c, "cluster") == args.cluster_port != args.port, where
         assert named_port(c, "metrics") == args.metrics_port, where
         # The gRPC port speaks TLS, which the kubelet's grpc probes cannot: they use the
         # plaintext health-only port.
@@ -291,6 +293,7 @@ def test_k8s_network_policy_admits_only_cluster_and_prometheus_traffic() -> None
     labels = {wl["metadata"]["name"]: wl["spec"]["template"]["metadata"]["labels"] for wl in workloads()}
     ctl, wk, redis = labels["millwheel-controller"], labels["millwheel-worker"], labels["millwheel-redis"]
     assert peers(ctl, "grpc") == {"worker", "controller", "millwheel.io/client=true"}
+    assert peers(ctl, "cluster") == {"worker"}  # heartbeats: no client reaches them
     assert peers(wk, "grpc") == {"controller", "worker"}
     assert peers(redis, "redis") == {"controller", "worker"}
     for pod in (ctl, wk):
@@ -369,7 +372,8 @@ def test_supervisor_commands_are_accepted_by_the_cli_and_agree() -> None:
     root = DEPLOY.parent
     assert Path(ctl.auth_token_file).resolve() == root / "millwheel-data" / "client-token"
     assert Path(ctl.cluster_secret_file).resolve().parent == root / "millwheel-data"
-    ports = [a.port for a in [ctl, *workers]] + [a.metrics_port for a in [ctl, *workers]] + [ctl.ui_port]
+    ports = [a.port for a in [ctl, *workers]] + [a.metrics_port for a in [ctl, *workers]] + [ctl.ui_port,
+                                                                                           ctl.cluster_port]
     assert len(set(ports)) == len(ports) and all(p > 0 for p in ports), "fixed, distinct ports"
     assert len({w.worker_id for w in workers}) == len(workers)
 
