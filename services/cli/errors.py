@@ -79,10 +79,15 @@ def cmd_replay(args: argparse.Namespace) -> int:
     with client_for(args) as client:
         resp = client.replay_dead_letters(args.computation)
     if args.json:
-        print(json.dumps({"replayed": resp.replayed, "skipped": resp.skipped}))
+        print(json.dumps({"replayed": resp.replayed, "skipped": resp.skipped,
+                          "expired_through": resp.expired_through}))
     else:
         print(f"replayed {resp.replayed} dead letters into {args.computation}"
               + (f" ({resp.skipped} not replayable: timers or unkeyable records)" if resp.skipped else ""))
+        if resp.expired_through:
+            print(f"dead letters through log position {resp.expired_through} were removed by the "
+                  "dead-letter stream's log retention before they were replayed (log_retention_us / "
+                  f"log_retention_bytes of {args.computation})")
     return 0
 
 

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections import defaultdict
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -24,6 +25,7 @@ from millwheel.errors import NotFoundError
 from millwheel.keys import key_range
 from millwheel.record import Record, derive_record_id
 from millwheel.runtime.failures import letter_record
+from millwheel.runtime.retention import read_retained
 from millwheel.state.protocol import StateStore
 from millwheel.topology import ComputationSpec, ErrorPolicy
 
@@ -33,6 +35,8 @@ from ..rpc.status import UnavailableError
 from ..rpc.worker_link import LinkError, PeerLink
 from .assign import Assigner
 from .registry import Registry
+
+log = logging.getLogger("millwheel.controller")
 
 REPLAY_CURSOR = "replay-cursor:"  # + computation: last dead-letter log seq replayed
 REPLAY_CHUNK = 500
@@ -103,9 +107,15 @@ class Replayer:
         cursor_key = REPLAY_CURSOR + name
         raw = c.store.get_meta(cursor_key)
         cursor = int(raw) if raw else 0
-        replayed = skipped = 0
+        replayed = skipped = expired = 0
         while True:
-            entries = c.store.read_log(spec.dead_letter_stream, cursor, REPLAY_CHUNK)
+            # Dead letters that retention removed before they were replayed are gone:
+            # replay what is kept and say up to where they went (never silently).
+            read_from, entries = read_retained(c.store, spec.dead_letter_stream, cursor, REPLAY_CHUNK, True)
+            if read_from > cursor:
+                expired, cursor = read_from, read_from
+                log.warning("replay of %r: dead letters through position %d were removed by log "
+                            "retention before they were replayed", name, read_from)
             if not entries:
                 break
             by_range: dict[int, list[Record]] = defaultdict(list)
@@ -122,7 +132,9 @@ class Replayer:
                 replayed += len(records)
             cursor = entries[-1][0]
             c.store.put_meta(cursor_key, str(cursor).encode())
-        return pb.ReplayDeadLettersResponse(replayed=replayed, skipped=skipped)
+        if expired:  # the cursor passed them: the next replay does not report them again
+            c.store.put_meta(cursor_key, str(cursor).encode())
+        return pb.ReplayDeadLettersResponse(replayed=replayed, skipped=skipped, expired_through=expired)
 
     def _hand_over(self, name: str, range_id: int, records: list[Record]) -> None:
         """Deliver to the range's owner like a producer would; retried until acked."""
