@@ -108,7 +108,10 @@ class Replayer:
         raw = c.store.get_meta(cursor_key)
         cursor = int(raw) if raw else 0
         replayed = skipped = expired = 0
-        while True:
+        # The dead letters there now: a replayed record that fails again is a new dead
+        # letter, for the next replay (replaying it in this one looped while it failed).
+        end = c.store.log_stats(spec.dead_letter_stream, cursor, 1 << 62)[2]
+        while cursor < end:
             # Dead letters that retention removed before they were replayed are gone:
             # replay what is kept and say up to where they went (never silently).
             read_from, entries = read_retained(c.store, spec.dead_letter_stream, cursor, REPLAY_CHUNK, True)
@@ -116,6 +119,7 @@ class Replayer:
                 expired, cursor = read_from, read_from
                 log.warning("replay of %r: dead letters through position %d were removed by log "
                             "retention before they were replayed", name, read_from)
+            entries = [(seq, letter) for seq, letter in entries if seq <= end]
             if not entries:
                 break
             by_range: dict[int, list[Record]] = defaultdict(list)

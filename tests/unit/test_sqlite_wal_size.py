@@ -34,14 +34,25 @@ def wal_size(path: Path) -> int:
         return 0
 
 
+def empty_log(path: Path) -> None:
+    """Copy the log into the database and truncate it (retried while the store's
+    checkpointer thread is busy with it)."""
+    db = sqlite3.connect(path, timeout=10)
+    try:
+        deadline = time.monotonic() + 20
+        while db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0] or wal_size(path):
+            assert time.monotonic() < deadline, "could not empty the log"
+            time.sleep(0.05)
+    finally:
+        db.close()
+
+
 def test_a_large_record_id_cleanup_keeps_the_log_small(tmp_path: Path) -> None:
     path = tmp_path / "ids.db"
     store = SQLiteStore(path)
     token = store.acquire("c", 0)
     consume_ids(store, token, IDS)
-    with sqlite3.connect(path) as db:  # start the cleanup from an empty log
-        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    assert wal_size(path) == 0
+    empty_log(path)  # start the cleanup from an empty log
     peak = 0
     done = threading.Event()
 
