@@ -18,7 +18,7 @@ was made after the record was appended: records are removed late (by up to a pas
 and a mark's span, ``log_retention_us / 128``), never early. Marks are kept in the
 store's metadata (``log-retention/STREAM``), saved every few seconds; after a restart
 records measured since the last save are measured again and count as new (later
-removal, never earlier). Marks are merged so a stream has about 200 at most.
+removal, never earlier). Marks are merged so a stream has a few hundred at most.
 
 Size: a stream keeps at most ``log_retention_bytes`` of measured records (whole
 marks are removed, at most ``1/64`` of the limit each), except that no record younger
@@ -36,7 +36,7 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Callable, Mapping
 
 from millwheel.clock import Clock
 from millwheel.errors import LogTrimmedError
@@ -99,7 +99,7 @@ def read_retained(store: StateStore, stream: str, after_seq: int, limit: int,
     while True:
         entries = store.read_log(stream, pos, limit)
         start = store.log_start(stream)  # read after: a trim during the read shows here
-        if start <= pos:
+        if start == 0 or start <= pos:  # nothing removed, or only what was before ``pos``
             return pos, entries
         if not skip_removed:
             raise LogTrimmedError(trimmed_message(stream, after_seq, start), start)
@@ -134,23 +134,29 @@ class LogTrimmer:
         self.removed = 0  # entries removed so far (a sensor for tests and logs)
         self._logs: dict[str, _Marks] = {}
 
-    def run(self, policies: Mapping[str, Retention]) -> bool:
+    def run(self, policies: Mapping[str, Retention], stopping: Callable[[], bool] = lambda: False) -> bool:
+        """One pass (``stopping`` is asked between streams: a shutdown waits for one)."""
         busy = False
         for stream in [s for s in self._logs if s not in policies]:
             del self._logs[stream]
         for stream, policy in policies.items():
+            if stopping():
+                return busy
             if policy.age_us or policy.bytes:
                 busy |= self._pass(stream, policy)
         return busy
 
     def save(self, force: bool = False) -> None:
         """Write changed marks to the store (every SAVE_EVERY_US, or now if ``force``)."""
-        now = self.clock.now_us()
         for stream, m in self._logs.items():
-            if m.dirty and (force or now - m.saved_us >= SAVE_EVERY_US):
-                self.store.put_meta(META_PREFIX + stream, json.dumps(
-                    {"seen": m.seen, "total": m.total, "base": m.base, "marks": m.marks}).encode())
-                m.saved_us, m.dirty = now, False
+            self._save(stream, m, force)
+
+    def _save(self, stream: str, m: _Marks, force: bool = False) -> None:
+        now = self.clock.now_us()
+        if m.dirty and (force or now - m.saved_us >= SAVE_EVERY_US):
+            self.store.put_meta(META_PREFIX + stream, json.dumps(
+                {"seen": m.seen, "total": m.total, "base": m.base, "marks": m.marks}).encode())
+            m.saved_us, m.dirty = now, False
 
     # -- one stream ---------------------------------------------------------------------
     def _load(self, stream: str) -> _Marks:
@@ -178,7 +184,7 @@ class LogTrimmer:
         m = self._load(stream)
         busy = self._measure(stream, m, policy)
         busy |= self._trim(stream, m, policy)
-        self.save()
+        self._save(stream, m)
         return busy
 
     def _measure(self, stream: str, m: _Marks, policy: Retention) -> bool:

@@ -227,7 +227,7 @@ local t = redis.call('TYPE', KEYS[1]).ok
 if t ~= 'none' and t ~= 'zset' then
   return redis.error_reply('MWCORRUPT ' .. KEYS[1] .. ' has type ' .. t .. ', expected zset')
 end
-local m = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. ARGV[1], '+inf', 'LIMIT', 0, tonumber(ARGV[2]))
+local m = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. ARGV[1], '+inf', 'LIMIT', 0, ARGV[2])
 local bytes = 0
 for i = 1, #m do bytes = bytes + #m[i] end
 local last = ARGV[1]

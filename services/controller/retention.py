@@ -86,7 +86,7 @@ class RetentionThread:
         with host.lock:
             policies = retention_of(host.registry.topology)
         try:
-            return self.trimmer.run(policies)
+            return self.trimmer.run(policies, self._stop.is_set)
         except LeadershipLostError as exc:
             log.info("log retention stops: %s", exc)
             self.trimmer = None

@@ -370,6 +370,7 @@ def test_log_stats_measure_entries_in_batches(store: StateStore) -> None:
     assert store.log_stats("s", seqs[3], 100)[::2] == (6, seqs[-1])
     assert store.log_stats("s", seqs[-1], 100) == (0, 0, seqs[-1])
     assert store.log_stats("missing", 0, 100) == (0, 0, 0)
+    assert store.log_stats("s", 0, 1 << 62)[::2] == (10, seqs[-1])  # "all of them" (the replay's end)
 
 
 def test_trim_log_removes_the_oldest_in_batches_and_raises_the_start(store: StateStore) -> None:
@@ -450,6 +451,7 @@ def test_read_retained_names_the_oldest_position_never_a_gap(store: StateStore) 
     store.append_log("s", [rec(f"r{i}") for i in range(6)])
     seqs = [seq for seq, _r in store.read_log("s", 0, 100)]
     assert read_retained(store, "s", 0, 100)[1] == store.read_log("s", 0, 100)
+    assert read_retained(store, "s", -5, 100)[1] == store.read_log("s", 0, 100)  # nothing removed yet
     store.trim_log("s", seqs[2], 100)
     with pytest.raises(LogTrimmedError, match=f"oldest available position.*--after {seqs[2]}") as info:
         read_retained(store, "s", seqs[1], 100)
