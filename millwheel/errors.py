@@ -88,3 +88,15 @@ class DeadlineExceeded(UserCodeError):
     The worker's watchdog killed the worker when it happened; the record is not run
     again. The message names computation, range and record.
     """
+
+
+class LogTrimmedError(MillWheelError):
+    """A read of a stream log from a position its retention already removed
+    (``Options.log_retention_us`` / ``log_retention_bytes``): the records between that
+    position and ``oldest`` are gone. ``oldest`` is the oldest available position (a
+    read after it gets every record still retained); None when only the message is
+    known (the client side of a failed call)."""
+
+    def __init__(self, message: str, oldest: int | None = None) -> None:
+        super().__init__(message)
+        self.oldest = oldest

@@ -33,6 +33,13 @@ MAX_INJECTORS = 1000  #: injectors in one topology
 MAX_LOG_STREAMS = 1024  #: streams logged although consumed (``log_streams``)
 MAX_KEY_EXTRACTOR_CHARS = 256
 MAX_WINDOWS_PER_RECORD = 1000  #: size_us / period_us of a sliding window
+#: Stream-log retention (``Options.log_retention_us`` / ``log_retention_bytes``; 0 = no
+#: limit of that kind): at least a second and a kibibyte, at most a century and a pebibyte
+#: (both far inside int64, the wire type).
+MIN_LOG_RETENTION_US = 1_000_000
+MAX_LOG_RETENTION_US = 100 * 365 * 86_400 * 1_000_000
+MIN_LOG_RETENTION_BYTES = 1024
+MAX_LOG_RETENTION_BYTES = 1 << 50
 
 
 def check_name(name: object, what: str) -> None:

@@ -87,7 +87,7 @@ def _options(data: Any, where: str) -> Options:
     except ValueError as exc:
         raise InvalidSpecError(f"{where}.options: {exc}") from None
     for field in ("key_ranges", "allowed_lateness_us", "record_id_retention_us", "max_attempts",
-                  "state_ttl_us"):
+                  "state_ttl_us", "log_retention_us", "log_retention_bytes"):
         value = values.get(field)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
             raise InvalidSpecError(f"{where}.options.{field}: must be an integer")

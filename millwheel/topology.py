@@ -18,8 +18,12 @@ from millwheel.limits import (
     MAX_COMPUTATIONS,
     MAX_INJECTORS,
     MAX_KEY_RANGES,
+    MAX_LOG_RETENTION_BYTES,
+    MAX_LOG_RETENTION_US,
     MAX_LOG_STREAMS,
     MAX_STREAMS_PER_COMPUTATION,
+    MIN_LOG_RETENTION_BYTES,
+    MIN_LOG_RETENTION_US,
     check_name,
 )
 
@@ -46,6 +50,14 @@ class Productions(enum.StrEnum):
 
 MIN_STATE_TTL_US = 1_000  # 1 ms
 MAX_STATE_TTL_US = 100 * 365 * 86_400 * 1_000_000  # a century
+#: How long a logged stream keeps a record, and how many bytes of records it keeps, by
+#: default (millwheel.runtime.retention; docs/service.md, "Log retention"): a week, as
+#: Kafka's retention.ms, so a subscriber that was away over a weekend still resumes;
+#: and 256 MiB, so a deployment's logs are bounded by the number of logged streams
+#: whatever their rate (the 25-minute run of issue 27 wrote ~0.5 MB a minute per sink:
+#: 256 MiB is ~8 hours of it, a week of a sink writing ~25 KB a minute).
+DEFAULT_LOG_RETENTION_US = 7 * 86_400 * 1_000_000
+DEFAULT_LOG_RETENTION_BYTES = 256 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -62,6 +74,9 @@ class Options:
     dead_letter_stream: str | None = None  # None: "<computation>.dead_letters"
     max_batch_seconds: float = 60.0  # deadline on user code per batch (services/worker/watchdog.py)
     state_ttl_us: int | None = None  # per-key state expiry after its last write (millwheel.runtime.ttl)
+    # Retention of the logged streams it writes (outputs, late and dead-letter stream); 0 = no limit
+    log_retention_us: int = DEFAULT_LOG_RETENTION_US
+    log_retention_bytes: int = DEFAULT_LOG_RETENTION_BYTES
 
     def validate(self, where: str) -> None:
         if not 1 <= self.key_ranges <= MAX_KEY_RANGES:
@@ -88,6 +103,14 @@ class Options:
             raise InvalidSpecError(
                 f"{where}: state_ttl_us must be an integer {MIN_STATE_TTL_US}..{MAX_STATE_TTL_US} "
                 f"(microseconds) or unset, got {self.state_ttl_us!r}")
+        for name, low, high, unit in (
+                ("log_retention_us", MIN_LOG_RETENTION_US, MAX_LOG_RETENTION_US, "microseconds"),
+                ("log_retention_bytes", MIN_LOG_RETENTION_BYTES, MAX_LOG_RETENTION_BYTES, "bytes")):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not (value == 0 or low <= value <= high):
+                raise InvalidSpecError(
+                    f"{where}: {name} must be 0 (no limit) or an integer {low}..{high} ({unit}), "
+                    f"got {value!r}")
         if self.dead_letter_stream is not None and (
                 not isinstance(self.dead_letter_stream, str) or not self.dead_letter_stream):
             raise InvalidSpecError(f"{where}: dead_letter_stream must be a non-empty stream name")

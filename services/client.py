@@ -334,20 +334,23 @@ class ControllerClient:
                     self.busy_retries += 1
                     time.sleep(min(10.0, int(cast(str, hint)) / 1000 * 2 ** min(attempt, 4)) * random.uniform(0.5, 1.0))
 
-    def subscribe(self, stream: str, after_seq: int = 0, follow: bool = False
+    def subscribe(self, stream: str, after_seq: int = 0, follow: bool = False, from_oldest: bool = False
                   ) -> Iterator[tuple[int, Record]]:
         """(seq, record) of ``stream`` after ``after_seq``. A stream broken by its
         controller (UNAVAILABLE), or one a controller does not start, goes on from the
         next controller after the last record yielded: none twice, none skipped (the
         positions are the store's, the same on every controller). So does one the
-        controller ended because nothing was read from it for its ``--stream-idle-timeout``."""
+        controller ended because nothing was read from it for its ``--stream-idle-timeout``.
+        A position removed by retention raises LogTrimmedError (OUT_OF_RANGE), unless
+        ``from_oldest``."""
         after = after_seq
         tried = Tried(self.failover_s)
         while True:
             address = self.address
             began, got = time.monotonic(), False
             stub = self.link.stub(pb_grpc.ControllerStub, address)
-            call = stub.Subscribe(pb.SubscribeRequest(stream=stream, after_seq=after, follow=follow))
+            call = stub.Subscribe(pb.SubscribeRequest(stream=stream, after_seq=after, follow=follow,
+                                                      from_oldest=from_oldest))
             try:
                 if self.link.several:
                     await_start(call, address, self.answer_s)

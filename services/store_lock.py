@@ -21,7 +21,7 @@ from typing import Any, Callable
 from millwheel.state.protocol import StateStore
 
 WRITES = frozenset({
-    "acquire", "checkpoint", "ack", "expire_ids", "append_log", "report_watermark", "put_meta",
+    "acquire", "checkpoint", "ack", "expire_ids", "append_log", "trim_log", "report_watermark", "put_meta",
     "claim_lease", "renew_lease", "release_lease",
 })
 

@@ -10,7 +10,8 @@ runner of the same store) and loops:
    stream log (sinks) are appended idempotently by record ID, then acked.
 3. Recompute watermarks; fire due timers of each computation, one checkpoint per
    range.
-4. Periodically report per-range watermarks to the store and expire old record IDs.
+4. Periodically report per-range watermarks to the store, expire old record IDs and
+   trim the stream logs to their retention (millwheel.runtime.retention).
 
 A crash anywhere loses only in-memory work: a new runner on the same store resumes
 from the outboxes, timers and cursors, and consumers drop the records they already
@@ -37,6 +38,7 @@ from millwheel.runtime.context import RangeTransaction
 from millwheel.runtime.injector import InjectorWorker
 from millwheel.runtime.outbox import Outbox
 from millwheel.runtime.range_worker import CrashHook, RangeWorker, no_crash
+from millwheel.runtime.retention import LogTrimmer, retention_of
 from millwheel.runtime.routing import LOG_PREFIX, Router
 from millwheel.runtime.writer_process import PipelinedStore, make_pipe
 from millwheel.sensors import NullSensors, Sensors
@@ -46,6 +48,7 @@ from millwheel.topology import Productions, Topology, injector_node
 from millwheel.watermark_manager import WatermarkManager
 
 YOUNG_GC_THRESHOLD = 50_000
+RETENTION_EVERY_US = 1_000_000
 
 
 def relax_young_gc(threshold: int = YOUNG_GC_THRESHOLD) -> None:
@@ -127,6 +130,11 @@ class LocalRunner:
             )
             for inj in topology.injectors
         }
+        # Log retention between steps, on the store itself (not the step's group), a few
+        # small batches at most once per RETENTION_EVERY_US of processing time.
+        self.trimmer = LogTrimmer(self._pipe.inner, self.clock)
+        self._retention = retention_of(topology)
+        self._last_trim = MIN_TIMESTAMP
         restored = {node: self._stored_watermark(node) for node in self._nodes()}
         self.watermarks = WatermarkManager(topology, restored)
         self._update_watermarks()
@@ -284,6 +292,10 @@ class LocalRunner:
                     moved += fired + self._send(node)
         self._update_watermarks()
         self._report_watermarks()  # 4
+        now = self.clock.now_us()
+        if now - self._last_trim >= RETENTION_EVERY_US:
+            self._last_trim = now
+            self.trimmer.run(self._retention)
         return moved > 0
 
     def finished(self) -> bool:
@@ -315,6 +327,7 @@ class LocalRunner:
             if not moved:
                 time.sleep(idle_sleep_s)
         self._report_watermarks(force=True)
+        self.trimmer.save(force=True)  # the next run resumes from these marks
         return self.progress(time.monotonic() - started, True)
 
     def progress(self, elapsed_s: float, done: bool) -> Progress:

@@ -196,6 +196,27 @@ class StateStore(Protocol):
         end with this before it reads."""
         ...
 
+    # -- log retention (millwheel.runtime.retention) ---------------------------------
+    def log_stats(self, stream: str, after_seq: int, limit: int) -> tuple[int, int, int]:
+        """``(entries, bytes, last sequence number)`` of the first ``limit`` log entries
+        after ``after_seq``; ``(0, 0, after_seq)`` if there are none. What retention
+        measures, a small batch at a time. An entry's bytes are its size as the backend
+        stores it: its key, value and record ID plus a small framing overhead."""
+        ...
+
+    def trim_log(self, stream: str, through_seq: int, max_rows: int) -> int:
+        """Remove the oldest log entries with sequence number <= ``through_seq``, at most
+        ``max_rows`` of them, in one atomic step that also raises :meth:`log_start` to
+        the last one removed; returns how many. A removed entry's record ID is
+        forgotten with it: the same record appended again is a new entry."""
+        ...
+
+    def log_start(self, stream: str) -> int:
+        """The sequence number through which retention removed the stream's log (0 if
+        nothing was removed): a read after a lower one would miss records, a read after
+        it misses none. It never goes back."""
+        ...
+
     # -- watermarks --------------------------------------------------------------
     def report_watermark(self, node: str, range_id: int, token: int, watermark: int) -> int:
         """Store the range's low watermark (fenced, never backwards); returns the stored value."""

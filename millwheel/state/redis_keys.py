@@ -29,6 +29,7 @@ script touches one hash slot and the same code runs on Redis Cluster::
     mw:log:{S}:seq      STRING  stream log sequence counter of stream S
     mw:log:{S}:ids      HASH    record ID -> sequence number (idempotent append)
     mw:log:{S}:entries  ZSET    "SEQ:" + framed record, score = SEQ
+    mw:log:{S}:start    STRING  SEQ through which retention removed the log (redis_log)
     mw:meta             HASH    name -> value (the service registry; untagged: one
                                 key, on the master of its own slot in a cluster)
 

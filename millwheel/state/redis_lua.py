@@ -218,3 +218,43 @@ end
 """ + APPLY_APPEND + """
 return apply_append(KEYS[1], KEYS[2], KEYS[3], 1, #ARGV)
 """
+
+# Retention's measure of a log (millwheel.runtime.retention): KEYS[1] entries; ARGV[1]
+# after this sequence number, ARGV[2] at most this many entries. Returns {entries,
+# bytes (member sizes), last sequence number (as text: exact)}.
+LOG_STATS = """
+local t = redis.call('TYPE', KEYS[1]).ok
+if t ~= 'none' and t ~= 'zset' then
+  return redis.error_reply('MWCORRUPT ' .. KEYS[1] .. ' has type ' .. t .. ', expected zset')
+end
+local m = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. ARGV[1], '+inf', 'LIMIT', 0, ARGV[2])
+local bytes = 0
+for i = 1, #m do bytes = bytes + #m[i] end
+local last = ARGV[1]
+if #m > 0 then last = string.match(m[#m], '^(%d+):') or ARGV[1] end
+return {#m, bytes, last}
+"""
+
+# Remove a log's entries through ARGV[1] (the last of those read), forget their record
+# IDs (ARGV[2..]: pairs of record ID, sequence number; only where the ID still maps to
+# that entry) and raise the start (KEYS: ids, entries, start). Returns how many entries
+# were removed.
+TRIM_LOG = """
+local TYPES = {'hash', 'zset', 'string'}
+for i = 1, #KEYS do
+  local t = redis.call('TYPE', KEYS[i]).ok
+  if t ~= 'none' and t ~= TYPES[i] then
+    return redis.error_reply('MWCORRUPT ' .. KEYS[i] .. ' has type ' .. t .. ', expected ' .. TYPES[i])
+  end
+end
+local start = redis.call('GET', KEYS[3])
+if start and not string.match(start, '^%d+$') then
+  return redis.error_reply('MWCORRUPT ' .. KEYS[3] .. ' is not an integer log start')
+end
+local n = redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', ARGV[1])
+for i = 2, #ARGV, 2 do
+  if redis.call('HGET', KEYS[1], ARGV[i]) == ARGV[i + 1] then redis.call('HDEL', KEYS[1], ARGV[i]) end
+end
+if not start or tonumber(start) < tonumber(ARGV[1]) then redis.call('SET', KEYS[3], ARGV[1]) end
+return n
+"""

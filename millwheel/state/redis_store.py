@@ -2,7 +2,8 @@
 
 Same contract as the SQLite store (:mod:`millwheel.state.protocol`). The store is
 split by concern: :class:`RedisStore` here holds the StateStore operations (ownership,
-checkpoint, reads, stream log, watermarks, metadata); its base
+checkpoint, reads, watermarks, metadata); :mod:`millwheel.state.redis_log` the stream
+log and its retention; its base
 :class:`~millwheel.state.redis_connection.RedisConnection` (the only module that
 imports redis-py) parses the URL, picks the client, retries, runs scripts and fenced
 writes; :mod:`millwheel.state.redis_keys` documents the key layout and frames values;
@@ -20,13 +21,14 @@ from typing import Any, Iterable, Iterator, Sequence
 from millwheel.record import Record, TimeDomain, Timer
 from millwheel.state.lease import check_meta_name
 from millwheel.state.protocol import RECENT_ERRORS, Checkpoint, ErrorReport, Production
-from millwheel.state.redis_group import RedisGrouping, checkpoint_args
-from millwheel.state.redis_keys import _CHUNK, _field, _frame, _glob_escape, _show, _unframe
+from millwheel.state.redis_group import checkpoint_args
+from millwheel.state.redis_keys import _CHUNK, _field, _glob_escape, _show, _unframe
 from millwheel.state.redis_lease import RedisLease
-from millwheel.state.redis_lua import ACK, APPEND_LOG, BUMP_ATTEMPTS, CHECKPOINT, EXPIRE, WATERMARK
+from millwheel.state.redis_log import RedisLog
+from millwheel.state.redis_lua import ACK, BUMP_ATTEMPTS, CHECKPOINT, EXPIRE, WATERMARK
 
 
-class RedisStore(RedisLease, RedisGrouping):
+class RedisStore(RedisLease, RedisLog):
     """A :class:`~millwheel.state.protocol.StateStore` on Redis (see the module docstring)."""
 
     # -- ownership ----------------------------------------------------------------
@@ -253,55 +255,6 @@ class RedisStore(RedisLease, RedisGrouping):
         results = self._pipeline("list_keys", [(k, "zrangebylex", (low, b"+", 0, limit)) for k in keys])
         merged = sorted({m for page in results for m in page})[:limit]
         return [m.decode() for m in merged]
-
-    # -- stream log -----------------------------------------------------------------
-    def append_log(self, stream: str, records: Sequence[Record]) -> int:
-        """The number of records new to the log (0 inside a write group: not known yet)."""
-        if self._holding():
-            assert self._held is not None
-            held: list[bytes | str | int] = []
-            for r in records:
-                held += [r.record_id, _frame([r.record_id, r.key, r.timestamp], r.value)]
-            self._held.add_log(stream, held)
-            return 0
-        seq, ids, entries = self._log(stream)
-        added = 0
-        for start in range(0, len(records), _CHUNK):
-            args: list[bytes | str | int] = []
-            for r in records[start : start + _CHUNK]:
-                args += [r.record_id, _frame([r.record_id, r.key, r.timestamp], r.value)]
-            added += int(self._call(
-                f"append_log of {stream!r}", [seq, ids, entries],
-                partial(self._script, APPEND_LOG, [seq, ids, entries], args),
-            ))
-        return added
-
-    def read_log(self, stream: str, after_seq: int, limit: int) -> list[tuple[int, Record]]:
-        if limit <= 0:
-            return []
-        _seq, _ids, entries = self._log(stream)
-        members = self._call(
-            "read_log", [entries],
-            lambda: self._r.zrangebyscore(entries, f"({after_seq}", "+inf", start=0, num=limit),
-        )
-        out = []
-        for member in members:
-            try:
-                seq_s, _, raw = member.partition(b":")
-                (record_id, key, ts), value = _unframe(raw)
-                out.append((int(seq_s), Record(str(key), value, int(ts), str(record_id))))
-            except (ValueError, TypeError) as exc:
-                raise self._corrupt(entries, member[:40], f"log entry unreadable: {exc}") from None
-        return out
-
-    def log_end(self, stream: str, after_seq: int = 0, upto_seq: int | None = None) -> tuple[int, int]:
-        """The last entry first, then the count up to it: an append in between is not counted."""
-        _seq, _ids, entries = self._log(stream)
-        top = self._call("log_end", [entries], lambda: self._r.zrevrangebyscore(
-            entries, "+inf" if upto_seq is None else upto_seq, f"({after_seq}", start=0, num=1, withscores=True))
-        last = int(top[0][1]) if top else after_seq
-        count = self._call("log_end", [entries], lambda: self._r.zcount(entries, f"({after_seq}", last))
-        return last, int(count)
 
     # -- watermarks -------------------------------------------------------------------
     def report_watermark(self, node: str, range_id: int, token: int, watermark: int) -> int:

@@ -63,6 +63,7 @@ CREATE TABLE IF NOT EXISTS stream_log (
     key TEXT NOT NULL, value BLOB NOT NULL, ts INTEGER NOT NULL,
     UNIQUE (stream, record_id));
 CREATE INDEX IF NOT EXISTS stream_log_by_stream ON stream_log (stream, seq);
+CREATE TABLE IF NOT EXISTS log_starts (stream TEXT PRIMARY KEY, through_seq INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS watermarks (
     node TEXT NOT NULL, range_id INTEGER NOT NULL, watermark INTEGER NOT NULL,
     PRIMARY KEY (node, range_id));
@@ -107,6 +108,11 @@ def _migrate(db: sqlite3.Connection) -> None:
         raise
     db.execute("COMMIT")
 
+
+#: The write-ahead log file is cut back to this after it restarts (journal_size_limit).
+JOURNAL_SIZE_LIMIT = 16 * 1024 * 1024
+#: Past this, a long cleanup copies the log between its transactions (SQLiteStore.expire_ids).
+WAL_SOFT_LIMIT = 4 * 1024 * 1024
 
 _MAX_ROWS = 128  # rows per multi-row INSERT: at most 2 + 128 * 6 parameters (< 999)
 
@@ -209,6 +215,12 @@ class SQLiteFile:
         # pages (outbox, seen IDs) are rewritten by every commit, and each checkpoint
         # writes and fsyncs them again. Durability is unchanged (docs/bench.md).
         self._db.execute("PRAGMA wal_autocheckpoint=16384")
+        # The log file is reused, not shrunk, after a checkpoint: one large transaction
+        # left it large for good (issue 27). With a limit, the first commit after the log
+        # starts over cuts the file back to it (an ftruncate, only when it is larger).
+        # 16 MiB is above what a backlog run's log reaches between restarts (~10 MB), so
+        # the hot path never pays it.
+        self._db.execute(f"PRAGMA journal_size_limit={JOURNAL_SIZE_LIMIT}")
         self._db.execute("PRAGMA cache_size=-32768")  # 32 MB page cache (default 2 MB)
         # Some builds (Debian's, this machine's) zero deleted content by default, so every
         # ack rewrote the outbox pages it freed. That is privacy, not durability; it is
@@ -224,6 +236,20 @@ class SQLiteFile:
         self._checkpointer = Checkpointer(self.path) if on else None
 
     # -- helpers -------------------------------------------------------------
+    def _relieve_wal(self) -> None:
+        """Between the transactions of a long cleanup (``expire_ids``): once the log is
+        past :data:`WAL_SOFT_LIMIT`, copy it into the database now (PASSIVE: waits for no
+        one), so the next transaction starts the log over instead of growing it."""
+        if self.path == ":memory:":
+            return
+        try:
+            if os.path.getsize(self.path + "-wal") <= WAL_SOFT_LIMIT:
+                return
+            with self._lock:
+                self._db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+        except (OSError, sqlite3.Error):
+            pass  # the next transaction's commit, or the checkpointer, copies it instead
+
     def _fence(self, computation: str, range_id: int, token: int) -> None:
         row = self._db.execute(
             "SELECT token FROM tokens WHERE computation=? AND range_id=?", (computation, range_id)

@@ -1,5 +1,6 @@
 """The SQLite store's tables that are not one key range's data: the durable stream
-log (``stream_log``: sinks, Subscribe, backfill), the watermark reports
+log (``stream_log``: sinks, Subscribe, backfill; ``log_starts``: how far retention
+removed it, millwheel.runtime.retention), the watermark reports
 (``watermarks``, per node and range, token-fenced) and the small metadata (``meta``:
 the service's registry, epoch-fenced by the controller lease).
 
@@ -66,6 +67,42 @@ class SQLiteShared:
                 (stream, after_seq, upto),
             ).fetchone()
         return (int(last) if last is not None else after_seq), int(count)
+
+    def log_stats(self, stream: str, after_seq: int, limit: int) -> tuple[int, int, int]:
+        with self._lock:
+            rows, size, last = self._db.execute(
+                "SELECT count(*), total(length(CAST(key AS BLOB)) + length(value) "
+                "+ length(CAST(record_id AS BLOB)) + 8), max(seq) FROM (SELECT seq, key, value, "
+                "record_id FROM stream_log WHERE stream=? AND seq > ? ORDER BY seq LIMIT ?)",
+                (stream, after_seq, limit),
+            ).fetchone()
+        return int(rows), int(size), int(last) if rows else after_seq
+
+    def trim_log(self, stream: str, through_seq: int, max_rows: int) -> int:
+        def txn() -> int:
+            row = self._db.execute(
+                "SELECT count(*), max(seq) FROM (SELECT seq FROM stream_log WHERE stream=? "
+                "AND seq <= ? ORDER BY seq LIMIT ?)", (stream, through_seq, max_rows),
+            ).fetchone()
+            if not row[0]:
+                return 0
+            last = int(row[1])
+            self._db.execute("DELETE FROM stream_log WHERE stream=? AND seq <= ?", (stream, last))
+            self._db.execute(
+                "INSERT INTO log_starts VALUES (?, ?) ON CONFLICT (stream) "
+                "DO UPDATE SET through_seq = max(through_seq, excluded.through_seq)",
+                (stream, last),
+            )
+            return int(row[0])
+
+        return self._write(txn)
+
+    def log_start(self, stream: str) -> int:
+        with self._lock:
+            row = self._db.execute(
+                "SELECT through_seq FROM log_starts WHERE stream=?", (stream,)
+            ).fetchone()
+        return int(row[0]) if row else 0
 
     # -- watermarks ----------------------------------------------------------
     def report_watermark(self, node: str, range_id: int, token: int, watermark: int) -> int:

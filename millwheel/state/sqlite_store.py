@@ -18,6 +18,7 @@ acks, the reads for recovery). Its mixins hold the rest: the error policy's tabl
 from __future__ import annotations
 
 import json
+from functools import partial
 from typing import Iterable, Iterator, Sequence
 
 from millwheel.errors import CorruptDataError
@@ -27,6 +28,10 @@ from millwheel.state.sqlite_errors import SQLiteErrors
 from millwheel.state.sqlite_lease import SQLiteLease
 from millwheel.state.sqlite_schema import SQLiteFile, _insert_rows, _json_list
 from millwheel.state.sqlite_shared import SQLiteShared
+
+#: Consumed IDs forgotten per transaction of ``expire_ids`` (a transaction takes whole
+#: checkpoints' ID lists, so it may take one list more): about 60 pages of the log.
+EXPIRE_IDS_PER_TXN = 5000
 
 
 class SQLiteStore(SQLiteLease, SQLiteErrors, SQLiteShared, SQLiteFile):
@@ -231,15 +236,33 @@ class SQLiteStore(SQLiteLease, SQLiteErrors, SQLiteShared, SQLiteFile):
         return (row[0] for row in rows)
 
     def expire_ids(self, computation: str, range_id: int, token: int, older_than_us: int) -> int:
-        def txn() -> int:
-            self._fence(computation, range_id, token)
-            db = self._db
+        """In transactions of about :data:`EXPIRE_IDS_PER_TXN` IDs each (each fenced): one
+        transaction deleting a long retention's worth of IDs grew the write-ahead log
+        by every page it touched (issue 27: 79 MB). Between them, once the log has
+        grown past :data:`~millwheel.state.sqlite_schema.WAL_SOFT_LIMIT`, it is copied
+        into the database here, so the next transaction starts it over instead of
+        growing it (the checkpointer thread cannot catch up with back-to-back deletes)."""
+        removed = 0
+        while True:
+            n, more = self._write(partial(self._expire_some, computation, range_id, token, older_than_us))
+            removed += n
+            if not more:
+                return removed
+            self._relieve_wal()
+
+    def _expire_some(self, computation: str, range_id: int, token: int, older_than_us: int) -> tuple[int, bool]:
+        """One transaction of :meth:`expire_ids`: (IDs removed, whether more may be due)."""
+        self._fence(computation, range_id, token)
+        db = self._db
+        removed = listed_ids = 0
+        while listed_ids < EXPIRE_IDS_PER_TXN:
             batches = db.execute(
                 "SELECT rowid, ids FROM seen_batches WHERE computation=? AND range_id=? "
-                "AND seen_at < ?",
+                "AND seen_at < ? ORDER BY seen_at LIMIT 16",
                 (computation, range_id, older_than_us),
             ).fetchall()
-            removed = 0
+            if not batches:
+                return removed, False
             for rowid, ids in batches:
                 # seen_at < bound as well: an ID consumed again keeps its first time
                 sql = "DELETE FROM seen_ids WHERE computation=? AND range_id=? AND seen_at < ? AND "
@@ -256,9 +279,10 @@ class SQLiteStore(SQLiteLease, SQLiteErrors, SQLiteShared, SQLiteFile):
                     )
                 removed += max(cur.rowcount, 0)
                 db.execute("DELETE FROM seen_batches WHERE rowid=?", (rowid,))
-            return removed
-
-        return self._write(txn)
+                listed_ids += len(listed)
+                if listed_ids >= EXPIRE_IDS_PER_TXN:
+                    break
+        return removed, True
 
     def list_keys(self, computation: str, after: str | None, limit: int) -> list[str]:
         # ``after`` None means from the very first key, the empty key "" included.

@@ -83,11 +83,16 @@ def cmd_replay(args: argparse.Namespace) -> int:
     with client_for(args) as client:
         resp = client.replay_dead_letters(args.computation, timeout_s=args.timeout)
     if args.json:
-        print(json.dumps({"replayed": resp.replayed, "skipped": resp.skipped, "remaining": resp.remaining}))
+        print(json.dumps({"replayed": resp.replayed, "skipped": resp.skipped, "remaining": resp.remaining,
+                          "expired_through": resp.expired_through}))
     else:
         print(f"replayed {resp.replayed} dead letters into {args.computation}"
               + (f" ({resp.skipped} not replayable: timers or unkeyable records)" if resp.skipped else "")
               + (f"; {resp.remaining} remain (the time ran out): run it again" if resp.remaining else ""))
+        if resp.expired_through:
+            print(f"dead letters through log position {resp.expired_through} were removed by the "
+                  "dead-letter stream's log retention before they were replayed (log_retention_us / "
+                  f"log_retention_bytes of {args.computation})")
     return 0
 
 

@@ -90,6 +90,9 @@ def add_commands(sub: Any) -> None:
     subs.add_argument("stream", metavar="STREAM")
     subs.add_argument("--after", type=int, default=0, metavar="SEQ", help="start after this position")
     subs.add_argument("--follow", "-f", action="store_true", help="keep streaming new records")
+    subs.add_argument("--from-oldest", action="store_true",
+                      help="if the log's retention removed the records after --after, start at the "
+                           "oldest record kept instead of failing (skipping what was removed)")
     subs.set_defaults(func=cmd_subscribe)
 
 
@@ -261,7 +264,7 @@ def _subscribe(args: argparse.Namespace) -> int:
     with client_for(args) as client:
         if not args.json:
             print(f"{'SEQ':>8}  {'TIMESTAMP':>18}  KEY  VALUE", flush=True)
-        for seq, rec in client.subscribe(args.stream, args.after, args.follow):
+        for seq, rec in client.subscribe(args.stream, args.after, args.follow, args.from_oldest):
             if args.json:
                 print(json.dumps({"seq": seq, "key": rec.key, "value": _value_text(rec.value),
                                   "timestamp": rec.timestamp, "id": rec.record_id}), flush=True)

@@ -182,5 +182,11 @@ class LeaderStore:
         self._epoch(f"report_watermark of {node!r} range {range_id}")
         return self._store.report_watermark(node, range_id, token, watermark)
 
+    def trim_log(self, stream: str, through_seq: int, max_rows: int) -> int:
+        """Log retention is the leader's job (services/controller/retention.py): refused
+        here once this controller stopped leading (each batch checks)."""
+        self._epoch(f"trim_log of {stream!r}")
+        return self._store.trim_log(stream, through_seq, max_rows)
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._store, name)

@@ -21,6 +21,7 @@ from millwheel.clock import SystemClock
 from millwheel.errors import InvalidSpecError, NotFoundError
 from millwheel.keys import key_range
 from millwheel.limits import MAX_NAME_CHARS
+from millwheel.runtime.retention import read_retained
 from millwheel.state.protocol import StateStore
 from millwheel.state.url_display import redact
 from millwheel.topology import ComputationSpec, injector_node
@@ -157,7 +158,9 @@ class Queries:
         self._looked_up(lambda: self._logged(request.stream))
         pos = request.after_seq
         while context.is_active() and not self._stop.is_set():
-            entries = self.store.read_log(request.stream, pos, 500)
+            # Never a silent gap: a position retention removed is OUT_OF_RANGE naming the
+            # oldest available one, unless from_oldest (millwheel/runtime/retention.py).
+            pos, entries = read_retained(self.store, request.stream, pos, 500, request.from_oldest)
             for seq, rec in entries:
                 yield pb.SubscribeResponse(seq=seq, record=convert.record_to_proto(rec))
                 pos = seq

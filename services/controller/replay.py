@@ -43,6 +43,7 @@ from millwheel.errors import NotFoundError
 from millwheel.keys import key_range
 from millwheel.record import Record, derive_record_id
 from millwheel.runtime.failures import letter_record
+from millwheel.runtime.retention import read_retained
 from millwheel.state.protocol import StateStore
 from millwheel.topology import ComputationSpec, ErrorPolicy
 
@@ -199,12 +200,20 @@ class _Run:
         self.cursor = Cursor.load(controller.store.get_meta(self.cursor_key))
         self.handed: set[str] = set()  # IDs of the records this replay handed over
         self.replayed = self.skipped = self.total = 0
+        self.expired = 0  # the log position through which retention removed letters not replayed
 
     def run(self) -> pb.ReplayDeadLettersResponse:
         store, stream, cursor = self.c.store, self.spec.dead_letter_stream, self.cursor
         if cursor.end is not None:
             log.info("replay of %r: finishing the one cut off, up to dead-letter log position %d",
                      self.name, cursor.end)
+        start = store.log_start(stream)
+        if start > cursor.after:  # retention removed letters not yet replayed: say so
+            self.expired = start
+            log.warning("replay of %r: dead letters through position %d were removed by log "
+                        "retention before they were replayed", self.name, start)
+            cursor.after, cursor.done = start, {s for s in cursor.done if s > start}
+            store.put_meta(self.cursor_key, cursor.dump())
         end, count = store.log_end(stream, cursor.after, cursor.end)
         self.total = count - sum(1 for s in cursor.done if s <= end)
         if cursor.end is None and self.total:
@@ -212,7 +221,14 @@ class _Run:
             store.put_meta(self.cursor_key, cursor.dump())
         pos = cursor.after
         while pos < end and self.budget.left() > 0:
-            chunk = [(s, letter) for s, letter in store.read_log(stream, pos, REPLAY_CHUNK) if s <= end]
+            read_from, got = read_retained(store, stream, pos, REPLAY_CHUNK, skip_removed=True)
+            if read_from > pos:  # removed by retention during this replay
+                self.expired = read_from
+                self.total = self.replayed + self.skipped + store.log_end(stream, read_from, end)[1]
+                cursor.after, cursor.done = read_from, {s for s in cursor.done if s > read_from}
+                store.put_meta(self.cursor_key, cursor.dump())
+                pos = read_from
+            chunk = [(s, letter) for s, letter in got if s <= end]
             if not chunk:
                 break
             chunk_after, pos = pos, chunk[-1][0]
@@ -234,7 +250,8 @@ class _Run:
         elif cursor.end is not None:  # finished: the next replay fixes its own end
             cursor.end = None
             store.put_meta(self.cursor_key, cursor.dump())
-        return pb.ReplayDeadLettersResponse(replayed=self.replayed, skipped=self.skipped, remaining=remaining)
+        return pb.ReplayDeadLettersResponse(replayed=self.replayed, skipped=self.skipped, remaining=remaining,
+                                            expired_through=self.expired)
 
     def _sort(self, chunk: list[tuple[int, Record]]) -> tuple[dict[int, list[tuple[int, Record]]], list[int]]:
         """The chunk's letters to hand over, by range; and those settled at once (not

@@ -51,6 +51,7 @@ from .limits import InjectLimits
 from .queries import Queries
 from .registry import Registry
 from .replay import Replayer
+from .retention import RetentionThread
 
 log = logging.getLogger("millwheel.controller")
 Ctx = grpc.ServicerContext
@@ -93,6 +94,7 @@ class ControllerService(Queries, Replicated, Injecting):
         self._stop = threading.Event()
         self._reaper = threading.Thread(target=self._reap_loop, name="reaper", daemon=True)
         self.replayer = Replayer(self)
+        self.retention = RetentionThread(self, self.clock)  # the leader trims the stream logs
 
     health_monitor: HealthMonitor | None = None
     cluster_port = 0  # where Cluster (heartbeats) is served apart from clients, once serving
@@ -102,10 +104,12 @@ class ControllerService(Queries, Replicated, Injecting):
         other controllers and the workers reach this one (its --advertise)."""
         self.elector.start(address)
         self._reaper.start()
+        self.retention.start()
 
     def close(self) -> None:
         """Stop; a leader hands the lease over at once (a standby takes over)."""
         self._stop.set()
+        self.retention.stop()  # saves its marks while still leading
         self.elector.stop(release=True)
         for ch in self._leader_channels.values():
             ch.close()

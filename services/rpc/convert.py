@@ -46,7 +46,7 @@ def spec_dict_from_proto(msg: pb.ComputationSpec) -> dict[str, Any]:
         if getattr(o, name):
             options[name] = getattr(o, name)
     for name in ("allowed_lateness_us", "key_ranges", "record_id_retention_us", "max_attempts",
-                 "max_batch_seconds", "state_ttl_us"):
+                 "max_batch_seconds", "state_ttl_us", "log_retention_us", "log_retention_bytes"):
         if o.HasField(name):
             options[name] = getattr(o, name)
     return {
@@ -76,6 +76,7 @@ def spec_to_proto(spec: ComputationSpec) -> pb.ComputationSpec:
             on_error=opts["on_error"], max_attempts=opts["max_attempts"],
             dead_letter_stream=opts["dead_letter_stream"] or "",
             max_batch_seconds=opts["max_batch_seconds"], state_ttl_us=opts["state_ttl_us"],
+            log_retention_us=opts["log_retention_us"], log_retention_bytes=opts["log_retention_bytes"],
         ),
     )
 

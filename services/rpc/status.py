@@ -16,6 +16,7 @@ from millwheel.errors import (
     AlreadyExistsError,
     FencedError,
     InvalidSpecError,
+    LogTrimmedError,
     MillWheelError,
     NotFoundError,
     PermissionDeniedError,
@@ -62,6 +63,7 @@ CODES: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (PreconditionError, grpc.StatusCode.FAILED_PRECONDITION),
     (StoreError, grpc.StatusCode.UNAVAILABLE),
     (UnavailableError, grpc.StatusCode.UNAVAILABLE),
+    (LogTrimmedError, grpc.StatusCode.OUT_OF_RANGE),  # a log position removed by retention
 )
 
 

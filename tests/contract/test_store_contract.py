@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-from millwheel.errors import FencedError
+from millwheel.clock import ManualClock
+from millwheel.errors import FencedError, LogTrimmedError
 from millwheel.record import MAX_TIMESTAMP, MIN_TIMESTAMP, Record, TimeDomain, Timer
+from millwheel.runtime.retention import LogTrimmer, Retention, read_retained
 from millwheel.state import open_store
 from millwheel.state.protocol import Checkpoint, Production, StateStore
 
@@ -372,6 +374,110 @@ def test_log_end_fixes_where_a_reader_stops(store: StateStore) -> None:
     assert store.log_end("s", end[0]) == (later, 1) and store.log_end("s") == (later, 6)
     assert store.log_end("s", 0, end[0]) == end and store.log_end("s", seqs[1], seqs[3]) == (seqs[3], 2)
     assert store.log_end("s", seqs[3], seqs[3]) == (seqs[3], 0)
+
+
+# -- stream-log retention (millwheel.runtime.retention) ------------------------------------
+
+def test_log_stats_measure_entries_in_batches(store: StateStore) -> None:
+    store.append_log("s", [rec(f"r{i}", value=b"x" * 100) for i in range(10)])
+    store.append_log("other", [rec("o", value=b"y" * 5000)])
+    seqs = [seq for seq, _r in store.read_log("s", 0, 100)]
+    rows, size, last = store.log_stats("s", 0, 4)
+    assert (rows, last) == (4, seqs[3])
+    assert 4 * 100 <= size <= 4 * 200  # key + value + ID, and a small overhead per entry
+    assert store.log_stats("s", seqs[3], 100)[::2] == (6, seqs[-1])
+    assert store.log_stats("s", seqs[-1], 100) == (0, 0, seqs[-1])
+    assert store.log_stats("missing", 0, 100) == (0, 0, 0)
+    assert store.log_stats("s", 0, 1 << 62)[::2] == (10, seqs[-1])  # "all of them" (the replay's end)
+
+
+def test_trim_log_removes_the_oldest_in_batches_and_raises_the_start(store: StateStore) -> None:
+    store.append_log("s", [rec(f"r{i}") for i in range(10)])
+    store.append_log("other", [rec("o")])
+    seqs = [seq for seq, _r in store.read_log("s", 0, 100)]
+    assert store.log_start("s") == 0
+    assert store.trim_log("s", seqs[6], 3) == 3  # at most max_rows, oldest first
+    assert store.log_start("s") == seqs[2]
+    assert [r.record_id for _s, r in store.read_log("s", 0, 100)] == [f"r{i}" for i in range(3, 10)]
+    assert store.trim_log("s", seqs[6], 100) == 4  # the rest through seqs[6]
+    assert store.log_start("s") == seqs[6]
+    assert store.trim_log("s", seqs[6], 100) == 0
+    assert store.log_start("s") == seqs[6]  # never goes back
+    assert [r.record_id for _s, r in store.read_log("s", seqs[6], 100)] == ["r7", "r8", "r9"]
+    assert store.log_start("other") == 0 and len(store.read_log("other", 0, 10)) == 1
+    # A removed entry's ID is forgotten: the record appended again is a new entry, after the rest.
+    assert store.append_log("s", [rec("r0"), rec("r8")]) == 1
+    assert [r.record_id for _s, r in store.read_log("s", seqs[6], 100)] == ["r7", "r8", "r9", "r0"]
+
+
+def test_retention_trims_by_age_in_small_batches(store: StateStore) -> None:
+    clock = ManualClock(1_000_000_000)
+    trimmer = LogTrimmer(store, clock, batch_rows=7, pass_batches=2)
+    policy = {"s": Retention(age_us=60_000_000, bytes=0)}
+    store.append_log("s", [rec(f"old{i}") for i in range(30)])
+    assert trimmer.run(policy)  # two batches of 7 per pass: more than one pass to measure
+    while trimmer.run(policy):
+        pass
+    clock.advance(30_000_000)
+    store.append_log("s", [rec(f"new{i}") for i in range(5)])
+    while trimmer.run(policy):
+        pass
+    clock.advance(31_000_000)  # the old records are 61 s old, the new ones 31 s
+    busy = trimmer.run(policy)
+    assert busy and 0 < trimmer.removed == 14  # a pass removes at most 2 batches of 7
+    while trimmer.run(policy):
+        pass
+    kept = store.read_log("s", 0, 100)
+    assert [r.record_id for _s, r in kept] == [f"new{i}" for i in range(5)]
+    assert store.log_start("s") < kept[0][0]
+    # A fresh trimmer (a restart, another leader) resumes from the saved marks.
+    trimmer.save(force=True)
+    again = LogTrimmer(store, clock)
+    clock.advance(30_000_000)
+    again.run(policy)
+    assert store.read_log("s", 0, 100) == []
+
+
+def test_retention_trims_by_bytes_but_never_the_youngest(store: StateStore) -> None:
+    clock = ManualClock(1_000_000_000)
+    trimmer = LogTrimmer(store, clock, batch_rows=10, min_trim_age_us=5_000_000)
+    policy = {"s": Retention(age_us=0, bytes=64 * 1024)}
+    for i in range(200):  # 1 KiB records, a batch of 10 a second: 200 KiB over 20 s
+        if i % 10 == 0:
+            clock.advance(1_000_000)
+        store.append_log("s", [rec(f"r{i:03d}", value=b"v" * 1000)])
+        trimmer.run(policy)
+    kept = [r.record_id for _s, r in store.read_log("s", 0, 1000)]
+    kept_bytes = sum(len(r.key) + len(r.value) + len(r.record_id) for _s, r in store.read_log("s", 0, 1000))
+    assert kept == [f"r{i:03d}" for i in range(200 - len(kept), 200)]  # the newest, in order
+    assert 48 * 1024 <= kept_bytes <= 64 * 1024
+    # 100 KiB more at once: over the limit on their own, but younger than the floor
+    # (5 s here): only older records go.
+    store.append_log("s", [rec(f"x{i}", value=b"v" * 1000) for i in range(100)])
+    while trimmer.run(policy):
+        pass
+    ids = [r.record_id for _s, r in store.read_log("s", 0, 1000)]
+    assert ids[-100:] == [f"x{i}" for i in range(100)] and len(ids) < len(kept) + 100
+    clock.advance(5_000_000)
+    while trimmer.run(policy):
+        pass
+    ids = [r.record_id for _s, r in store.read_log("s", 0, 1000)]
+    assert ids == [f"x{i}" for i in range(100 - len(ids), 100)] and 48 <= len(ids) <= 64
+
+
+def test_read_retained_names_the_oldest_position_never_a_gap(store: StateStore) -> None:
+    store.append_log("s", [rec(f"r{i}") for i in range(6)])
+    seqs = [seq for seq, _r in store.read_log("s", 0, 100)]
+    assert read_retained(store, "s", 0, 100)[1] == store.read_log("s", 0, 100)
+    assert read_retained(store, "s", -5, 100)[1] == store.read_log("s", 0, 100)  # nothing removed yet
+    store.trim_log("s", seqs[2], 100)
+    with pytest.raises(LogTrimmedError, match=f"oldest available position.*--after {seqs[2]}") as info:
+        read_retained(store, "s", seqs[1], 100)
+    assert info.value.oldest == seqs[2]
+    pos, entries = read_retained(store, "s", seqs[2], 100)
+    assert pos == seqs[2] and [r.record_id for _s, r in entries] == ["r3", "r4", "r5"]
+    pos, entries = read_retained(store, "s", 0, 100, skip_removed=True)
+    assert pos == seqs[2] and [r.record_id for _s, r in entries] == ["r3", "r4", "r5"]
 
 
 # -- watermarks --------------------------------------------------------------------------
