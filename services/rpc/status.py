@@ -17,6 +17,7 @@ from millwheel.errors import (
     FencedError,
     InvalidSpecError,
     MillWheelError,
+    MissingDependencyError,
     NotFoundError,
     PermissionDeniedError,
     ResourceLimitError,
@@ -60,6 +61,7 @@ CODES: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (LeadershipLostError, grpc.StatusCode.UNAVAILABLE),  # ask the leader (or retry: one is elected)
     (PermissionDeniedError, grpc.StatusCode.PERMISSION_DENIED),
     (PreconditionError, grpc.StatusCode.FAILED_PRECONDITION),
+    (MissingDependencyError, grpc.StatusCode.FAILED_PRECONDITION),  # pip install 'millwheel[spark]'
     (StoreError, grpc.StatusCode.UNAVAILABLE),
     (UnavailableError, grpc.StatusCode.UNAVAILABLE),
 )

@@ -3,7 +3,9 @@ first, then the wheel from the sdist, as ``python -m build`` does), installed in
 fresh virtual environment, used only through its ``millwheel`` command.
 
 The build generates the gRPC stubs itself (no script), and the service layer installs
-as ``millwheel_service`` (no top-level ``services`` package in site-packages).
+as ``millwheel_service`` (no top-level ``services`` package in site-packages). The wheel
+is installed without extras, so pyspark (the optional ``spark`` extra, ~500 MB) is not
+there: everything but Spark stages works, and those say how to install it.
 """
 
 from __future__ import annotations
@@ -26,6 +28,18 @@ ROOT = Path(__file__).resolve().parents[2]
 IGNORE = shutil.ignore_patterns(".venv", ".git", "__pycache__", "generated", "build", "dist", "*.egg-info",
                                 ".mypy_cache", ".ruff_cache", ".pytest_cache", ".hypothesis", "bench",
                                 "millwheel-data", "*.db*")
+
+SPARK_PIPELINE = """
+injectors:
+  - {name: clicks, stream: clicks, file: clicks.jsonl}
+log_streams: [clicks]
+computations:
+  - name: counts
+    inputs: [{stream: clicks, key: "json:user"}]
+    outputs: [counts]
+    code: {name: spark_aggregate, params: {size_us: 10000000, aggregation: count}}
+"""
+SPARK_HINT = "pip install 'millwheel[spark]'"
 
 PIPELINE = """
 injectors:
@@ -81,10 +95,33 @@ def test_help_and_version(installed: Path, tmp_path: Path) -> None:
 
 
 def test_demo_from_the_install(installed: Path, tmp_path: Path) -> None:
-    out = run(installed, "demo", "zeitgeist", "--records", "20000", "--json", cwd=tmp_path, timeout=300)
+    out = run(installed, "demo", "zeitgeist", "--records", "5000", "--json", cwd=tmp_path, timeout=300)
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
     assert report["recall"] == 1.0
+
+
+def test_a_plain_install_has_no_pyspark(installed: Path, tmp_path: Path) -> None:
+    probe = subprocess.run([str(installed / "python"), "-c", "import pyspark"], cwd=tmp_path, env=_env(),
+                           capture_output=True, text=True, timeout=60)
+    assert probe.returncode != 0 and "No module named 'pyspark'" in probe.stderr
+
+
+def test_spark_stages_say_how_to_install_pyspark(installed: Path, tmp_path: Path) -> None:
+    (tmp_path / "spark.yaml").write_text(SPARK_PIPELINE)
+    (tmp_path / "clicks.jsonl").write_text(
+        "".join(json.dumps({"key": f"c{i}", "value": {"user": "ann"}, "timestamp": 1_700_000_000_000_000 + i})
+                + "\n" for i in range(3)))
+    store = f"sqlite:///{tmp_path / 'spark.db'}"
+    for args in (("run", "spark.yaml", "--store", store, "--quiet"),
+                 ("demo", "zeitgeist", "--spark", "--records", "1000"),
+                 ("backfill", "counts", "--from", "0", "--to", "1800000000000000", "--spec", "spark.yaml",
+                  "--store", store)):
+        out = run(installed, *args, cwd=tmp_path, timeout=120)
+        assert out.returncode == 2, (args, out.stdout, out.stderr)
+        assert "Traceback" not in out.stderr, out.stderr
+        last = out.stderr.strip().splitlines()[-1]
+        assert last.startswith("millwheel: error: ") and "pyspark" in last and SPARK_HINT in last, (args, last)
 
 
 def test_service_round_trip_from_the_install(installed: Path, tmp_path: Path) -> None:
