@@ -18,7 +18,7 @@ from typing import Any, Iterator
 from millwheel.errors import InvalidSpecError
 from millwheel.record import Record
 from millwheel.sources import parse_json_record
-from millwheel.spec import load_spec_file
+from millwheel.spec import load_spec_file, spec_parts
 
 from ..client import inject_messages
 from .errors import status_lines
@@ -99,23 +99,18 @@ def _value_text(value: bytes) -> str:
 
 # -- client commands ----------------------------------------------------------------------------
 def cmd_register(args: argparse.Namespace) -> int:
-    from ..rpc.convert import spec_dict_to_proto
+    from ..rpc.convert import spec_to_proto
 
     data = load_spec_file(args.spec)
-    if "computations" in data or "injectors" in data:
-        comps, injectors = data.get("computations", []), data.get("injectors", [])
+    # One computation mapping, or a topology read exactly as `millwheel run` reads it
+    # (spec_parts: an unknown field anywhere is refused), all checked before sending.
+    if "name" in data and "computations" not in data:
+        comps, injectors, logged = spec_parts({"computations": [data]})
     else:
-        comps, injectors = [data], []
-    if not isinstance(comps, list) or not isinstance(injectors, list):
-        raise InvalidSpecError(f"{args.spec}: 'computations' and 'injectors' must be lists")
-    protos = [spec_dict_to_proto(c) for c in comps]  # validate everything before sending
-    for i, inj in enumerate(injectors):
-        if not isinstance(inj, dict) or not inj.get("name") or not inj.get("stream"):
-            raise InvalidSpecError(f"{args.spec}: injectors[{i}] needs 'name' and 'stream'")
-    logged = data.get("log_streams", []) if isinstance(data.get("log_streams"), list) else []
+        comps, injectors, logged = spec_parts(data)
     with client_for(args) as client:  # all or nothing: one RegisterTopology call
-        resp = client.register_topology(protos, [(str(i["name"]), str(i["stream"])) for i in injectors],
-                                        [str(s) for s in logged])
+        resp = client.register_topology([spec_to_proto(c) for c in comps],
+                                        [(i.name, i.stream) for i in injectors], logged)
     done: list[dict[str, Any]] = [{"injector": i.name, "stream": i.stream} for i in resp.injectors]
     done += [{"computation": c.spec.name, "ranges": len(c.ranges)} for c in resp.computations]
     text = "\n".join(
