@@ -325,5 +325,6 @@ def serve(
         advertise = socket.getfqdn() if host in ("0.0.0.0", "::", "") else host
     service.start(f"{advertise}:{bound}")
     mport = sensors.serve(host, metrics_port) if metrics_port is not None else 0
-    log.info("controller listening on %s:%d (store %s, metrics port %d)", host, bound, redact(store_url), mport)
+    log.info("controller listening on %s:%d (store %s, metrics %s)", host, bound, redact(store_url),
+             f"port {mport}" if metrics_port is not None else "off")
     return server, bound, mport, service
