@@ -93,6 +93,11 @@ def test_every_example_runs_or_says_why_not() -> None:
     assert seen >= 20  # the pages have examples: the parser found them
 
 
+def test_the_readme_opens_with_its_title() -> None:
+    first = next(line for line in (ROOT / "README.md").read_text().splitlines() if line.strip())
+    assert first == "# millwheel"
+
+
 # -- running a page -------------------------------------------------------------------------------
 class Reader:
     """One reader of one page: a directory, an environment, and the service when started."""
