@@ -2,7 +2,7 @@
 # One entry point that sets itself up on a fresh machine, then runs what you ask.
 #   ./dev.sh demo [ARGS]   the Zeitgeist demo on the embedded store
 #   ./dev.sh test [ARGS]   the whole test suite (what CI runs)
-#   ./dev.sh setup         only the set-up: system packages, .venv, pip install, protobuf
+#   ./dev.sh setup         only the set-up: system packages, .venv, pip install (with Spark), protobuf
 #   ./dev.sh bench [ARGS]  the benchmark suite (bench/)
 #   ./dev.sh mw ARGS       any millwheel command inside the environment
 set -euo pipefail
@@ -37,7 +37,7 @@ setup() {
   if [ ! -f "$stamp" ]; then
     log "installing millwheel and its dependencies into .venv"
     .venv/bin/pip install -q --upgrade pip
-    .venv/bin/pip install -q -e '.[dev]'
+    .venv/bin/pip install -q -e '.[spark,dev]'
     rm -f .venv/.installed-*; touch "$stamp"
   fi
   if [ -x scripts/gen_proto.sh ]; then scripts/gen_proto.sh; fi

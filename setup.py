@@ -22,7 +22,10 @@ runpy.run_path(str(ROOT / "scripts" / "gen_proto.py"))["generate"](ROOT)
 def packages() -> list[str]:
     core = find_packages(where=str(ROOT), include=["millwheel", "millwheel.*"])
     service = [f"millwheel_service.{p}" for p in find_packages(where=str(ROOT / "services"))]
-    return sorted({*core, "millwheel_service", "millwheel_service.generated", *service})
+    # ui/static holds the console's files and no Python: a data-only package, listed so
+    # that setuptools neither skips it nor prints a page of warnings about it.
+    data = ["millwheel_service.ui.static"]
+    return sorted({*core, "millwheel_service", "millwheel_service.generated", *service, *data})
 
 
 setup(packages=packages())

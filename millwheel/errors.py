@@ -32,6 +32,11 @@ class PermissionDeniedError(MillWheelError):
     """The deployment does not allow this: user code outside the ``--allow-code`` list."""
 
 
+class MissingDependencyError(MillWheelError):
+    """An optional part of millwheel is used but its package is not installed here (Spark
+    stages without pyspark); the message says what to install."""
+
+
 class FencedError(MillWheelError):
     """A write carried a sequencer token that is no longer current.
 

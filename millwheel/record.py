@@ -20,12 +20,17 @@ MAX_TIMESTAMP = 2**62
 
 @dataclass(frozen=True, slots=True)
 class Record:
-    """One datum on a stream: ``(key, value, timestamp)`` plus a unique ``record_id``."""
+    """One datum on a stream: ``(key, value, timestamp)`` plus a unique ``record_id``.
+
+    ``record_id`` may be left out (``""``) only for a record about to be injected: the
+    injector gives it one (``ControllerClient.inject_records``, an Inject call without
+    ``id``). Everywhere else a record carries its ID (:meth:`validate` refuses an empty
+    one); give your own IDs to make re-injecting the same records a no-op."""
 
     key: str
     value: bytes
     timestamp: int
-    record_id: str
+    record_id: str = ""
 
     def validate(self, where: str = "record") -> None:
         """Raise :class:`InvalidSpecError` naming ``where`` if the record is malformed."""

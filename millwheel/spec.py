@@ -121,20 +121,41 @@ def computation_to_dict(spec: ComputationSpec) -> dict[str, Any]:
     }
 
 
-def topology_from_dict(data: Mapping[str, Any]) -> Topology:
+#: The fields of a spec file's top level and of one of its injectors.
+SPEC_FIELDS = ("computations", "injectors", "log_streams")
+INJECTOR_FIELDS = ("name", "stream", "file", "max_disorder_us")
+
+
+def spec_parts(data: Mapping[str, Any]) -> tuple[tuple[ComputationSpec, ...], tuple[InjectorSpec, ...],
+                                                 tuple[str, ...]]:
+    """A spec file's computations, injectors and log streams, every field checked.
+
+    ``millwheel run`` (through :func:`topology_from_dict`) and ``millwheel register``
+    both read a spec file through here, so a field one refuses the other refuses too:
+    a typo must not register something other than what the user wrote. (Whether the
+    parts form a whole topology is checked by ``run`` and by the controller, which
+    also knows what is already registered.)"""
     if not isinstance(data, Mapping):
         raise InvalidSpecError("topology: expected a mapping with 'computations'")
+    unknown = set(data) - set(SPEC_FIELDS)
+    if unknown:
+        raise InvalidSpecError(f"topology: unknown fields {sorted(unknown)} (a spec file has "
+                               f"{', '.join(SPEC_FIELDS)})")
     comps = tuple(computation_from_dict(c) for c in _list(data.get("computations", []), "computations"))
     injectors = []
     for i, inj in enumerate(_list(data.get("injectors", []), "injectors")):
         if not isinstance(inj, Mapping) or not inj.get("name") or not inj.get("stream"):
             raise InvalidSpecError(f"injectors[{i}]: needs 'name' and 'stream'")
-        unknown = set(inj) - {"name", "stream", "file", "max_disorder_us"}
+        unknown = set(inj) - set(INJECTOR_FIELDS)
         if unknown:
             raise InvalidSpecError(f"injectors[{i}]: unknown fields {sorted(unknown)}")
         injectors.append(InjectorSpec(str(inj["name"]), str(inj["stream"])))
     log_streams = tuple(str(s) for s in _list(data.get("log_streams", []), "log_streams"))
-    topology = Topology(comps, tuple(injectors), log_streams)
+    return comps, tuple(injectors), log_streams
+
+
+def topology_from_dict(data: Mapping[str, Any]) -> Topology:
+    topology = Topology(*spec_parts(data))
     topology.validate()
     return topology
 

@@ -10,6 +10,9 @@
             ...
         mw.watermarks(); mw.state("counts", "ann"); list(mw.keys("counts")); mw.status()
 
+``watermarks()`` and ``state()`` answer with :mod:`millwheel.queries`' dataclasses;
+the registry and status calls with the protocol's messages (docs/api.md).
+
 gRPC failures come back as millwheel errors of the matching class (via
 :mod:`services.rpc.status`: NotFoundError, InvalidSpecError, PermissionDeniedError, ...)
 with the server's message and the gRPC status in ``.status`` (a ``grpc.StatusCode``),
@@ -35,6 +38,7 @@ from typing import Any, Callable, Iterable, Iterator, TypeVar, cast
 import grpc
 
 from millwheel.errors import MillWheelError, NotFoundError
+from millwheel.queries import KeyState, NodeWatermark
 from millwheel.record import MIN_TIMESTAMP, Record
 from millwheel.topology import Topology
 
@@ -44,6 +48,7 @@ from .inject_feed import CallFeed
 from .inject_feed import inject_messages as inject_messages  # part of this module's API
 from .rpc.admission import ended_idle
 from .rpc.controller_link import SEVERAL_DEADLINE_S, ControllerLink, Tried, await_start, fails_over, leader_hint
+from .rpc.convert import key_state_from_proto, spec_to_proto, watermark_from_proto
 from .rpc.security import Security, client_security
 from .rpc.status import UnavailableError, error_class
 
@@ -178,8 +183,6 @@ class ControllerClient:
     def register(self, topology: Topology) -> pb.RegisterTopologyResponse:
         """Register a :class:`~millwheel.topology.Topology` (computations, injectors and
         log streams) all or nothing."""
-        from .rpc.convert import spec_to_proto
-
         return self.register_topology([spec_to_proto(c) for c in topology.computations],
                                       [(i.name, i.stream) for i in topology.injectors],
                                       topology.log_streams)
@@ -234,13 +237,13 @@ class ControllerClient:
         timeout = max(self.timeout_s, 120) if timeout_s is None else timeout_s
         return cast(pb.ReplayDeadLettersResponse, self._unary("ReplayDeadLetters", req, timeout))
 
-    def watermarks(self, node: str = "") -> list[pb.NodeWatermark]:
+    def watermarks(self, node: str = "") -> list[NodeWatermark]:
         req = pb.GetWatermarkRequest(computation=node)
-        return list(self._unary("GetWatermark", req, self.timeout_s).watermarks)
+        return [watermark_from_proto(w) for w in self._unary("GetWatermark", req, self.timeout_s).watermarks]
 
-    def state(self, computation: str, key: str) -> pb.GetStateResponse:
+    def state(self, computation: str, key: str) -> KeyState:
         req = pb.GetStateRequest(computation=computation, key=key)
-        return cast(pb.GetStateResponse, self._unary("GetState", req, self.timeout_s))
+        return key_state_from_proto(computation, key, self._unary("GetState", req, self.timeout_s))
 
     def keys(self, computation: str, page_size: int = 1000) -> Iterator[str]:
         token = ""

@@ -205,19 +205,40 @@ def main(args: argparse.Namespace) -> int:
         finally:
             store.close()
     precision, recall = score(work.planted, detected)
+    why = small_run_note(work, detected, args)
     if args.json:
         print(json.dumps({
             "planted": [a.__dict__ for a in work.planted],
             "detected": [a.__dict__ for a in detected],
             "precision": precision, "recall": recall,
             "records": len(work.records), "seconds": round(result.elapsed_s, 3),
+            **({"note": why} if why else {}),
         }))
         return 0
     print_table(work.planted, detected)
     rate = result.processed / result.elapsed_s if result.elapsed_s else 0
     print(f"\nprecision {precision:.2f}  recall {recall:.2f}  "
           f"({len(work.records):,} records in {result.elapsed_s:.1f}s, {rate:,.0f} deliveries/s)")
+    if why:
+        print(why)
     return 0
+
+
+def small_run_note(work: Workload, detected: list[Anomaly], args: argparse.Namespace) -> str:
+    """Why a small run scores lower, in a line ("" when nothing needs saying): anomalies
+    are planted only on queries busy enough to tell from noise, and the fewer queries a
+    window counts, the more often chance alone crosses the detector's thresholds."""
+    per_minute = len(work.records) / max(1, args.minutes) / max(1, args.keys)
+    more = "more --records (default 200,000) or fewer --keys"
+    if not work.planted:
+        return (f"note: no query is busy enough (40 a minute) to plant an anomaly in: {per_minute:.1f} "
+                f"queries per query and minute on average; use {more}")
+    unplanted = len(set(detected) - set(work.planted))
+    if unplanted:
+        return (f"note: {unplanted} detected window(s) were not planted: with {per_minute:.1f} queries per "
+                "query and minute on average, chance variation in small counts crosses the detector's "
+                f"thresholds; {more} make the counts larger and the score better")
+    return ""
 
 
 def print_table(planted: list[Anomaly], detected: list[Anomaly]) -> None:

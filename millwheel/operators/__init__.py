@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from millwheel.computation import Computation
-from millwheel.errors import InvalidSpecError
+from millwheel.errors import InvalidSpecError, MissingDependencyError
 from millwheel.importing import AllowList, import_object
 from millwheel.operators.aggregate import WindowedAggregate
 from millwheel.operators.schema import check_allowed, validate_spec
@@ -45,6 +45,8 @@ def build_computation(spec: ComputationSpec, allow: AllowList | None = None) -> 
         code = factory(**params)
     except InvalidSpecError as exc:
         raise InvalidSpecError(f"{where}: {exc}") from None
+    except MissingDependencyError as exc:  # a Spark stage where pyspark is not installed
+        raise MissingDependencyError(f"{where}: {exc}") from None
     except TypeError as exc:
         raise InvalidSpecError(f"{where}: bad parameters for {name!r}: {exc}") from None
     if not hasattr(code, "process_record") or not hasattr(code, "process_timer"):

@@ -87,11 +87,40 @@ class _Expression:
         }
         try:
             return self._evaluator.eval(self.source, previously_parsed=self._parsed)
-        except (InvalidExpression, ArithmeticError, LookupError, TypeError, ValueError) as exc:
+        except InvalidExpression as exc:  # what the expression may not do: a spec error
             raise InvalidSpecError(
                 f"{self.what} {self.source!r} failed on record {record.record_id}: "
                 f"{exc.__class__.__name__}: {exc}"
             ) from None
+        except (ArithmeticError, LookupError, TypeError, ValueError) as exc:
+            # The expression is the user's code and this is its error (1 / 0 on this
+            # record's data): the error policy records it under its own class, with the
+            # expression and the record in the message.
+            raise _same_class(exc, f"{self.what} {self.source!r} failed on record {record.record_id}: "
+                                   f"{exc}") from None
+
+
+class _KeyError(KeyError):
+    """A KeyError whose message reads as text (KeyError's own str() is its key's repr);
+    named KeyError, which is what the error policy records."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+_KeyError.__name__ = _KeyError.__qualname__ = "KeyError"
+
+
+def _same_class(exc: Exception, message: str) -> Exception:
+    """``exc``'s class with ``message`` (built-in errors take one argument), else ``exc``."""
+    if type(exc) is KeyError:
+        return _KeyError(message)
+    if type(exc).__module__ != "builtins":
+        return exc
+    try:
+        return type(exc)(message)
+    except Exception:
+        return exc
 
 
 def _function(path: str, what: str) -> Callable[[Record], Any]:

@@ -13,7 +13,11 @@ from millwheel.computation import Computation
 
 def spark_aggregate(**params: Any) -> Computation:
     """Factory behind the built-in code name ``spark_aggregate`` (imports the stage lazily,
-    so registering built-ins never touches Spark)."""
+    so registering built-ins never touches Spark). Without pyspark installed it raises
+    :class:`~millwheel.errors.MissingDependencyError` saying how to install it."""
+    from millwheel.spark.session import require_pyspark
     from millwheel.spark.stage import SparkAggregate
+
+    require_pyspark("spark_aggregate (a Spark stage)")
 
     return SparkAggregate(**params)

@@ -23,7 +23,7 @@ from typing import Any, Iterator, Mapping
 from millwheel.errors import InvalidSpecError
 from millwheel.record import Record, derive_record_id
 from millwheel.spark.aggregations import Aggregation, Group
-from millwheel.spark.session import run_job
+from millwheel.spark.session import require_pyspark, run_job
 from millwheel.state.protocol import StateStore
 from millwheel.topology import ComputationSpec, Topology
 from millwheel.windows import Windowing
@@ -99,6 +99,7 @@ def backfill(
     master: str | None = None,
 ) -> list[WindowResult]:
     """Every window of ``computation`` inside ``[t_from, t_to)``, recomputed by Spark."""
+    require_pyspark("millwheel backfill")
     if t_to <= t_from:
         raise InvalidSpecError(f"backfill: --to ({t_to}) must be after --from ({t_from})")
     spec = topology.computation(computation)

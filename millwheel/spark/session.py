@@ -17,6 +17,7 @@ killed), and reports each attempt; after the last attempt it raises
 from __future__ import annotations
 
 import atexit
+import importlib.util
 import logging
 import os
 import sys
@@ -24,7 +25,7 @@ import threading
 import time
 from typing import Any, Callable, Mapping, Sequence, TypeVar
 
-from millwheel.errors import MillWheelError
+from millwheel.errors import MillWheelError, MissingDependencyError
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +56,22 @@ _atexit_registered = False
 _restarts = 0
 
 
+#: How to get pyspark: it is an optional dependency (about 500 MB), the ``spark`` extra.
+INSTALL_HINT = "pip install 'millwheel[spark]'"
+
+
+def require_pyspark(what: str) -> None:
+    """Raise :class:`MissingDependencyError` saying how to install pyspark if this Python
+    lacks it. Called where a Spark stage is built and where backfill starts, so a spec
+    that needs Spark fails at once with the fix, not at its first window (or after a
+    job's retries)."""
+    if importlib.util.find_spec("pyspark") is None:
+        raise MissingDependencyError(
+            f"{what} needs pyspark, which is not installed in this Python ({sys.executable}); "
+            f"install it with: {INSTALL_HINT} (Spark also needs a Java 17 runtime)"
+        )
+
+
 def resolve_master(master: str | None, explicit: str | None = None) -> str:
     """``explicit`` (a flag) > $MILLWHEEL_SPARK_MASTER > ``master`` (the spec) > local[*]."""
     return explicit or os.environ.get(MASTER_ENV) or master or DEFAULT_MASTER
@@ -78,6 +95,7 @@ def get_session(master: str | None = None, conf: Mapping[str, Any] | None = None
             log.warning("Spark session on %s was lost; starting a new one", _settings and _settings[0])
             _restarts += 1
             _discard()
+        require_pyspark("a Spark job")
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         from pyspark.sql import SparkSession
 
@@ -174,7 +192,7 @@ def run_job(
         try:
             result = job(get_session(master, conf, explicit_master))
         except MillWheelError:
-            raise  # a spec/user error found before Spark ran: retrying cannot help
+            raise  # a spec/user error or no pyspark, found before Spark ran: retrying cannot help
         except Exception as exc:
             seconds = time.perf_counter() - started
             last = attempt == attempts

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import os
 import sys
 
 from millwheel import __version__
@@ -39,13 +40,24 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
     try:
-        return int(args.func(args) or 0)
+        parser = build_parser()
+        try:
+            args = parser.parse_args(argv)
+        except SystemExit:
+            sys.stdout.flush()  # --help, --version: a pipe closed early fails here, handled below
+            raise
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # the same for a command's output
+        return code
     except MillWheelError as exc:
         print(f"millwheel: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("millwheel: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader went away (`millwheel errors X | head -1`): not an error. Point stdout
+        # at /dev/null so the interpreter's last flush does not fail (and print) again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0

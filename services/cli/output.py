@@ -43,6 +43,31 @@ def fmt_ts(us: int) -> str:
     return f"{us} ({when.isoformat(timespec='milliseconds').replace('+00:00', 'Z')})"
 
 
+def json_ts(us: int) -> int | str:
+    """A watermark in ``--json`` output as the console's Tracker API gives it: integer
+    microseconds, or ``"-inf"`` (nothing yet) / ``"+inf"`` (done) at the ends."""
+    return "-inf" if us <= MIN_TIMESTAMP else "+inf" if us >= MAX_TIMESTAMP else us
+
+
+def fmt_lag(us: int) -> str:
+    """How far behind, for people: ``0.4s``, ``5m 12s``, ``3h 05m``, ``1106d 3h``."""
+    sign, s = ("-" if us < 0 else ""), abs(us) / 1e6
+    if s < 60:
+        return f"{sign}{s:.1f}s"
+    whole = int(s)
+    if whole < 3600:
+        return f"{sign}{whole // 60}m {whole % 60:02d}s"
+    if whole < 86_400:
+        return f"{sign}{whole // 3600}h {whole % 3600 // 60:02d}m"
+    return f"{sign}{whole // 86_400}d {whole % 86_400 // 3600}h"
+
+
+def worker_state(alive: bool, draining: bool) -> str:
+    """alive, draining or dead. Liveness first: a worker that drained and exited keeps
+    its draining flag, and must not look as if it were still draining once it is gone."""
+    return ("draining" if draining else "alive") if alive else "dead"
+
+
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]

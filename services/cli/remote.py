@@ -18,11 +18,11 @@ from typing import Any, Iterator
 from millwheel.errors import InvalidSpecError
 from millwheel.record import Record
 from millwheel.sources import parse_json_record
-from millwheel.spec import load_spec_file
+from millwheel.spec import load_spec_file, spec_parts
 
 from ..client import inject_messages
 from .errors import status_lines
-from .output import client_for, client_parser, emit, fmt_ts, table
+from .output import client_for, client_parser, emit, fmt_lag, fmt_ts, json_ts, table, worker_state
 
 
 def add_commands(sub: Any) -> None:
@@ -102,23 +102,18 @@ def _value_text(value: bytes) -> str:
 
 # -- client commands ----------------------------------------------------------------------------
 def cmd_register(args: argparse.Namespace) -> int:
-    from ..rpc.convert import spec_dict_to_proto
+    from ..rpc.convert import spec_to_proto
 
     data = load_spec_file(args.spec)
-    if "computations" in data or "injectors" in data:
-        comps, injectors = data.get("computations", []), data.get("injectors", [])
+    # One computation mapping, or a topology read exactly as `millwheel run` reads it
+    # (spec_parts: an unknown field anywhere is refused), all checked before sending.
+    if "name" in data and "computations" not in data:
+        comps, injectors, logged = spec_parts({"computations": [data]})
     else:
-        comps, injectors = [data], []
-    if not isinstance(comps, list) or not isinstance(injectors, list):
-        raise InvalidSpecError(f"{args.spec}: 'computations' and 'injectors' must be lists")
-    protos = [spec_dict_to_proto(c) for c in comps]  # validate everything before sending
-    for i, inj in enumerate(injectors):
-        if not isinstance(inj, dict) or not inj.get("name") or not inj.get("stream"):
-            raise InvalidSpecError(f"{args.spec}: injectors[{i}] needs 'name' and 'stream'")
-    logged = data.get("log_streams", []) if isinstance(data.get("log_streams"), list) else []
+        comps, injectors, logged = spec_parts(data)
     with client_for(args) as client:  # all or nothing: one RegisterTopology call
-        resp = client.register_topology(protos, [(str(i["name"]), str(i["stream"])) for i in injectors],
-                                        [str(s) for s in logged])
+        resp = client.register_topology([spec_to_proto(c) for c in comps],
+                                        [(i.name, i.stream) for i in injectors], logged)
     done: list[dict[str, Any]] = [{"injector": i.name, "stream": i.stream} for i in resp.injectors]
     done += [{"computation": c.spec.name, "ranges": len(c.ranges)} for c in resp.computations]
     text = "\n".join(
@@ -158,7 +153,7 @@ def cmd_inject(args: argparse.Namespace) -> int:
         max_disorder_us=None if args.no_watermark else args.max_disorder_us, done=args.done)
     with client_for(args) as client:
         resp = client.inject(messages)
-    data = {"injector": args.injector, "accepted": resp.accepted, "watermark": resp.watermark}
+    data = {"injector": args.injector, "accepted": resp.accepted, "watermark": json_ts(resp.watermark)}
     return emit(args, data, f"injected {resp.accepted} records through {args.injector!r}; "
                  f"injector watermark {fmt_ts(resp.watermark)}")
 
@@ -166,10 +161,10 @@ def cmd_inject(args: argparse.Namespace) -> int:
 def cmd_watermark(args: argparse.Namespace) -> int:
     with client_for(args) as client:
         wms = client.watermarks(args.computation)
-    data = [{"node": w.node, "low_watermark": w.low_watermark,
-             "input_low_watermark": w.input_low_watermark, "lag_us": w.lag_us} for w in wms]
-    rows = [(w.node, fmt_ts(w.low_watermark), fmt_ts(w.input_low_watermark),
-             f"{w.lag_us / 1e6:.1f}s") for w in wms]
+    data = [{"node": w.node, "low_watermark": json_ts(w.low_watermark),
+             "input_low_watermark": json_ts(w.input_low_watermark), "lag_us": w.lag_us} for w in wms]
+    rows = [(w.node, fmt_ts(w.low_watermark), fmt_ts(w.input_low_watermark), fmt_lag(w.lag_us))
+            for w in wms]
     return emit(args, data, table(["NODE", "LOW WATERMARK", "INPUT WATERMARK", "LAG"], rows))
 
 
@@ -213,10 +208,10 @@ def cmd_status(args: argparse.Namespace) -> int:
                      "alive": w.alive, "draining": w.draining, "ranges": w.ranges,
                      "last_heartbeat_age_s": round(w.last_heartbeat_age_s, 3)} for w in s.workers],
         "ranges": [{"node": r.node, "range": r.range_id, "worker": r.worker_id,
-                    "address": r.worker_address, "token": r.token, "watermark": r.watermark,
+                    "address": r.worker_address, "token": r.token, "watermark": json_ts(r.watermark),
                     "pending": r.pending}
                    for r in s.ranges],
-        "watermarks": [{"node": w.node, "low_watermark": w.low_watermark, "lag_us": w.lag_us}
+        "watermarks": [{"node": w.node, "low_watermark": json_ts(w.low_watermark), "lag_us": w.lag_us}
                        for w in s.watermarks],
     }
     leader = (f"leader: {s.leader} (epoch {s.leader_epoch})" if s.leader
@@ -225,13 +220,13 @@ def cmd_status(args: argparse.Namespace) -> int:
         leader += f"; answered by standby {s.answered_by} (worker liveness unknown there)"
     parts = [f"store: {s.store_url}", leader, "", table(
         ["WORKER", "ADDRESS", "STATE", "RANGES", "LAST HEARTBEAT", "METRICS"],
-        [(w.worker_id, w.address, "draining" if w.draining else "alive" if w.alive else "dead",
+        [(w.worker_id, w.address, worker_state(w.alive, w.draining),
           w.ranges, f"{w.last_heartbeat_age_s:.1f}s ago", w.metrics_address) for w in s.workers]),
         "", table(["NODE", "RANGE", "WORKER", "TOKEN", "WATERMARK", "PENDING"],
                   [(r.node, r.range_id, r.worker_id or "(unassigned)", r.token, fmt_ts(r.watermark),
                     r.pending) for r in s.ranges]),
         "", table(["NODE", "LOW WATERMARK", "LAG"],
-                  [(w.node, fmt_ts(w.low_watermark), f"{w.lag_us / 1e6:.1f}s") for w in s.watermarks]),
+                  [(w.node, fmt_ts(w.low_watermark), fmt_lag(w.lag_us)) for w in s.watermarks]),
         *errors]
     return emit(args, data, "\n".join(parts))
 
@@ -243,11 +238,11 @@ def cmd_computations(args: argparse.Namespace) -> int:
         "computations": [{"name": c.spec.name, "inputs": [i.stream for i in c.spec.inputs],
                           "outputs": list(c.spec.outputs), "code": c.spec.code.name,
                           "key_ranges": c.spec.options.key_ranges,
-                          "low_watermark": c.low_watermark} for c in resp.computations],
+                          "low_watermark": json_ts(c.low_watermark)} for c in resp.computations],
             "injectors": [{"name": i.name, "stream": i.stream} for i in resp.injectors]}
     text = table(["COMPUTATION", "INPUTS", "OUTPUTS", "CODE", "RANGES", "LOW WATERMARK"], [
         (c["name"], ",".join(c["inputs"]), ",".join(c["outputs"]), c["code"], c["key_ranges"],
-         fmt_ts(c["low_watermark"])) for c in data["computations"]])
+         fmt_ts(info.low_watermark)) for c, info in zip(data["computations"], resp.computations, strict=True)])
     text += "\n\n" + table(["INJECTOR", "STREAM"], [(i["name"], i["stream"]) for i in data["injectors"]])
     return emit(args, data, text)
 

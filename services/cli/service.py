@@ -203,14 +203,24 @@ def cmd_controller(args: argparse.Namespace) -> int:
         cluster_port=args.cluster_port, admission=admission,
         limits=InjectLimits(max_records=args.max_inject_records, max_value_bytes=args.max_value_bytes,
                             max_future_us=args.max_future_us))
+    metrics = "metrics off" if args.metrics_port < 0 else f"metrics port {mport}"
     print(f"millwheel controller listening on {args.host}:{port}, cluster port {service.cluster_port} "
-          f"(metrics port {mport}, store {describe_store(args.store)})", file=sys.stderr, flush=True)
-    start_console(service, args)
+          f"({metrics}, store {describe_store(args.store)})", file=sys.stderr, flush=True)
+    console = start_console(service, args)
     _wait_for_signal()
-    service.close()  # a leader hands the lease over at once
+    stop_controller(server, service, console)
+    return 0
+
+
+def stop_controller(server: Any, service: Any, console: Any) -> None:
+    """The controller's way out: the console first (its snapshots read the store, which
+    must not be closed under it: "Cannot operate on a closed database" tracebacks), then
+    the service (a leader hands the lease over at once), the gRPC server, the store."""
+    if console is not None:
+        console.close()
+    service.close()
     server.stop(grace=1.0).wait(2.0)
     service.store.close()
-    return 0
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -227,8 +237,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
         max_injector_outbox=args.max_injector_outbox, weak_wait_s=args.weak_wait,
         heartbeat_s=args.heartbeat, delivery_timeout_s=args.delivery_timeout,
         allow_code=args.allow_code, use_watchdog=not args.no_watchdog)
-    print(f"millwheel worker {worker.worker_id} listening on {worker.address} (metrics port "
-          f"{worker.metrics_port}, store {describe_store(args.store)})", file=sys.stderr, flush=True)
+    metrics = "metrics off" if args.metrics_port < 0 else f"metrics port {worker.metrics_port}"
+    print(f"millwheel worker {worker.worker_id} listening on {worker.address} ({metrics}, "
+          f"store {describe_store(args.store)})", file=sys.stderr, flush=True)
     _wait_for_signal()
     worker.drain_and_stop()
     return 0
@@ -261,7 +272,7 @@ def cmd_up(args: argparse.Namespace) -> int:
 
     def worker() -> subprocess.Popen[bytes]:
         return subprocess.Popen([*base, "worker", *common, "--controller", controller,
-                                 "--port", "0", "--metrics-port", "0",
+                                 "--port", "0", "--metrics-port", "-1" if args.metrics_port < 0 else "0",
                                  *(["--no-watchdog"] if args.no_watchdog else [])],
                                 start_new_session=True, env=lifeline.child_env())
 
@@ -269,7 +280,7 @@ def cmd_up(args: argparse.Namespace) -> int:
 
     def controller_proc(i: int) -> subprocess.Popen[bytes]:
         return subprocess.Popen([*base, "controller", *common, "--port", str(ports[i]),
-                                 "--metrics-port", str(args.metrics_port if i == 0 else 0),
+                                 "--metrics-port", str(args.metrics_port if i == 0 or args.metrics_port < 0 else 0),
                                  "--ui-port", str(ui_port if i == 0 else -1)],
                                 start_new_session=True, env=lifeline.child_env())
     # Every child is stopped on the way out, whatever the way: a controller that never

@@ -23,12 +23,13 @@ import grpc
 from millwheel.clock import SystemClock
 from millwheel.errors import InvalidSpecError, MillWheelError, NotFoundError
 from millwheel.record import MAX_TIMESTAMP, MIN_TIMESTAMP
+from millwheel.state.protocol import StateStore
 from millwheel.topology import InjectorSpec, injector_node
 
 from ..generated import millwheel_pb2 as pb
 from ..metrics import PrometheusSensors
 from ..rpc.server import check
-from ..rpc.status import BusyError, UnavailableError, code_for
+from ..rpc.status import BusyError, PreconditionError, UnavailableError, code_for
 from ..rpc.worker_link import LinkError, PeerLink
 from .assign import Assigner
 from .inject_split import split
@@ -48,6 +49,7 @@ class Injecting:
     # Set by ControllerService.__init__ (services/controller/service.py) or defined there.
     registry: Registry
     assigner: Assigner
+    store: StateStore
     limits: InjectLimits
     clock: SystemClock
     sensors: PrometheusSensors | None
@@ -89,6 +91,30 @@ class Injecting:
             self.registry.register_injector(spec)
             self._registry_changed()
             return spec
+
+    _closed: set[str] | None = None  # injectors seen closed (a watermark never goes back)
+
+    def _check_open(self, spec: InjectorSpec, msg: Any, index: int) -> None:
+        """Records for an injector an earlier Inject closed (``done``: its watermark is
+        +inf) would be late for every computation downstream: refused with
+        FAILED_PRECONDITION, the message unsent. A message that itself says ``done`` is
+        let through (the close, or a resend of it after a controller failover). The
+        watermark read is the one the injector's owner last reported (within about a
+        heartbeat of the close)."""
+        if not msg.records or msg.done:
+            return
+        node = injector_node(spec.name)
+        if self._closed is None:
+            self._closed = set()
+        if node not in self._closed:
+            stored = self.store.read_watermarks(node)
+            if not stored or min(stored.values()) < MAX_TIMESTAMP:
+                return
+            self._closed.add(node)
+        raise PreconditionError(
+            f"inject message {index}: injector {spec.name!r} is closed: an earlier Inject said done, "
+            "so its watermark is +inf and these records would be late for every computation; "
+            "send them through an injector of another name")
 
     def _inject_batch(self, spec: InjectorSpec, msg: Any, index: int, session: str) -> pb.DeliverBatch:
         """Validate one message whole and make it the batch the worker owning the injector
@@ -187,6 +213,7 @@ class Injecting:
                 check(msg)
                 self.limits.check_names(msg, index)
                 spec = self._injector_for(msg, index)
+                self._check_open(spec, msg, index)
                 call.send(injector_node(spec.name), self._inject_batch(spec, msg, index, call.session))
             call.settle(0)
         except MillWheelError as exc:

@@ -336,6 +336,6 @@ def serve(
     service.cluster_port = cluster_bound
     service.start(f"{advertise}:{bound}")
     mport = sensors.serve(host, metrics_port) if metrics_port is not None else 0
-    log.info("controller listening on %s:%d, cluster port %d (store %s, metrics port %d)", host, bound,
-             cluster_bound, redact(store_url), mport)
+    log.info("controller listening on %s:%d, cluster port %d (store %s, metrics %s)", host, bound,
+             cluster_bound, redact(store_url), f"port {mport}" if metrics_port is not None else "off")
     return server, bound, mport, service

@@ -12,7 +12,8 @@ from typing import Any, Iterable, Mapping
 
 from millwheel.errors import InvalidSpecError
 from millwheel.limits import MAX_NAME_CHARS, MAX_PARAMS_BYTES, check_name, check_params_depth, params_too_deep
-from millwheel.record import Record, Timer
+from millwheel.queries import KeyState, NodeWatermark
+from millwheel.record import Record, TimeDomain, Timer
 from millwheel.runtime.routing import record_of
 from millwheel.spec import computation_from_dict, computation_to_dict, topology_from_dict
 from millwheel.topology import ComputationSpec, InjectorSpec, Topology
@@ -142,3 +143,13 @@ def record_to_proto(record: Record) -> pb.Record:
 
 def timer_to_proto(timer: Timer) -> pb.TimerInfo:
     return pb.TimerInfo(tag=timer.tag, time=timer.time, domain=timer.domain.value, hold=timer.hold)
+
+
+# -- query answers -----------------------------------------------------------------------
+def watermark_from_proto(msg: pb.NodeWatermark) -> NodeWatermark:
+    return NodeWatermark(msg.node, msg.low_watermark, msg.input_low_watermark, msg.lag_us)
+
+
+def key_state_from_proto(computation: str, key: str, msg: pb.GetStateResponse) -> KeyState:
+    timers = tuple(Timer(key, t.tag, t.time, TimeDomain(t.domain), t.hold) for t in msg.timers)
+    return KeyState(computation, key, msg.exists, bytes(msg.state), timers, msg.range_id)

@@ -18,6 +18,7 @@ from millwheel.errors import (
     InvalidSpecError,
     LogTrimmedError,
     MillWheelError,
+    MissingDependencyError,
     NotFoundError,
     PermissionDeniedError,
     ResourceLimitError,
@@ -61,6 +62,7 @@ CODES: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (LeadershipLostError, grpc.StatusCode.UNAVAILABLE),  # ask the leader (or retry: one is elected)
     (PermissionDeniedError, grpc.StatusCode.PERMISSION_DENIED),
     (PreconditionError, grpc.StatusCode.FAILED_PRECONDITION),
+    (MissingDependencyError, grpc.StatusCode.FAILED_PRECONDITION),  # pip install 'millwheel[spark]'
     (StoreError, grpc.StatusCode.UNAVAILABLE),
     (UnavailableError, grpc.StatusCode.UNAVAILABLE),
     (LogTrimmedError, grpc.StatusCode.OUT_OF_RANGE),  # a log position removed by retention

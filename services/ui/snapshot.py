@@ -75,7 +75,10 @@ class Snapshotter:
         self._thread.start()
 
     def stop(self) -> None:
+        """Stop refreshing; returns once no refresh runs (the store may then close)."""
         self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=10.0)
 
     def _loop(self) -> None:
         took = 0.0
@@ -156,8 +159,10 @@ class Snapshotter:
                 "token": owner[1], "outbox": outbox, "backpressure_s_total": waited or 0.0,
                 **rates.get(node, _no_rates())}
             self.history.add("outbox", node, t, outbox)
+        # Liveness first: a worker that drained and exited keeps its draining flag.
         worker_rows = [{"id": w[0], "address": w[1], "metrics": w[2],
-                        "state": "draining" if w[4] else "alive" if w[3] else "dead" if leading else "unknown",
+                        "state": (("draining" if w[4] else "alive") if w[3]
+                                  else "dead" if leading else "unknown"),
                         "last_heartbeat_s": round(w[5], 2),
                         "ranges": sorted(f"{n}/{r}" for (n, r), o in units.items() if o[0] == w[0])}
                        for w in sorted(workers)]

@@ -33,7 +33,7 @@ from collections import OrderedDict
 import grpc
 
 from millwheel.clock import SystemClock
-from millwheel.errors import FencedError, PermissionDeniedError
+from millwheel.errors import FencedError, MissingDependencyError, PermissionDeniedError
 from millwheel.importing import AllowList
 from millwheel.operators import build_computation
 from millwheel.record import MIN_TIMESTAMP
@@ -308,10 +308,13 @@ class WorkerProcess(Receiver, Sender):
         if node.startswith("injector:"):
             owned = OwnedRange(node, range_id, token, self.store)
         elif any(c.name == node for c in self.topology.computations):
+            # Refused when our --allow-code is narrower than the controller's, or for a Spark
+            # stage where pyspark is not installed.
             try:
                 rw = self._new_range_worker(node, range_id, token)
-            except PermissionDeniedError as exc:  # our --allow-code is narrower than the controller's
-                self._refused(node, str(exc))
+            except (PermissionDeniedError, MissingDependencyError) as exc:
+                self._refused(node, str(exc) if isinstance(exc, MissingDependencyError) else
+                              f"{exc} (this worker's --allow-code: {self.allow_code.describe()})")
                 return  # the range stays untaken here; the other ranges go on
             owned = OwnedRange(node, range_id, token, self.store, worker=rw)
         else:
@@ -328,8 +331,7 @@ class WorkerProcess(Receiver, Sender):
         last = self._refused_at.get((node, reason))
         if last is None or now - last >= 60.0:
             self._refused_at[(node, reason)] = now
-            log.warning("not taking ranges of computation %r: %s (this worker's --allow-code: %s)",
-                        node, reason, self.allow_code.describe())
+            log.warning("not taking ranges of computation %r: %s", node, reason)
 
     def _drop(self, owned: OwnedRange, reason: str) -> None:
         owned.dropped = True  # without the lock: a batch may hold it (its writes are fenced)

@@ -3,7 +3,9 @@ first, then the wheel from the sdist, as ``python -m build`` does), installed in
 fresh virtual environment, used only through its ``millwheel`` command.
 
 The build generates the gRPC stubs itself (no script), and the service layer installs
-as ``millwheel_service`` (no top-level ``services`` package in site-packages).
+as ``millwheel_service`` (no top-level ``services`` package in site-packages). The wheel
+is installed without extras, so pyspark (the optional ``spark`` extra, ~500 MB) is not
+there: everything but Spark stages works, and those say how to install it.
 """
 
 from __future__ import annotations
@@ -27,6 +29,18 @@ IGNORE = shutil.ignore_patterns(".venv", ".git", "__pycache__", "generated", "bu
                                 ".mypy_cache", ".ruff_cache", ".pytest_cache", ".hypothesis", "bench",
                                 "millwheel-data", "*.db*")
 
+SPARK_PIPELINE = """
+injectors:
+  - {name: clicks, stream: clicks, file: clicks.jsonl}
+log_streams: [clicks]
+computations:
+  - name: counts
+    inputs: [{stream: clicks, key: "json:user"}]
+    outputs: [counts]
+    code: {name: spark_aggregate, params: {size_us: 10000000, aggregation: count}}
+"""
+SPARK_HINT = "pip install 'millwheel[spark]'"
+
 PIPELINE = """
 injectors:
   - {name: clicks, stream: clicks}
@@ -45,8 +59,9 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     src = tmp / "src"
     shutil.copytree(ROOT, src, ignore=IGNORE)
     assert not (src / "services" / "generated").exists()  # the build must make the stubs
-    subprocess.run([sys.executable, "-m", "build", "--no-isolation", "--outdir", str(tmp / "dist"), str(src)],
-                   check=True, capture_output=True, timeout=300)
+    built = subprocess.run([sys.executable, "-m", "build", "--no-isolation", "--outdir", str(tmp / "dist"),
+                            str(src)], check=True, capture_output=True, text=True, timeout=300)
+    (tmp / "build.log").write_text(built.stdout + built.stderr)
     wheels = list((tmp / "dist").glob("millwheel-*.whl"))
     assert len(wheels) == 1 and list((tmp / "dist").glob("millwheel-*.tar.gz"))
     subprocess.run([sys.executable, "-m", "venv", str(tmp / "venv")], check=True, timeout=120, env=_env())
@@ -71,6 +86,14 @@ def test_the_wheel_has_stubs_and_no_top_level_services(installed: Path) -> None:
     assert not (site / "services").exists()
 
 
+def test_the_build_prints_no_warning_wall(installed: Path) -> None:
+    """setuptools printed a page-long warning about millwheel_service.ui.static (a folder
+    of console files it could import but was not told to ship)."""
+    log = (installed.parent.parent / "build.log").read_text()
+    assert "Package would be ignored" not in log and "absent from the `packages`" not in log, log[-3000:]
+    assert not [line for line in log.splitlines() if "*" * 20 in line], "a boxed setuptools warning"
+
+
 def test_help_and_version(installed: Path, tmp_path: Path) -> None:
     out = run(installed, "--help", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
@@ -81,10 +104,34 @@ def test_help_and_version(installed: Path, tmp_path: Path) -> None:
 
 
 def test_demo_from_the_install(installed: Path, tmp_path: Path) -> None:
-    out = run(installed, "demo", "zeitgeist", "--records", "20000", "--json", cwd=tmp_path, timeout=300)
+    out = run(installed, "demo", "zeitgeist", "--records", "5000", "--keys", "3", "--json", cwd=tmp_path,
+              timeout=300)
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
-    assert report["recall"] == 1.0
+    assert report["planted"] and report["recall"] == 1.0  # 3 keys: busy enough to plant in
+
+
+def test_a_plain_install_has_no_pyspark(installed: Path, tmp_path: Path) -> None:
+    probe = subprocess.run([str(installed / "python"), "-c", "import pyspark"], cwd=tmp_path, env=_env(),
+                           capture_output=True, text=True, timeout=60)
+    assert probe.returncode != 0 and "No module named 'pyspark'" in probe.stderr
+
+
+def test_spark_stages_say_how_to_install_pyspark(installed: Path, tmp_path: Path) -> None:
+    (tmp_path / "spark.yaml").write_text(SPARK_PIPELINE)
+    (tmp_path / "clicks.jsonl").write_text(
+        "".join(json.dumps({"key": f"c{i}", "value": {"user": "ann"}, "timestamp": 1_700_000_000_000_000 + i})
+                + "\n" for i in range(3)))
+    store = f"sqlite:///{tmp_path / 'spark.db'}"
+    for args in (("run", "spark.yaml", "--store", store, "--quiet"),
+                 ("demo", "zeitgeist", "--spark", "--records", "1000"),
+                 ("backfill", "counts", "--from", "0", "--to", "1800000000000000", "--spec", "spark.yaml",
+                  "--store", store)):
+        out = run(installed, *args, cwd=tmp_path, timeout=120)
+        assert out.returncode == 2, (args, out.stdout, out.stderr)
+        assert "Traceback" not in out.stderr, out.stderr
+        last = out.stderr.strip().splitlines()[-1]
+        assert last.startswith("millwheel: error: ") and "pyspark" in last and SPARK_HINT in last, (args, last)
 
 
 def test_service_round_trip_from_the_install(installed: Path, tmp_path: Path) -> None:

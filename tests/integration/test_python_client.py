@@ -11,7 +11,8 @@ import pytest
 
 import millwheel
 from millwheel.errors import AlreadyExistsError, NotFoundError
-from millwheel.record import MAX_TIMESTAMP
+from millwheel.queries import KeyState, NodeWatermark
+from millwheel.record import MAX_TIMESTAMP, Timer
 from millwheel.topology import Topology
 from services.client import ControllerClient
 from services.generated import millwheel_pb2 as pb
@@ -46,6 +47,12 @@ def test_register_inject_subscribe_with_core_types(tmp_path: Path) -> None:
                 [c.name for c in topology.computations] + ["injector:events"])
             some_key = got[0][0]
             assert mw.state("totals", some_key).exists
+            # Core types come out (the README's promise), not protocol messages.
+            wms = mw.watermarks()
+            assert all(type(w) is NodeWatermark and w.done for w in wms)
+            state = mw.state("totals", some_key)
+            assert type(state) is KeyState and (state.computation, state.key) == ("totals", some_key)
+            assert isinstance(state.state, bytes) and all(type(t) is Timer for t in state.timers)
             assert some_key in set(mw.keys("totals"))
             with pytest.raises(NotFoundError) as missing:
                 mw.state("nope", "k")

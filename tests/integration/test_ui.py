@@ -240,3 +240,37 @@ def test_a_narrow_window_stacks_the_panels_without_page_scrolling(
         assert t.errors == [], f"browser console errors: {t.errors}"
     finally:
         t.context.close()
+
+
+# Every node's label: its text, its rect's width and the width the text takes.
+LABELS_JS = """
+() => [...document.querySelectorAll('#graph g.node')].map((g) => ({
+  name: g.dataset.name, text: g.querySelector('text').textContent,
+  box: g.querySelector('rect').getBBox().width, used: g.querySelector('text').getComputedTextLength()}))
+"""
+
+
+def test_labels_clock_and_sparkline_values_read_whole(tab: Page, console: Console) -> None:
+    """Labels were cut at 17 characters ('by_user.dead_le…'), the clock was 12-hour
+    local time while everything else is UTC, and sparklines had no values."""
+    console.inject([Record("poison-7", b"<not json>", max(r.timestamp for r in console.injected), "poison-7")])
+    tab.login(console, console.token)
+    tab.page.locator("#graph g.node[data-name='by_user.dead_letters']").wait_for(timeout=30_000)
+    labels = tab.page.evaluate(LABELS_JS)
+    assert labels and all(n["text"] == n["name"] and n["used"] <= n["box"] - 4 for n in labels), labels
+
+    updated = tab.text("#updated")
+    m = re.fullmatch(r"updated (\d\d):(\d\d):(\d\d) UTC", updated)
+    assert m, updated
+    now = datetime.now(UTC)
+    shown = now.replace(hour=int(m.group(1)), minute=int(m.group(2)), second=int(m.group(3)), microsecond=0)
+    assert abs((now - shown).total_seconds()) < 30 or abs((now - shown).total_seconds()) > 86_370  # midnight
+
+    tab.select("counts")
+    values = tab.page.locator("#lag-spark .spark-values")
+    values.filter(has_text="now ").wait_for()
+    text = values.inner_text()
+    parts = re.fullmatch(r"now ([\d.]+) (s|min|h|d) · min ([\d.]+) \2?.*max ([\d.]+) .*", text)
+    assert parts, text
+    rate = tab.text("#rate-spark .spark-values")
+    assert re.fullmatch(r"now [\d.–]+/s · min [\d.–]+/s · max [\d.–]+/s( · last .*)?", rate), rate

@@ -296,6 +296,7 @@ def test_k8s_network_policy_admits_only_cluster_and_prometheus_traffic() -> None
     assert peers(ctl, "cluster") == {"worker"}  # heartbeats: no client reaches them
     assert peers(wk, "grpc") == {"controller", "worker"}
     assert peers(redis, "redis") == {"controller", "worker"}
+    assert peers(ctl, "console") == {"millwheel.io/client=true"}
     for pod in (ctl, wk):
         assert peers(pod, "metrics") == {prometheus}
         assert peers(pod, "health") == {"anyone"}
@@ -311,7 +312,7 @@ def test_k8s_network_policy_admits_only_cluster_and_prometheus_traffic() -> None
 def test_dockerfile_runs_millwheel_as_non_root() -> None:
     text = (DEPLOY / "Dockerfile").read_text()
     assert re.search(r"^FROM python:3\.11-slim", text, re.M)
-    assert "openjdk-17-jre-headless" in text and "pip install ." in text
+    assert "openjdk-17-jre-headless" in text and re.search(r'pip install "?\.\[spark\]', text)
     user = re.findall(r"^USER (\S+)", text, re.M)
     assert user and user[-1] not in ("root", "0")
     entry = dockerfile_instruction("ENTRYPOINT")
@@ -320,6 +321,33 @@ def test_dockerfile_runs_millwheel_as_non_root() -> None:
     exposed = {int(p) for line in re.findall(r"^EXPOSE (.+)$", text, re.M) for p in line.split()}
     for _wl, c, _args in millwheel_containers():
         assert {p["containerPort"] for p in c["ports"]} <= exposed
+
+
+def test_the_console_is_on_a_fixed_exposed_port_in_k8s_and_the_image() -> None:
+    """A newcomer must be able to reach the console: a fixed port, exposed by the image,
+    a container port, a Service, and a network policy rule (checked above)."""
+    text = (DEPLOY / "Dockerfile").read_text()
+    exposed = {int(p) for line in re.findall(r"^EXPOSE (.+)$", text, re.M) for p in line.split()}
+    cmd = parse_cli(dockerfile_instruction("CMD"), "Dockerfile CMD")
+    assert cmd.command == "up" and cmd.ui_port > 0 and cmd.ui_port in exposed, \
+        "the image's default command must put the console on a known, exposed port"
+    _wl, ctl, args = next(x for x in millwheel_containers() if x[2].command == "controller")
+    assert args.ui_port > 0 and named_port(ctl, "console") == args.ui_port and args.ui_port in exposed
+    assert args.auth_token_file, "the console logs in with the client token"
+    consoles = [d for d in k8s_docs() if d["kind"] == "Service"
+                and any(p["targetPort"] == "console" for p in d["spec"]["ports"])]
+    assert len(consoles) == 1 and consoles[0]["spec"].get("sessionAffinity") == "ClientIP", \
+        "a login is a session of one replica: a client must stick to it"
+
+
+def test_the_image_tag_is_the_package_version() -> None:
+    from millwheel import __version__
+
+    (image,) = [i for i in kustomization()["images"] if i["name"] == MILLWHEEL_IMAGE]
+    assert image["newTag"] == __version__
+    for path in (DEPLOY / "Dockerfile", DEPLOY / "README.md", DEPLOY.parent / "README.md"):
+        for tag in re.findall(r"\bmillwheel:(\d[\w.]*\d)", path.read_text()):
+            assert tag == __version__, f"{path.name} names the image millwheel:{tag}, the package is {__version__}"
 
 
 # -- supervisord ------------------------------------------------------------------------------

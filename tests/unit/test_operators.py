@@ -103,5 +103,6 @@ def test_a_failing_expression_names_the_record(tmp_path: Path) -> None:
             Options(key_ranges=2, on_error=ErrorPolicy.FAIL))
     out = run(tmp_path / "dl", CodeRef("filter", {"expr": "json['missing'] > 1"}), values(1))
     [letter] = [json.loads(r.value) for r in out["op.dead_letters"]]  # the default: dead letter
-    assert (letter["record_id"], letter["exception_type"]) == ("r0", "InvalidSpecError")
+    # the expression's own error, as Python code would raise it (not an invalid spec)
+    assert (letter["record_id"], letter["exception_type"]) == ("r0", "KeyError")
     assert "json['missing'] > 1" in letter["message"]

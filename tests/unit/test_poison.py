@@ -113,6 +113,17 @@ def test_a_poison_record_is_dead_lettered_once_and_the_rest_equals_a_run_without
     assert [(e["record_id"], e["attempts"], e["outcome"]) for e in recent] == [("r11", 3, "dead_letter")]
 
 
+def test_a_failing_expression_is_recorded_under_its_own_error(tmp_path: Path) -> None:
+    """A filter expression is the user's code: 1 / 0 on one record's data is a
+    ZeroDivisionError (as in Python code), not an invalid spec."""
+    filt = CodeRef("filter", {"expr": "100 / (json['amount'] - 5) > 0"})
+    store = run(tmp_path / "a.db", topology(filt, outputs=("kept",)), amounts(8))
+    [letter] = letters(store)
+    assert letter["record_id"] == "r5" and letter["exception_type"] == "ZeroDivisionError"
+    assert letter["message"] == "filter expr \"100 / (json['amount'] - 5) > 0\" failed on record r5: division by zero"
+    assert sorted(json.loads(r[1])["amount"] for r in log_of(store, "kept")) == [6, 7]
+
+
 def test_a_non_utf8_value_is_kept_in_base64(tmp_path: Path) -> None:
     records = [*amounts(5), Record("k9", b"\xff\xfe", 7 * S, "bin")]
     store = run(tmp_path / "a.db", topology(), records)

@@ -62,8 +62,12 @@
   }
 
   // -- topology graph ---------------------------------------------------------------
+  // Node width: the longest name whole (about 7 px a character at the graph's font size),
+  // at least 120 px; a name over LABEL_MAX characters is cut (its tooltip has it whole).
+  const LABEL_MAX = 40;
   function drawGraph(graph) {
-    const W = 120, H = 30, GX = 34, GY = 14;
+    const longest = Math.min(LABEL_MAX, Math.max(0, ...graph.nodes.map((n) => n.name.length)));
+    const W = Math.max(120, Math.ceil(longest * 7.2) + 20), H = 30, GX = 34, GY = 14;
     const layers = {};
     for (const n of graph.nodes) (layers[n.layer] = layers[n.layer] || []).push(n);
     const keys = Object.keys(layers).map(Number).sort((a, b) => a - b);
@@ -93,7 +97,7 @@
       const p = pos[n.id];
       const g = svg("g", { class: `node ${n.kind} ${n.health}`, transform: `translate(${p.x},${p.y})`, "data-name": n.name, "data-kind": n.kind });
       g.appendChild(svg("rect", { width: W, height: H, rx: n.kind === "computation" ? 6 : 16 }));
-      const label = n.name.length > 17 ? n.name.slice(0, 16) + "…" : n.name;
+      const label = n.name.length > LABEL_MAX ? n.name.slice(0, LABEL_MAX - 1) + "…" : n.name;
       g.appendChild(svg("text", { x: W / 2, y: H / 2 + 4, "text-anchor": "middle" }, label));
       g.appendChild(svg("title", {}, `${n.kind} ${n.name}: ${n.health}`));
       if (n.kind === "computation") g.addEventListener("click", () => select(n.name));
@@ -103,19 +107,29 @@
   }
 
   // -- sparklines -------------------------------------------------------------------
-  function sparkline(target, points) {
+  // The line, and under it its values in words: now, lowest, highest, and over how long.
+  function sparkline(target, points, fmt) {
     const W = 300, H = 60;
     const root = svg("svg", { viewBox: `0 0 ${W} ${H}`, preserveAspectRatio: "none" });
+    let values = "no data yet";
+    if (points.length >= 1) {
+      const vs = points.map((p) => p[1]);
+      const span = points[points.length - 1][0] - points[0][0];
+      values = `now ${fmt(vs[vs.length - 1])} · min ${fmt(Math.min(...vs))} · max ${fmt(Math.max(...vs))}` +
+        (span > 0 ? ` · last ${fmtSecs(span)}` : "");
+    }
     if (points.length >= 2) {
       const t0 = points[0][0], t1 = points[points.length - 1][0];
       const vs = points.map((p) => p[1]);
-      const lo = Math.min(...vs), hi = Math.max(...vs);
+      // From 0 (both series are never negative): a flat lag must look flat, not be
+      // stretched to the full height by a difference of milliseconds.
+      const lo = Math.min(0, ...vs), hi = Math.max(...vs);
       const xs = (t) => (t1 === t0 ? 0 : ((t - t0) / (t1 - t0)) * (W - 4) + 2);
       const ys = (v) => (hi === lo ? H / 2 : H - 4 - ((v - lo) / (hi - lo)) * (H - 8));
       root.appendChild(svg("polyline", { points: points.map((p) => `${xs(p[0]).toFixed(1)},${ys(p[1]).toFixed(1)}`).join(" ") }));
       root.appendChild(svg("title", {}, `min ${lo.toFixed(2)}, max ${hi.toFixed(2)}, now ${vs[vs.length - 1].toFixed(2)}`));
     }
-    target.replaceChildren(root);
+    target.replaceChildren(root, el("div", { class: "spark-values" }, values));
   }
 
   // -- panels ------------------------------------------------------------------------
@@ -152,8 +166,8 @@
     $("checkpoints").textContent = c.checkpoints_per_s === null ? "" : `${fmtRate(c.checkpoints_per_s)} checkpoints/s` + (c.checkpoint_ms === null ? "" : `, ${c.checkpoint_ms.toFixed(1)} ms each`);
     $("err-counts").textContent = `${c.dead_lettered} · ${c.skipped} · ${c.late_dropped}`;
     $("backpressure").textContent = c.backpressure.map((b) => `injector ${b.injector}: outbox ${b.outbox}, waited ${b.backpressure_s_total.toFixed(1)} s`).join("; ");
-    sparkline($("lag-spark"), c.history.lag);
-    sparkline($("rate-spark"), c.history.in);
+    sparkline($("lag-spark"), c.history.lag, (v) => fmtSecs(v));
+    sparkline($("rate-spark"), c.history.in, (v) => fmtRate(v) + "/s");
     const errs = [...c.retrying, ...c.recent_errors];
     fillRows($("errors"), errs.map((e) => [e.time ? new Date(e.time / 1000).toISOString().slice(11, 23) : "", e.record_id ? `${e.key} (record ${e.record_id})` : e.key, `${e.type}: ${e.message}`, `${e.outcome}${e.attempts ? " after " + e.attempts + " attempt(s)" : ""}`]));
     $("errors-none").hidden = errs.length > 0;
@@ -218,7 +232,7 @@
         (o.leading ? `${o.workers.alive}/${o.workers.total} workers alive`
           : `${o.workers.total} workers (liveness known to the leader ${o.leader || "(none elected)"}; this controller stands by)`) +
         (bad ? `, ${bad} not ok` : "");
-      $("updated").textContent = "updated " + new Date().toLocaleTimeString();
+      $("updated").textContent = "updated " + new Date().toISOString().slice(11, 19) + " UTC";  // as every time here
       drawGraph(o.graph);
       const names = o.computations.map((c) => c.name).sort();
       if (selected === null || !names.includes(selected)) {
@@ -230,7 +244,7 @@
         await refreshComputation();
       }
       const w = await api("/api/v1/workers");
-      fillRows($("workers"), w.workers.map((x) => [x.id, x.address, x.state, x.last_heartbeat_s.toFixed(1) + " s ago", x.ranges.join(" ")]));
+      fillRows($("workers"), w.workers.map((x) => [x.id, x.address, x.state, Math.max(0, x.last_heartbeat_s).toFixed(1) + " s ago", x.ranges.join(" ")]));
       await refreshRecords(o.logged_streams);
     } catch (e) {
       if (e.message !== "unauthorized") { $("fatal").hidden = false; $("fatal").textContent = "cannot reach the console API: " + e.message; }
