@@ -31,6 +31,15 @@ MAX_INJECTORS = 1000  #: injectors in one topology
 MAX_LOG_STREAMS = 1024  #: streams logged although consumed (``log_streams``)
 MAX_KEY_EXTRACTOR_CHARS = 256
 MAX_WINDOWS_PER_RECORD = 1000  #: size_us / period_us of a sliding window
+#: Every duration a spec gives (window size and period, allowed lateness, record-ID
+#: retention, state TTL), microseconds: a century. With event times within +-2^62
+#: (:data:`millwheel.record.MAX_TIMESTAMP`), everything derived from them (a window's
+#: end plus its lateness, now plus a TTL, now minus a retention) stays well inside an
+#: int64, which is what the stores keep (a SQLite INTEGER; larger values failed every
+#: checkpoint of the range).
+MAX_DURATION_US = 100 * 365 * 86_400 * 1_000_000
+#: The times a timer may be set for (user code's ``ctx.set_timer``): an int64.
+MIN_TIMER_TIME, MAX_TIMER_TIME = -(2**63), 2**63 - 1
 
 
 def check_name(name: object, what: str) -> None:
