@@ -2,7 +2,8 @@
 
 * :func:`error_info` fills ``ComputationInfo``'s error fields from what the error
   policy (:mod:`millwheel.runtime.poison`) keeps per range in the store: durable
-  counts, the last given-up errors and the items being retried now.
+  counts, the last given-up errors and the items being retried now; and the ranges
+  failing as a whole, as their owners report them.
 * :class:`Replayer` hands a computation's dead letters back to that computation only
   (not to the other consumers of its input streams), after its code was fixed.
   Exactly once: each replayed record's ID is derived from its dead letter's, so a
@@ -18,7 +19,7 @@ import time
 from collections import defaultdict
 from concurrent.futures import TimeoutError as FutureTimeout
 from contextlib import AbstractContextManager
-from typing import Any, Protocol
+from typing import Any, Protocol, Sequence
 
 from millwheel.errors import NotFoundError
 from millwheel.keys import key_range
@@ -52,8 +53,10 @@ def _error_proto(raw: bytes, range_id: int, attempts: int | None = None, outcome
         outcome=outcome or str(e.get("outcome", "")))
 
 
-def error_info(store: StateStore, spec: ComputationSpec) -> dict[str, Any]:
-    """``ComputationInfo`` fields 5-9 for ``spec``, summed over its ranges."""
+def error_info(store: StateStore, spec: ComputationSpec,
+               failing_ranges: Sequence[pb.RangeFailure] = ()) -> dict[str, Any]:
+    """``ComputationInfo`` fields 5-10 for ``spec``, summed over its ranges; the ranges
+    failing as a whole are what their owners report (services/controller/failing.py)."""
     counters: dict[str, int] = defaultdict(int)
     recent: list[pb.ErrorInfo] = []
     retrying: list[pb.ErrorInfo] = []
@@ -66,7 +69,8 @@ def error_info(store: StateStore, spec: ComputationSpec) -> dict[str, Any]:
         retrying += [_error_proto(err, r, n, failing) for _item, (n, err) in sorted(report.attempts.items())]
     recent.sort(key=lambda e: -e.time)
     return {"dead_lettered": counters["dead_lettered"], "skipped": counters["skipped"],
-            "late_dropped": counters["late_dropped"], "recent_errors": recent[:20], "retrying": retrying}
+            "late_dropped": counters["late_dropped"], "recent_errors": recent[:20], "retrying": retrying,
+            "failing_ranges": list(failing_ranges)}
 
 
 class ReplayHost(Protocol):
