@@ -119,6 +119,7 @@ def test_code_that_fails_to_build_is_failing_visible_and_blocks_no_other_range(t
                  "a-broken's ranges to go")
         canary.round()
         all_alive(cluster, 2)
+        print(f"canary rounds (s): {[round(t, 2) for t in canary.seconds]}")
     finally:
         cluster.stop()
 
@@ -186,6 +187,7 @@ def test_a_range_whose_checkpoints_keep_failing_does_not_stall_its_injectors_oth
             wait_for(lambda: not cluster.client.describe("bad").failing_ranges, 30, "bad to recover")
             canary.round()
             all_alive(cluster, 2)
+            print(f"canary rounds (s): {[round(t, 2) for t in canary.seconds]}")
         finally:
             cluster.stop()
             raw.close()

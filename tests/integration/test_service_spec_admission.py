@@ -97,5 +97,6 @@ def test_specs_no_worker_could_run_are_refused_and_change_nothing(tmp_path: Path
         assert {c.spec.name for c in cluster.client.computations().computations} == {COMPUTATION, "f", "w"}
         for i in range(2):
             assert "Traceback" not in cluster.log(f"worker{i}"), cluster.log(f"worker{i}")[-3000:]
+        print(f"canary rounds (s): {[round(t, 2) for t in canary.seconds]}")
     finally:
         cluster.stop()
