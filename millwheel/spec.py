@@ -21,7 +21,7 @@ from typing import Any, Mapping
 
 from millwheel.errors import InvalidSpecError
 from millwheel.keys import KeyExtractor
-from millwheel.limits import check_name
+from millwheel.limits import MAX_DURATION_US, check_name
 from millwheel.topology import (
     CodeRef,
     ComputationSpec,
@@ -131,6 +131,10 @@ def topology_from_dict(data: Mapping[str, Any]) -> Topology:
         unknown = set(inj) - {"name", "stream", "file", "max_disorder_us"}
         if unknown:
             raise InvalidSpecError(f"injectors[{i}]: unknown fields {sorted(unknown)}")
+        disorder = inj.get("max_disorder_us", 0)  # the watermark is the newest time minus it
+        if isinstance(disorder, bool) or not isinstance(disorder, int) or not 0 <= disorder <= MAX_DURATION_US:
+            raise InvalidSpecError(f"injectors[{i}].max_disorder_us: must be an integer 0..{MAX_DURATION_US} "
+                                   f"(microseconds: at most a century), got {disorder!r}")
         injectors.append(InjectorSpec(str(inj["name"]), str(inj["stream"])))
     log_streams = tuple(str(s) for s in _list(data.get("log_streams", []), "log_streams"))
     topology = Topology(comps, tuple(injectors), log_streams)

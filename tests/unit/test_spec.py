@@ -66,6 +66,14 @@ def test_malformed_specs_name_the_computation_and_field(change: dict[str, object
         computation_from_dict(bad)
 
 
+def test_an_injector_disorder_bound_is_bounded_too() -> None:
+    for bad in (10**30, -1, "5", True):
+        with pytest.raises(InvalidSpecError, match=r"injectors\[0\]\.max_disorder_us: must be an integer "
+                                                   r"0\.\.3153600000000000"):
+            topology_from_dict({"computations": [GOOD], "injectors": [
+                {"name": "queries", "stream": "queries", "max_disorder_us": bad}]})
+
+
 def test_topology_errors() -> None:
     with pytest.raises(InvalidSpecError, match="input stream 'nowhere' is produced by no computation or injector"):
         topology_from_dict({"computations": [{**GOOD, "inputs": ["nowhere"]}]})
