@@ -323,8 +323,8 @@ class WorkerProcess(Receiver, Sender):
             self._refused(node, str(exc))
             self.failures.failed(unit, "refused", exc, quiet=True)
             return
-        except Exception as exc:  # noqa: BLE001 - its code or its store: the range's failure
-            self.failures.failed(unit, "build", exc)
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 - its code or its store: the range's
+            self.failures.failed(unit, "build", exc)  # failure (sys.exit() in a constructor too)
             return
         self.failures.succeeded(unit)
         with self._units_lock:

@@ -74,7 +74,8 @@ def test_code_that_fails_to_build_is_failing_visible_and_blocks_no_other_range(t
         cluster.start_worker()
         # Registered first, and sorting before everything registered after it.
         cluster.client.register_topology(
-            [comp("a-broken", "broken-in", f"{CODE}:FailsToBuild", ["broken-out"], {"dsn": "x"})],
+            [comp("a-broken", "broken-in", f"{CODE}:FailsToBuild", ["broken-out"], {"dsn": "x"}),
+             comp("a-exits", "broken-in", f"{CODE}:ExitsWhenBuilt", ["exits-out"], key_ranges=1)],
             [("broken", "broken-in")])
         canary = Canary(cluster.client)
         canary.register()
@@ -88,6 +89,9 @@ def test_code_that_fails_to_build_is_failing_visible_and_blocks_no_other_range(t
         for f in failing():
             assert f.stage == "build" and BROKEN_MESSAGE in f.message, f
             assert f.exception_type == "RuntimeError" and f.worker_id and f.attempts >= 1, f
+        wait_for(lambda: cluster.client.describe("a-exits").failing_ranges, 20, "a-exits to show as failing")
+        (exits,) = cluster.client.describe("a-exits").failing_ranges
+        assert exits.stage == "build" and exits.exception_type == "SystemExit", exits
         broken = [r for r in cluster.client.status().ranges if r.node == "a-broken"]
         assert len(broken) == 2 and all(r.failure.stage == "build" for r in broken), broken
         assert all(BROKEN_MESSAGE in r.failure.message for r in broken)
@@ -115,6 +119,7 @@ def test_code_that_fails_to_build_is_failing_visible_and_blocks_no_other_range(t
 
         # Unregistered, it is gone, and nothing else noticed.
         cluster.client.unregister("a-broken")
+        cluster.client.unregister("a-exits")
         wait_for(lambda: not any(r.node == "a-broken" for r in cluster.client.status().ranges), 10,
                  "a-broken's ranges to go")
         canary.round()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os  # noqa: F401 - reachable through this module: what the allow-list must refuse
 import subprocess  # noqa: F401
+import sys
 from os import system  # noqa: F401 - a re-export: defined in posix, not here
 
 from millwheel.computation import Computation, Context
@@ -29,6 +30,14 @@ class FailsToBuild(Computation):
 
     def process_timer(self, ctx: Context, timer: Timer) -> None:  # pragma: no cover
         raise AssertionError("never built")
+
+
+class ExitsWhenBuilt(FailsToBuild):
+    """Calls ``sys.exit()`` in its constructor: it must cost its ranges, not the
+    worker's heartbeat thread."""
+
+    def __init__(self, **params: object) -> None:
+        sys.exit(3)
 
 
 class PassThrough(Computation):
