@@ -5,11 +5,20 @@ Validation never comes here: a spec is checked from its data alone
 is about to run the code imports it, and a service worker does so only for modules its
 allow-list (``--allow-code 'mypkg.*,otherpkg.mod'``) names. ``allow=None`` allows
 everything: ``millwheel run`` runs the user's own code on the user's own machine.
+
+The allow-list is checked twice: on the module named in the path before it is
+imported, and on the object the path resolves to before anything can call it. An
+allowed module also holds whatever it imported (``mypkg.mod:subprocess.Popen``,
+``mypkg.mod:os.system``, ``system`` after ``from os import system``), so the object
+itself must be a class or function whose own defining module (``__module__``) is
+allowed; builtins, instances, partials and other callables are refused
+(:meth:`AllowList.check_object`).
 """
 
 from __future__ import annotations
 
 import importlib
+import inspect
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -70,9 +79,31 @@ class AllowList:
                 f"{what} {path!r}: module {module!r} is not in this deployment's code "
                 f"allow-list (--allow-code: {self.describe()})")
 
+    def check_object(self, obj: Any, path: str, what: str) -> None:
+        """PermissionDeniedError unless ``obj`` (what ``path`` resolved to) is a class or
+        a function defined in an allowed module: its own ``__module__``, not the module
+        it was reached through, and never ``builtins``."""
+        kind = "class" if inspect.isclass(obj) else "function" if (
+            inspect.isfunction(obj) or inspect.isbuiltin(obj)) else None
+        defined_in = getattr(obj, "__module__", None) if kind is not None else None
+        if kind is None:
+            problem = f"it is {_a(type(obj).__name__)}, not a class or function"
+        elif not isinstance(defined_in, str) or not defined_in:
+            problem = f"the {kind} names no defining module"
+        elif defined_in == "builtins":
+            problem = f"the {kind} is a Python builtin"
+        elif not self.allows(defined_in):
+            problem = f"the {kind} is defined in module {defined_in!r}, not in the allow-list"
+        else:
+            return
+        raise PermissionDeniedError(
+            f"{what} {path!r}: {problem}: only classes and functions defined in an allowed "
+            f"module may run (--allow-code: {self.describe()})")
+
 
 def import_object(path: str, *, what: str = "object", allow: AllowList | None = None) -> Any:
-    """Import ``pkg.module:attribute``; with ``allow``, only from an allowed module."""
+    """Import ``pkg.module:attribute``; with ``allow``, only from an allowed module and
+    only a class or function defined in one (checked before anything is called)."""
     if allow is not None:
         allow.check(path, what)
     module_name, sep, attr = path.partition(":")
@@ -90,4 +121,10 @@ def import_object(path: str, *, what: str = "object", allow: AllowList | None = 
             raise InvalidSpecError(
                 f"{what} {path!r}: module {module_name!r} has no attribute {attr!r}"
             ) from None
+    if allow is not None:
+        allow.check_object(obj, path, what)
     return obj
+
+
+def _a(noun: str) -> str:
+    return f"an {noun}" if noun[:1] in "aeiou" else f"a {noun}"

@@ -40,6 +40,15 @@ MIN_LOG_RETENTION_US = 1_000_000
 MAX_LOG_RETENTION_US = 100 * 365 * 86_400 * 1_000_000
 MIN_LOG_RETENTION_BYTES = 1024
 MAX_LOG_RETENTION_BYTES = 1 << 50
+#: Every duration a spec gives (window size and period, allowed lateness, record-ID
+#: retention, state TTL), microseconds: a century. With event times within +-2^62
+#: (:data:`millwheel.record.MAX_TIMESTAMP`), everything derived from them (a window's
+#: end plus its lateness, now plus a TTL, now minus a retention) stays well inside an
+#: int64, which is what the stores keep (a SQLite INTEGER; larger values failed every
+#: checkpoint of the range).
+MAX_DURATION_US = 100 * 365 * 86_400 * 1_000_000
+#: The times a timer may be set for (user code's ``ctx.set_timer``): an int64.
+MIN_TIMER_TIME, MAX_TIMER_TIME = -(2**63), 2**63 - 1
 
 
 def check_name(name: object, what: str) -> None:

@@ -21,7 +21,7 @@ from typing import Any, Mapping
 
 from millwheel.errors import InvalidSpecError
 from millwheel.keys import KeyExtractor
-from millwheel.limits import MAX_PARAMS_DEPTH, check_name, check_params_depth
+from millwheel.limits import MAX_DURATION_US, MAX_PARAMS_DEPTH, check_name, check_params_depth
 from millwheel.topology import (
     CodeRef,
     ComputationSpec,
@@ -149,6 +149,10 @@ def spec_parts(data: Mapping[str, Any]) -> tuple[tuple[ComputationSpec, ...], tu
         unknown = set(inj) - set(INJECTOR_FIELDS)
         if unknown:
             raise InvalidSpecError(f"injectors[{i}]: unknown fields {sorted(unknown)}")
+        disorder = inj.get("max_disorder_us", 0)  # the watermark is the newest time minus it
+        if isinstance(disorder, bool) or not isinstance(disorder, int) or not 0 <= disorder <= MAX_DURATION_US:
+            raise InvalidSpecError(f"injectors[{i}].max_disorder_us: must be an integer 0..{MAX_DURATION_US} "
+                                   f"(microseconds: at most a century), got {disorder!r}")
         injectors.append(InjectorSpec(str(inj["name"]), str(inj["stream"])))
     log_streams = tuple(str(s) for s in _list(data.get("log_streams", []), "log_streams"))
     return comps, tuple(injectors), log_streams

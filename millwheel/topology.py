@@ -16,6 +16,7 @@ from millwheel.errors import InvalidSpecError
 from millwheel.keys import KeyExtractor
 from millwheel.limits import (
     MAX_COMPUTATIONS,
+    MAX_DURATION_US,
     MAX_INJECTORS,
     MAX_KEY_RANGES,
     MAX_LOG_RETENTION_BYTES,
@@ -49,7 +50,7 @@ class Productions(enum.StrEnum):
 
 
 MIN_STATE_TTL_US = 1_000  # 1 ms
-MAX_STATE_TTL_US = 100 * 365 * 86_400 * 1_000_000  # a century
+MAX_STATE_TTL_US = MAX_DURATION_US  # a century
 #: How long a logged stream keeps a record, and how many bytes of records it keeps, by
 #: default (millwheel.runtime.retention; docs/service.md, "Log retention"): a week, as
 #: Kafka's retention.ms, so a subscriber that was away over a weekend still resumes;
@@ -83,10 +84,12 @@ class Options:
             raise InvalidSpecError(
                 f"{where}.options.key_ranges: must be 1..{MAX_KEY_RANGES} (the limit of key "
                 f"ranges per computation), got {self.key_ranges}")
-        if self.allowed_lateness_us < 0:
-            raise InvalidSpecError(f"{where}: allowed_lateness_us must be >= 0")
-        if self.record_id_retention_us <= 0:
-            raise InvalidSpecError(f"{where}: record_id_retention_us must be > 0")
+        for name, low in (("allowed_lateness_us", 0), ("record_id_retention_us", 1)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= MAX_DURATION_US:
+                raise InvalidSpecError(
+                    f"{where}.options.{name}: must be an integer {low}..{MAX_DURATION_US} "
+                    f"(microseconds: at most a century), got {value!r}")
         if not 0 < self.max_batch_seconds <= 86_400:
             raise InvalidSpecError(
                 f"{where}: max_batch_seconds must be > 0 and <= 86400, got {self.max_batch_seconds}")

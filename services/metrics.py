@@ -180,7 +180,8 @@ class _ControllerCollector(Collector):
     def _families(self) -> tuple[GaugeMetricFamily, GaugeMetricFamily]:
         return (GaugeMetricFamily("millwheel_error_records", "Records whose user code failed, by "
                                   "outcome (dead_lettered, skipped, late_dropped: durable totals; "
-                                  "retrying: items being retried now)", labels=["computation", "outcome"]),
+                                  "retrying: items being retried now; failing_ranges: key ranges "
+                                  "that cannot run now)", labels=["computation", "outcome"]),
                 GaugeMetricFamily("millwheel_worker_up", "1 while the worker heartbeats, 0 once the "
                                   "controller declared it dead", labels=["worker"]))
 

@@ -2,23 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 from millwheel.computation import Computation
 from millwheel.errors import InvalidSpecError, MissingDependencyError
 from millwheel.importing import AllowList, import_object
-from millwheel.operators.aggregate import WindowedAggregate
-from millwheel.operators.schema import check_allowed, validate_spec
-from millwheel.operators.transform import Filter, Map
-from millwheel.spark import spark_aggregate
+from millwheel.operators.buildable import BUILTINS, bound_outputs
+from millwheel.operators.schema import check_allowed, import_paths, validate_spec
 from millwheel.topology import ComputationSpec
 
-BUILTINS: dict[str, Callable[..., Computation]] = {
-    "window_aggregate": WindowedAggregate,
-    "filter": Filter,
-    "map": Map,
-    "spark_aggregate": spark_aggregate,  # lazy: pyspark loads with the first Spark job
-}
+__all__ = ["BUILTINS", "build_computation"]
 
 
 def build_computation(spec: ComputationSpec, allow: AllowList | None = None) -> Computation:
@@ -26,11 +19,15 @@ def build_computation(spec: ComputationSpec, allow: AllowList | None = None) -> 
 
     The spec is first checked from its data (:func:`schema.validate_spec`, the checks
     the controller makes), then, with ``allow``, every import path in it against the
-    deployment's allow-list, and only then is anything imported."""
+    deployment's allow-list; only then is anything imported, and every object named
+    (code, ``function``, key extractors) is checked against the allow-list too
+    (:meth:`AllowList.check_object`) before anything is called."""
     where = f"computation {spec.name!r}"
     validate_spec(spec)
     if allow is not None:
         check_allowed(spec, allow)
+        for what, path in import_paths(spec):
+            import_object(path, what=what, allow=allow)
     name = spec.code.name
     params: dict[str, Any] = dict(spec.code.params)
     if spec.code.is_builtin:
@@ -54,7 +51,7 @@ def build_computation(spec: ComputationSpec, allow: AllowList | None = None) -> 
     bind = getattr(code, "bind_outputs", None)
     if bind is not None:
         try:
-            bind(spec.all_outputs() if not spec.options.late_stream else spec.outputs)
+            bind(bound_outputs(spec))
         except InvalidSpecError as exc:
             raise InvalidSpecError(f"{where}: {exc}") from None
     return code

@@ -21,8 +21,9 @@ from typing import Any, Mapping
 
 from millwheel.errors import InvalidSpecError
 from millwheel.importing import AllowList, check_import_path
-from millwheel.limits import MAX_PARAMS_BYTES, MAX_WINDOWS_PER_RECORD, check_params_depth
+from millwheel.limits import MAX_DURATION_US, MAX_PARAMS_BYTES, MAX_WINDOWS_PER_RECORD, check_params_depth
 from millwheel.operators.aggregate import AGGREGATIONS
+from millwheel.operators.buildable import check_buildable
 from millwheel.operators.transform import check_expression
 from millwheel.spark.aggregations import BUILTIN as SPARK_AGGREGATIONS
 from millwheel.topology import ComputationSpec
@@ -41,12 +42,14 @@ class Param:
     choices: tuple[str, ...] = ()
 
 
+# Durations are bounded (MAX_DURATION_US, a century) so that a window's end plus its
+# lateness fits in an int64 and in the stores for any event time.
 _WINDOW = {
-    "size_us": Param("int", required=True, minimum=1),
-    "period_us": Param("int", minimum=1),
+    "size_us": Param("int", required=True, minimum=1, maximum=MAX_DURATION_US),
+    "period_us": Param("int", minimum=1, maximum=MAX_DURATION_US),
     "field": Param("str"),
     "output": Param("str"),
-    "allowed_lateness_us": Param("int", minimum=0),
+    "allowed_lateness_us": Param("int", minimum=0, maximum=MAX_DURATION_US),
 }
 
 SCHEMAS: dict[str, dict[str, Param]] = {
@@ -69,7 +72,8 @@ SCHEMAS: dict[str, dict[str, Param]] = {
 
 def validate_spec(spec: ComputationSpec) -> None:
     """Every check of a computation's code that needs no import: InvalidSpecError
-    naming the computation and field at fault."""
+    naming the computation and field at fault. A built-in operator is also built, as
+    a worker would build it (:func:`check_buildable`; nothing is imported)."""
     where = f"computation {spec.name!r}.code"
     name = spec.code.name
     params = dict(spec.code.params)
@@ -92,6 +96,7 @@ def validate_spec(spec: ComputationSpec) -> None:
     if name in ("window_aggregate", "spark_aggregate"):
         params.setdefault("allowed_lateness_us", spec.options.allowed_lateness_us)
     validate_params(name, params, f"{where}.params")
+    check_buildable(spec, params)
 
 
 def validate_params(operator: str, params: Mapping[str, Any], where: str) -> None:
@@ -126,9 +131,9 @@ def _check_value(value: Any, param: Param, where: str) -> None:
             f"{where}: expected {_TYPE_NAMES[kind]}, got {_json_type(value)} {shown}")
     if kind in ("int", "number"):
         if param.minimum is not None and value < param.minimum:
-            raise InvalidSpecError(f"{where}: must be >= {param.minimum:g}, got {value}")
+            raise InvalidSpecError(f"{where}: must be >= {_num(param.minimum)}, got {_num(value)}")
         if param.maximum is not None and value > param.maximum:
-            raise InvalidSpecError(f"{where}: must be <= {param.maximum:g}, got {value}")
+            raise InvalidSpecError(f"{where}: must be <= {_num(param.maximum)}, got {_num(value)}")
     if param.choices and value not in param.choices:
         raise InvalidSpecError(f"{where}: {value!r} is not one of {list(param.choices)}")
     if kind == "expr":
@@ -176,6 +181,11 @@ def check_allowed(spec: ComputationSpec, allow: AllowList) -> None:
     ``spec`` outside ``allow`` (nothing is imported)."""
     for what, path in import_paths(spec):
         allow.check(path, what)
+
+
+def _num(x: float) -> str:
+    """A bound or value as written: integers exactly, floats short."""
+    return str(x) if isinstance(x, int) else f"{x:g}"
 
 
 def _json_type(value: Any) -> str:

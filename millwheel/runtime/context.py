@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Iterator, Protocol, Sequence
 
 from millwheel.errors import InvalidSpecError
+from millwheel.limits import MAX_TIMER_TIME, MIN_TIMER_TIME
 from millwheel.record import Record, TimeDomain, Timer, derive_record_id, well_formed
 from millwheel.runtime import ttl
 from millwheel.runtime.routing import Router, record_of
@@ -132,6 +133,10 @@ class KeyContext:
                 f"computation {self._txn.worker.name!r} key {self._key!r}: timer {tag!r} "
                 f"time must be integer microseconds, got {type(time).__name__}"
             )
+        if not MIN_TIMER_TIME <= time <= MAX_TIMER_TIME:  # the stores keep an int64
+            raise InvalidSpecError(
+                f"computation {self._txn.worker.name!r} key {self._key!r}: timer {tag!r} "
+                f"time {time} is outside the int64 range the stores keep")
         ttl.check_user_tag(self._txn.worker.name, self._key, tag)
         timer = Timer(self._key, tag, time, TimeDomain(domain), hold)
         self._txn.worker.timers.set(timer)

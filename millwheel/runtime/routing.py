@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable
 
+from millwheel.errors import MillWheelError
 from millwheel.importing import AllowList
 from millwheel.keys import KeyExtractor, KeyFn
 from millwheel.record import Record
@@ -70,7 +71,7 @@ class Router:
         for spec in topology.computations:
             for inp in spec.inputs:
                 self._routes.setdefault(inp.stream, []).append(
-                    Route(spec.name, inp.key_extractor.compile(allow))
+                    Route(spec.name, _compiled(inp.key_extractor, allow))
                 )
         for stream in topology.logged_streams():
             self._routes.setdefault(stream, []).append(Route(LOG_PREFIX + stream, None))
@@ -81,6 +82,8 @@ class Router:
         }
 
     def fan_out(self, stream: str, record: Record) -> list[Production]:
+        """``record`` addressed to every consumer of ``stream`` (re-keyed by its key
+        extractor) and to the stream log if logged."""
         out = []
         for consumer, key_fn in self._plain.get(stream, ()):
             if key_fn is None:
@@ -122,3 +125,23 @@ class Router:
         for record in records:
             out.extend(self.fan_out(stream, record))
         return out
+
+
+def _compiled(extractor: KeyExtractor, allow: AllowList | None) -> KeyFn:
+    """The key function of ``extractor``. Under an allow-list (a service worker), one
+    this process may not load (refused, or not importable here) fails on every record
+    instead of failing the whole router, and with it every route of the worker: that
+    consumer's records go to it as key errors (its error policy has them; a worker that
+    may not run its extractor may not build it either). ``millwheel run`` (no
+    allow-list) fails at once, as before."""
+    try:
+        return extractor.compile(allow)
+    except MillWheelError as exc:
+        if allow is None:
+            raise
+        kind, message = type(exc), str(exc)
+
+        def refused(record: Record) -> str:
+            raise kind(message)
+
+        return refused

@@ -15,9 +15,11 @@ from .output import client_for, client_parser, fmt_ts, table
 def add_commands(sub: Any) -> None:
     errs = client_parser(
         sub, "errors", "show a computation's failing records and dead letters",
-        "Show how a computation's user code fails: the durable counts of records "
-        "dead-lettered, skipped and dropped as late, the records and timers being retried "
-        "now, and the last errors given up on (key, record ID, time, attempts, message).")
+        "Show how a computation's user code fails: the key ranges that cannot run at all "
+        "(their code cannot be built, their checkpoints keep failing, or --allow-code "
+        "refuses their code), the durable counts of records dead-lettered, skipped and "
+        "dropped as late, the records and timers being retried now, and the last errors "
+        "given up on (key, record ID, time, attempts, message).")
     errs.add_argument("computation", metavar="COMPUTATION")
     errs.set_defaults(func=cmd_errors)
 
@@ -50,6 +52,18 @@ def _rows(errors: Any) -> list[tuple[Any, ...]]:
 
 
 HEADERS = ["RANGE", "KEY", "RECORD", "TIME", "ATTEMPTS", "OUTCOME", "ERROR"]
+RANGE_HEADERS = ["RANGE", "STAGE", "WORKER", "SINCE", "ATTEMPTS", "NEXT TRY", "ERROR"]
+
+
+def _failure_dict(f: pb.RangeFailure) -> dict[str, Any]:
+    return {"range": f.range_id, "stage": f.stage, "worker": f.worker_id, "since": f.since, "last": f.last,
+            "attempts": f.attempts, "retry_in_s": round(f.retry_in_s, 2),
+            "exception_type": f.exception_type, "message": f.message}
+
+
+def _failure_rows(failing: Any) -> list[tuple[Any, ...]]:
+    return [(f.range_id, f.stage, f.worker_id, fmt_ts(f.since) if f.since else "-", f.attempts,
+             f"{f.retry_in_s:.1f} s", f"{f.exception_type}: {f.message}"[:200]) for f in failing]
 
 
 def errors_data(info: pb.ComputationInfo) -> dict[str, Any]:
@@ -58,6 +72,7 @@ def errors_data(info: pb.ComputationInfo) -> dict[str, Any]:
             or f"{info.spec.name}.dead_letters",
             "dead_lettered": info.dead_lettered, "skipped": info.skipped,
             "late_dropped": info.late_dropped,
+            "failing_ranges": [_failure_dict(f) for f in info.failing_ranges],
             "retrying": [_error_dict(e) for e in info.retrying],
             "recent_errors": [_error_dict(e) for e in info.recent_errors]}
 
@@ -69,6 +84,8 @@ def cmd_errors(args: argparse.Namespace) -> int:
     lines = [f"computation {data['computation']}: on_error {data['on_error']}, "
              f"{data['dead_lettered']} dead-lettered (stream {data['dead_letter_stream']}), "
              f"{data['skipped']} skipped, {data['late_dropped']} late records dropped"]
+    lines += ["", "failing ranges (cannot run at all; retried with backoff):",
+              table(RANGE_HEADERS, _failure_rows(info.failing_ranges)) if info.failing_ranges else "  (none)"]
     lines += ["", "retrying now:", table(HEADERS, _rows(info.retrying)) if info.retrying else "  (none)"]
     lines += ["", "recent errors, newest first:",
               table(HEADERS, _rows(info.recent_errors)) if info.recent_errors else "  (none)"]
@@ -98,11 +115,12 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 def status_lines(client: ControllerClient) -> list[str]:
     """The error summary ``millwheel status`` prints: computations with any errors."""
-    rows = [(c.spec.name, c.dead_lettered, c.skipped, c.late_dropped, len(c.retrying),
-             c.recent_errors[0].message[:60] if c.recent_errors else "")
+    rows = [(c.spec.name, len(c.failing_ranges), c.dead_lettered, c.skipped, c.late_dropped, len(c.retrying),
+             (c.failing_ranges[0].message if c.failing_ranges else
+              c.recent_errors[0].message if c.recent_errors else "")[:60])
             for c in client.computations().computations
-            if c.dead_lettered or c.skipped or c.late_dropped or c.retrying]
+            if c.failing_ranges or c.dead_lettered or c.skipped or c.late_dropped or c.retrying]
     if not rows:
         return []
-    return ["", table(["COMPUTATION", "DEAD-LETTERED", "SKIPPED", "LATE DROPPED", "RETRYING",
-                       "LAST ERROR"], rows), "(details: millwheel errors COMPUTATION)"]
+    return ["", table(["COMPUTATION", "FAILING RANGES", "DEAD-LETTERED", "SKIPPED", "LATE DROPPED",
+                       "RETRYING", "LAST ERROR"], rows), "(details: millwheel errors COMPUTATION)"]

@@ -2,7 +2,8 @@
 
 :func:`error_info` fills ``ComputationInfo``'s error fields from what the error policy
 (:mod:`millwheel.runtime.poison`) keeps per range in the store: durable counts, the
-last given-up errors and the items being retried now. Handing dead letters back
+last given-up errors and the items being retried now; and the ranges failing as a
+whole, as their owners report them. Handing dead letters back
 (``ReplayDeadLetters``) is :mod:`services.controller.replay`.
 """
 
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from typing import Any
+from typing import Any, Sequence
 
 from millwheel.state.protocol import StateStore
 from millwheel.topology import ComputationSpec, ErrorPolicy
@@ -31,8 +32,10 @@ def _error_proto(raw: bytes, range_id: int, attempts: int | None = None, outcome
         outcome=outcome or str(e.get("outcome", "")))
 
 
-def error_info(store: StateStore, spec: ComputationSpec) -> dict[str, Any]:
-    """``ComputationInfo`` fields 5-9 for ``spec``, summed over its ranges."""
+def error_info(store: StateStore, spec: ComputationSpec,
+               failing_ranges: Sequence[pb.RangeFailure] = ()) -> dict[str, Any]:
+    """``ComputationInfo`` fields 5-10 for ``spec``, summed over its ranges; the ranges
+    failing as a whole are what their owners report (services/controller/failing.py)."""
     counters: dict[str, int] = defaultdict(int)
     recent: list[pb.ErrorInfo] = []
     retrying: list[pb.ErrorInfo] = []
@@ -45,4 +48,5 @@ def error_info(store: StateStore, spec: ComputationSpec) -> dict[str, Any]:
         retrying += [_error_proto(err, r, n, failing) for _item, (n, err) in sorted(report.attempts.items())]
     recent.sort(key=lambda e: -e.time)
     return {"dead_lettered": counters["dead_lettered"], "skipped": counters["skipped"],
-            "late_dropped": counters["late_dropped"], "recent_errors": recent[:20], "retrying": retrying}
+            "late_dropped": counters["late_dropped"], "recent_errors": recent[:20], "retrying": retrying,
+            "failing_ranges": list(failing_ranges)}

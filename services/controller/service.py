@@ -44,6 +44,7 @@ from ..store_lock import open_service_store
 from .assign import Assigner
 from .cluster_port import advertised_host, start_servers
 from .errors import error_info
+from .failing import FailingRanges
 from .ha import Replicated, leader_only
 from .inject import INJECT_BATCH, Injecting
 from .leader import Elector, LeaderStore
@@ -87,6 +88,7 @@ class ControllerService(Queries, Replicated, Injecting):
         self.assigner = Assigner(self.store, heartbeat_timeout_s, check_tokens=False)  # a view until elected
         self._served: dict[str, int] = {}
         self._pending: dict[tuple[str, int], int] = {}  # outbox entries per range, as last reported
+        self.failing = FailingRanges()  # ranges their owners cannot run, as last reported
         self._links: dict[str, PeerLink] = {}
         self._leader_channels = {}
         self._forwards = {}
@@ -189,7 +191,8 @@ class ControllerService(Queries, Replicated, Injecting):
             out.append(pb.RangeInfo(
                 node=n, range_id=r, worker_id=owner.worker_id or "",
                 worker_address=w.address if w else "", token=owner.token,
-                watermark=wms[n].get(r, MIN_TIMESTAMP), pending=self._pending.get((n, r), 0)))
+                watermark=wms[n].get(r, MIN_TIMESTAMP), pending=self._pending.get((n, r), 0),
+                failure=self.failing.of((n, r), owner)))
         return out
 
     def _info(self, name: str) -> pb.ComputationInfo:
@@ -197,7 +200,7 @@ class ControllerService(Queries, Replicated, Injecting):
         out, inputs = self.watermarks()
         return pb.ComputationInfo(spec=convert.spec_to_proto(spec), low_watermark=out[name],
                                   input_low_watermark=inputs[name], ranges=self._ranges(name),
-                                  **error_info(self.store, spec))
+                                  **error_info(self.store, spec, self.failing.of_node(name, self.assigner.units)))
 
     # -- registry --------------------------------------------------------------------
     @rpc
@@ -288,6 +291,7 @@ class ControllerService(Queries, Replicated, Injecting):
             if a.heartbeat(request.worker_id, request.address, request.metrics_address,
                            request.draining, frozenset(request.refused)):
                 a.rebalance()
+            self.failing.heard(request.worker_id, request.failing, a.workers)
             for rep in request.reports:
                 unit = (rep.node, rep.range_id)
                 if not a.owns(request.worker_id, unit, rep.token):

@@ -9,6 +9,9 @@ snapshot, a plain dict replaced whole (readers never see half of one).
 
 Health of a computation, worst first:
 
+* ``failing``: key ranges of it cannot run at all (their code cannot be built, their
+  checkpoints keep failing, or ``--allow-code`` refuses their code): retried with
+  backoff, shown with the owner's error;
 * ``dead-lettering``: its dead-letter count rose within the last minute;
 * ``retrying``: user code is failing on items it still retries (or, under
   ``on_error: fail``, is stuck on);
@@ -101,7 +104,8 @@ class Snapshotter:
             topo = c.registry.topology
             version = c.registry.version
             out, inputs = c.watermarks()
-            units = {u: (o.worker_id, o.token) for u, o in c.assigner.units.items()}
+            owners = dict(c.assigner.units)
+            units = {u: (o.worker_id, o.token) for u, o in owners.items()}
             pending = dict(c._pending)
             workers = [(w.worker_id, w.address, w.metrics_address, w.alive, w.draining,
                         w.heartbeat_age_s()) for w in c.assigner.workers.values()]
@@ -120,7 +124,11 @@ class Snapshotter:
                        "watermark": _wm(wms.get(r, MIN_TIMESTAMP)),
                        "pending": pending.get((spec.name, r), 0)}
                       for r in range(spec.options.key_ranges)]
-            errs = error_info(c.store, spec)
+            failing = c.failing.of_node(spec.name, owners)
+            for f in failing:
+                if 0 <= f.range_id < len(ranges):
+                    ranges[f.range_id]["failing"] = f"{f.stage}: {f.exception_type}: {f.message}"[:1000]
+            errs = error_info(c.store, spec, failing)
             info = {
                 "name": spec.name, "inputs": [i.stream for i in spec.inputs],
                 "outputs": list(spec.written_streams()), "code": spec.code.name,
@@ -132,6 +140,7 @@ class Snapshotter:
                 "late_dropped": errs["late_dropped"],
                 "recent_errors": [_err(e) for e in errs["recent_errors"][:10]],
                 "retrying": [_err(e) for e in errs["retrying"][:10]],
+                "failing_ranges": [_failure(f) for f in errs["failing_ranges"][:100]],
                 **rates.get(spec.name, _no_rates()),
             }
             info["health"], info["health_reason"] = self._health(
@@ -238,6 +247,11 @@ class Snapshotter:
         moved = self._wm_moved.get(name)
         if moved is None or moved[0] != wm:
             self._wm_moved[name] = moved = (wm, mono)
+        failing = info.get("failing_ranges")
+        if failing:
+            f = failing[0]
+            return "failing", (f"{len(failing)} key range(s) cannot run ({f['stage']}): "
+                               f"{f['type']}: {f['message'][:200]}")
         if dead and mono - seen[1] < DEAD_LETTER_WINDOW_S:
             return "dead-lettering", f"{dead} dead-lettered, rising in the last minute"
         if info["retrying"]:
@@ -271,6 +285,12 @@ def _err(e: Any) -> dict[str, Any]:
     return {"range": e.range_id, "key": e.key[:200], "record_id": e.record_id[:200], "time": e.time,
             "attempts": e.attempts, "type": e.exception_type[:200], "message": e.message[:1000],
             "outcome": e.outcome}
+
+
+def _failure(f: Any) -> dict[str, Any]:
+    return {"range": f.range_id, "worker": f.worker_id, "stage": f.stage, "attempts": f.attempts,
+            "since": f.since, "last": f.last, "type": f.exception_type[:200], "message": f.message[:1000],
+            "retry_in_s": round(f.retry_in_s, 2)}
 
 
 def _graph(topo: Topology, comps: dict[str, Any], injectors: dict[str, Any]) -> dict[str, Any]:
@@ -340,10 +360,12 @@ def controller_view(controller: ControllerService) -> Callable[[], ControllerVie
         workers = ({w.worker_id: w.alive for w in list(controller.assigner.workers.values())}
                    if controller.leading() else {})
         errors = {}
+        owners = dict(controller.assigner.units)
         for spec in topo.computations:
-            e = error_info(controller.store, spec)
+            e = error_info(controller.store, spec, controller.failing.of_node(spec.name, owners))
             errors[spec.name] = {"dead_lettered": e["dead_lettered"], "skipped": e["skipped"],
-                                 "late_dropped": e["late_dropped"], "retrying": len(e["retrying"])}
+                                 "late_dropped": e["late_dropped"], "retrying": len(e["retrying"]),
+                                 "failing_ranges": len(e["failing_ranges"])}
         return errors, workers
 
     return view

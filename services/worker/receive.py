@@ -32,6 +32,8 @@ from ..rpc import convert
 from ..rpc.server import Malformed
 from ..rpc.worker_link import PeerLink
 from . import overruns
+from .failing import RangeFailures
+from .parking import UnitOf, park_failing
 from .progress import NoProgress, ProgressBlock
 from .units import OwnedRange, OwnerInfo
 from .watchdog import Watchdog
@@ -57,12 +59,16 @@ class Receiver:
     watchdog: Watchdog | None
     progress: ProgressBlock | NoProgress
     max_injector_outbox: int
+    batch_size: int
     weak_wait_s: float
+    failures: RangeFailures
+    unit_of: UnitOf
     _inject_seqs: OrderedDict[tuple[str, str], int]
     _units_lock: threading.Lock
     _wake: threading.Event
     _hb_wake: threading.Event
     _fenced: Callable[[OwnedRange, FencedError], None]
+    _drop: Callable[[OwnedRange, str], None]
     _new_range_worker: Callable[[str, int, int], RangeWorker]
     _route: Callable[[list[Production]], tuple[dict[str, list[Production]], dict[Unit, list[Production]],
                                                 list[Production]]]
@@ -102,13 +108,18 @@ class Receiver:
         with owned.lock:
             if owned.dropped:
                 return pb.DeliverAck(status=pb.DeliverAck.NOT_OWNER, message="range moved")
-            assert owned.outbox is not None
-            if len(owned.outbox) >= self.max_injector_outbox:
+            outbox = owned.outbox
+            assert outbox is not None
+            if outbox.in_memory() >= self.max_injector_outbox:
+                # A failing consumer's share waits in the store (services/worker/parking.py);
+                # then the limit counts what the healthy consumers have not taken yet.
+                park_failing(outbox, owned.consumers, self.unit_of, self.batch_size)
+            if outbox.in_memory() >= self.max_injector_outbox:
                 # Backpressure: the pipeline drains this outbox slower than it fills.
                 return pb.DeliverAck(
                     status=pb.DeliverAck.BUSY, watermark=owned.injector_wm,
-                    message=f"injector {name!r} is busy: {len(owned.outbox)} records wait in its "
-                            f"outbox (limit {self.max_injector_outbox})")
+                    message=f"injector {name!r} is busy: {outbox.in_memory()} records wait in its "
+                            f"outbox for its consumers (limit {self.max_injector_outbox})")
             try:
                 owned.inject(records, watermark, self.router, stream, self.clock.now_us())
             except FencedError as exc:
@@ -171,10 +182,17 @@ class Receiver:
 
     def process(self, computation: str, range_id: int, records: list[Record]) -> pb.DeliverAck:
         """Steps 1-3 for a batch addressed to one of our ranges; the ack is step 4."""
-        owned = self.units.get((computation, range_id))
+        unit = (computation, range_id)
+        owned = self.units.get(unit)
         if owned is None or owned.worker is None:
-            return pb.DeliverAck(status=pb.DeliverAck.NOT_OWNER,
-                                 message=f"{self.worker_id} does not own {computation}/{range_id}")
+            f = self.failures.get(unit)  # one of ours that cannot be built: say why
+            return pb.DeliverAck(status=pb.DeliverAck.NOT_OWNER, message=(
+                f"{self.worker_id} does not own {computation}/{range_id}" if f is None else
+                f"{computation}/{range_id} is failing on {self.worker_id} ({f.stage}): {f.message}"))
+        if unit in self.failures and not self.failures.due(unit):
+            f = self.failures.get(unit)  # retried after its backoff, not at every sender's pace
+            return pb.DeliverAck(status=pb.DeliverAck.FAILED, message=(
+                f"{computation}/{range_id} is failing ({f.stage}): {f.message}" if f else "failing"))
         with owned.lock:
             if owned.dropped or owned.worker is None:
                 return pb.DeliverAck(status=pb.DeliverAck.NOT_OWNER, message="range moved")
@@ -199,16 +217,32 @@ class Receiver:
                 return pb.DeliverAck(status=pb.DeliverAck.NOT_OWNER, message=str(exc))
             except UserCodeError as exc:  # logged (rate-limited) and rolled back by the policy
                 return pb.DeliverAck(status=pb.DeliverAck.FAILED, message=str(exc))
-            except Exception as exc:
-                log.error("processing a batch for %s/%d failed: %s", computation, range_id, exc)
-                # The in-memory cache may hold half a batch: rebuild the range from the store.
-                owned.worker = self._new_range_worker(computation, range_id, owned.token)
-                owned.outbox = owned.worker.outbox
-                owned.reset_slices()
-                owned.changed()
+            except Exception as exc:  # noqa: BLE001 - the store, or a bug: this range's failure
+                self.failures.failed(unit, "checkpoint", exc)
+                self._rebuild(owned)
                 return pb.DeliverAck(status=pb.DeliverAck.FAILED, message=str(exc))
+        self.failures.succeeded(unit)
         self._wake.set()
         return pb.DeliverAck(status=pb.DeliverAck.OK)
+
+    def _rebuild(self, owned: OwnedRange) -> None:
+        """After a failure outside user code the in-memory cache may hold half a batch
+        (timers popped, state changed): rebuild the range from the store. If even that
+        fails, let the range go here; it is taken again once its retry is due (the
+        caller holds its lock)."""
+        if owned.worker is None:
+            return
+        unit = (owned.node, owned.range_id)
+        try:
+            owned.worker = self._new_range_worker(owned.node, owned.range_id, owned.token)
+        except Exception as exc:  # noqa: BLE001 - its store: the range's failure
+            self.failures.failed(unit, "build", exc)
+            self._drop(owned, f"cannot be rebuilt from the store: {exc}")
+            return
+        owned.outbox = owned.worker.outbox
+        owned.consumers.parked_under = None
+        owned.reset_slices()
+        owned.changed()
 
 
 class DeliverServicer:

@@ -30,6 +30,8 @@ from ..metrics import PrometheusSensors
 from ..rpc import convert
 from ..rpc.worker_link import PeerLink
 from . import overruns
+from .failing import RangeFailures
+from .parking import UNKNOWN, UnitOf, plan
 from .progress import NoProgress, ProgressBlock
 from .units import OwnedRange, OwnerInfo, Slice
 from .watchdog import Watchdog
@@ -57,13 +59,17 @@ class Sender:
     batch_size: int
     max_slices: int
     max_inflight: int
+    max_injector_outbox: int
     delivery_timeout_s: float
+    failures: RangeFailures
+    unit_of: UnitOf
     stopped: threading.Event
     _wake: threading.Event
     _hb_wake: threading.Event
     process: Callable[[str, int, list[Record]], pb.DeliverAck]
     _fenced: Callable[[OwnedRange, FencedError], None]
     _commit: Callable[[OwnedRange, RangeTransaction], None]
+    _rebuild: Callable[[OwnedRange], None]
 
     def wake(self) -> None:
         """New work for the pump (an ack arrived, an outbox grew, watermarks moved)."""
@@ -74,16 +80,24 @@ class Sender:
             self._wake.clear()
             moved = 0
             for owned in list(self.units.values()):
+                unit = (owned.node, owned.range_id)
+                if unit in self.failures and not self.failures.due(unit):
+                    continue  # failing: tried again once its backoff is over
                 try:
-                    moved += self._pump(owned)
+                    done = self._pump(owned)
+                    if done:
+                        self.failures.succeeded(unit, origin="pump")
+                    moved += done
                 except FencedError as exc:
                     self._fenced(owned, exc)
                 except UserCodeError:
                     pass  # on_error fail: logged by the policy, retried after its backoff
-                except Exception:
-                    log.exception("pump of %s/%d failed", owned.node, owned.range_id)
-                    owned.reset_slices()
-                    owned.backoff()
+                except Exception as exc:  # noqa: BLE001 - its store (or a bug): the range's failure
+                    self.failures.failed(unit, "checkpoint", exc, origin="pump")
+                    with owned.lock:
+                        self._rebuild(owned)  # timers may have been taken, state changed
+                        owned.reset_slices()
+                        owned.backoff()
             if not moved:
                 # Acks, deliveries and heartbeats wake us; the timeout covers
                 # processing-time timers and retry deadlines.
@@ -109,7 +123,9 @@ class Sender:
                     moved += 1
                 rw.expire_record_ids()
             while len(owned.slices) < self.max_slices and time.monotonic() >= owned.retry_at:
-                entries = owned.sendable(self.batch_size)
+                assert owned.outbox is not None
+                entries = plan(owned.outbox, owned.inflight, owned.consumers, self.batch_size, self.unit_of,
+                               keep=self.batch_size, chunk=max(self.batch_size, self.max_injector_outbox // 2))
                 if not entries:
                     break
                 s = Slice(time.monotonic(), entries)
@@ -118,14 +134,8 @@ class Sender:
                 planned.append(s)
         # Sent without the range's lock: deliveries into this range, injection and
         # heartbeats go on meanwhile; only this thread finishes the slices.
-        for i, s in enumerate(planned):
+        for s in planned:
             moved += self._send(owned, s)
-            if s.failed:  # e.g. a consumer range has no owner: back off, send the rest later
-                with owned.lock:
-                    for later in planned[i + 1:]:
-                        owned.slices.remove(later)
-                        owned.inflight.difference_update(later.keys())
-                break
         return moved
 
     def _link(self, address: str) -> PeerLink:
@@ -166,13 +176,19 @@ class Sender:
         workers process them while this one appends stream-log entries and processes
         the consumer ranges owned here in place. Returns the entries delivered or sent."""
         logs, groups, released = self._route(s.entries)
+        for consumer in {p.consumer for p in released}:  # not registered: held, then parked
+            owned.consumers.failed((consumer, UNKNOWN), "not a registered computation")
         busy = set().union(*(other.busy() for other in owned.slices if other is not s))
+        blocked = owned.consumers.blocked(time.monotonic())  # failed since this slice was planned
         owners = self.owners
         local: list[tuple[str, int, list[Production]]] = []
         for (consumer, range_id), items in groups.items():
+            if (consumer, range_id) in blocked:
+                released += items
+                continue
             owner = owners.get((consumer, range_id))
-            if owner is None or not owner.worker_id:
-                s.failed = True
+            if owner is None or not owner.worker_id:  # that range alone waits for an owner
+                owned.consumers.failed((consumer, range_id), "no owner")
                 continue
             if (consumer, range_id) in busy:
                 released += items  # one batch in flight per consumer range: keeps order
@@ -185,7 +201,7 @@ class Sender:
                 released += items  # no room at that destination: a later slice takes them
                 continue
             fut.add_done_callback(lambda _f: self._wake.set())
-            s.remote.append((fut, items, owner.address))
+            s.remote.append((fut, items, owner.address, (consumer, range_id)))
             s.units.add((consumer, range_id))
         for stream, log_items in logs.items():
             self.store.append_log(stream, [p.record for p in log_items])  # idempotent by record id
@@ -194,37 +210,38 @@ class Sender:
             ack = self.process(consumer, range_id, [p.record for p in items])
             if ack.status == pb.DeliverAck.OK:
                 s.done_now += [(p.consumer, p.record.record_id) for p in items]
+                owned.consumers.succeeded((consumer, range_id))
             else:
-                s.failed = True
+                owned.consumers.failed((consumer, range_id), ack.message)
         if released:
             keys = {(p.consumer, p.record.record_id) for p in released}
             with owned.lock:
                 s.entries = [p for p in s.entries if (p.consumer, p.record.record_id) not in keys]
                 owned.inflight.difference_update(keys)
         s.sent = True
-        return len(s.done_now) + sum(len(items) for _, items, _ in s.remote)
+        return len(s.done_now) + sum(len(items) for _, items, _, _ in s.remote)
 
     def _check_overdue(self, owned: OwnedRange) -> None:
         now = time.monotonic()
         for s in owned.slices:
             if now - s.started > self.delivery_timeout_s:
-                for fut, _, address in s.remote:
+                for fut, _, address, _ in s.remote:
                     if not fut.done():
                         self._link(address).reset("a batch is overdue")
 
     def _finish(self, owned: OwnedRange, s: Slice) -> int:
         assert owned.outbox is not None
         acked = list(s.done_now)
-        failed = s.failed
-        for fut, items, address in s.remote:
+        for fut, items, address, unit in s.remote:
             exc = fut.exception()
             if exc is None and fut.result().status == pb.DeliverAck.OK:
                 acked += [(p.consumer, p.record.record_id) for p in items]
-            else:
-                failed = True
+                owned.consumers.succeeded(unit)
+            else:  # that consumer range alone backs off (services/worker/parking.py)
+                message = str(exc) if exc is not None else fut.result().message
+                owned.consumers.failed(unit, message)
                 self.sensors.retry(address)
-                log.debug("delivery to %s failed: %s", address,
-                          exc if exc is not None else fut.result().message)
+                log.debug("delivery to %s of %s/%d failed: %s", address, unit[0], unit[1], message)
         owned.slices.remove(s)
         owned.inflight.difference_update(s.keys())
         if acked:
@@ -232,8 +249,5 @@ class Sender:
             owned.changed()
             self.crash("after_ack")
             self._hb_wake.set()
-        if failed:
-            owned.backoff()
-        elif acked:
-            owned.succeeded()
+            owned.succeeded()  # the range-wide backoff after a pump failure is over
         return len(acked)

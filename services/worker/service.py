@@ -54,6 +54,8 @@ from ..rpc.server import start_server
 from ..rpc.worker_link import PeerLink
 from ..store_lock import open_service_store
 from . import watchdog
+from .failing import RangeFailures
+from .parking import UnitOf
 from .progress import NoProgress, ProgressBlock
 from .receive import DeliverServicer, Receiver
 from .send import Sender
@@ -102,6 +104,8 @@ class WorkerProcess(Receiver, Sender):
         self.topology = Topology()
         self.version = -1
         self.router = Router(self.topology)
+        self.unit_of = UnitOf(self.topology)  # a production's consumer range (services/worker/parking.py)
+        self.failures = RangeFailures()  # ranges it cannot build or checkpoint (services/worker/failing.py)
         self.units: dict[Unit, OwnedRange] = {}
         self.owners: dict[Unit, OwnerInfo] = {}
         self.input_wms: dict[str, int] = {}
@@ -232,7 +236,7 @@ class WorkerProcess(Receiver, Sender):
             resp = link.stub(pb_grpc.ClusterStub, target).Heartbeat(pb.HeartbeatRequest(
                 worker_id=self.worker_id, address=self.address, metrics_address=self.metrics_address,
                 draining=draining, known_topology_version=self.version, reports=reports,
-                refused=sorted(self.refused)), timeout=link.deadline_s)
+                refused=sorted(self.refused), failing=self.failures.reports()), timeout=link.deadline_s)
         except grpc.RpcError as exc:
             self._fenced_unreported = fenced + self._fenced_unreported  # report them next time
             self.cluster_routes.failed(address, target)
@@ -279,8 +283,10 @@ class WorkerProcess(Receiver, Sender):
         for unit, owned in list(self.units.items()):
             if mine.get(unit) != owned.token or (unit[0], unit[1], owned.token) in fenced:
                 self._drop(owned, "moved to another worker")
-        for unit, token in sorted(mine.items()):
-            if unit not in self.units and (unit[0], unit[1], token) not in self._fenced_tokens:
+        self.failures.keep(mine)
+        for unit, token in sorted(mine.items()):  # a range failing to build waits for its retry
+            if unit not in self.units and (unit[0], unit[1], token) not in self._fenced_tokens \
+                    and self.failures.due(unit):
                 self._take(unit, token)
         self.sensors.owned_ranges(len(self.units))
         self._wake.set()
@@ -290,11 +296,14 @@ class WorkerProcess(Receiver, Sender):
         self.version = version
         self.refused.clear()  # a computation may have been registered again with other code
         self.router = Router(topology, self.allow_code)
+        old, self.unit_of = self.unit_of, UnitOf(topology)
         self.sensors.keep_nodes({c.name for c in topology.computations}
                                 | {f"injector:{i.name}" for i in topology.injectors})
         for owned in list(self.units.values()):
             if owned.worker is not None:
                 owned.worker.router = self.router
+            if owned.consumers.parked_under is None:  # the pump re-sorts what it parked or backs off
+                owned.consumers.parked_under = old
         log.info("registry version %d: %d computations, %d injectors", version,
                  len(topology.computations), len(topology.injectors))
 
@@ -304,21 +313,28 @@ class WorkerProcess(Receiver, Sender):
                            self.clock, self.sensors, self.crash, token=token)
 
     def _take(self, unit: Unit, token: int) -> None:
+        """Build the range and own it. A range that cannot be built stays untaken here,
+        failing (services/worker/failing.py); the other ranges go on."""
         node, range_id = unit
-        if node.startswith("injector:"):
-            owned = OwnedRange(node, range_id, token, self.store)
-        elif any(c.name == node for c in self.topology.computations):
-            # Refused when our --allow-code is narrower than the controller's, or for a Spark
-            # stage where pyspark is not installed.
-            try:
+        try:
+            if node.startswith("injector:"):
+                owned = OwnedRange(node, range_id, token, self.store)
+            elif any(c.name == node for c in self.topology.computations):
                 rw = self._new_range_worker(node, range_id, token)
-            except (PermissionDeniedError, MissingDependencyError) as exc:
-                self._refused(node, str(exc) if isinstance(exc, MissingDependencyError) else
-                              f"{exc} (this worker's --allow-code: {self.allow_code.describe()})")
-                return  # the range stays untaken here; the other ranges go on
-            owned = OwnedRange(node, range_id, token, self.store, worker=rw)
-        else:
+                owned = OwnedRange(node, range_id, token, self.store, worker=rw)
+            else:
+                return
+        except (PermissionDeniedError, MissingDependencyError) as exc:
+            # Refused when our --allow-code is narrower than the controller's, or for a Spark
+            # stage where pyspark is not installed: another worker may take it.
+            self._refused(node, str(exc) if isinstance(exc, MissingDependencyError) else
+                          f"{exc} (this worker's --allow-code: {self.allow_code.describe()})")
+            self.failures.failed(unit, "refused", exc, quiet=True)
             return
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 - its code or its store: the range's
+            self.failures.failed(unit, "build", exc)  # failure (sys.exit() in a constructor too)
+            return
+        self.failures.succeeded(unit)
         with self._units_lock:
             self.units[unit] = owned
         log.info("took %s/%d (token %d)", node, range_id, token)

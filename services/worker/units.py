@@ -30,6 +30,7 @@ from millwheel.state.protocol import Checkpoint, Production, StateStore
 from ..generated import millwheel_pb2 as pb
 from . import overruns
 from .overruns import Overruns
+from .parking import ConsumerBackoff, Unit
 
 INJ_WM_KEY = "__watermark__"
 
@@ -62,8 +63,8 @@ class Slice:
     started: float
     entries: list[Production]
     done_now: list[Entry] = field(default_factory=list)  # delivered (stream log, local consumers)
-    remote: list[tuple[Future[Any], list[Production], str]] = field(default_factory=list)
-    failed: bool = False
+    # (ack, entries, owner's address, consumer range) of each batch sent to another worker
+    remote: list[tuple[Future[Any], list[Production], str, Unit]] = field(default_factory=list)
     sent: bool = False
     units: set[tuple[str, int]] = field(default_factory=set)  # consumer ranges of ``remote``
 
@@ -73,13 +74,13 @@ class Slice:
         reset fails a batch the moment before a newer slice is sent)."""
         if not self.sent:
             return set(self.units)
-        for fut, _, _ in self.remote:
+        for fut, _, _, _ in self.remote:
             if not fut.done() or fut.exception() is not None or fut.result().status != pb.DeliverAck.OK:
                 return self.units
         return set()
 
     def ready(self) -> bool:
-        return self.sent and all(fut.done() for fut, _, _ in self.remote)
+        return self.sent and all(fut.done() for fut, _, _, _ in self.remote)
 
     def keys(self) -> list[Entry]:
         return [(p.consumer, p.record.record_id) for p in self.entries]
@@ -99,6 +100,7 @@ class OwnedRange:
     inflight: set[Entry] = field(default_factory=set)
     retry_at: float = 0.0
     failures: int = 0
+    consumers: ConsumerBackoff = field(default_factory=ConsumerBackoff)  # services/worker/parking.py
     dropped: bool = False
     published: int | None = None  # hold() snapshot taken under the lock; None once changed
     wanted: bool = False  # the heartbeat found the lock busy and no valid snapshot
@@ -177,28 +179,15 @@ class OwnedRange:
             return None
         return hold if self.worker is None else min(input_wm, hold)
 
-    def sendable(self, limit: int) -> list[Production]:
-        """Up to ``limit`` outbox entries, oldest first, that are not in flight."""
-        assert self.outbox is not None
-        if not self.inflight:
-            return self.outbox.pending(limit)
-        if len(self.outbox) <= len(self.inflight):  # all in flight (in-flight entries are outbox entries)
-            return []
-        out = []
-        for p in self.outbox.pending(limit + len(self.inflight)):
-            if (p.consumer, p.record.record_id) not in self.inflight:
-                out.append(p)
-                if len(out) >= limit:
-                    break
-        return out
-
     def reset_slices(self) -> None:
         """Forget every slice in flight (their entries are sent again; consumers dedup)."""
         self.slices = []
         self.inflight = set()
 
     def backoff(self, base_s: float = 0.05, cap_s: float = 2.0) -> None:
-        """Exponential backoff with jitter before the next send attempt."""
+        """Exponential backoff with jitter before the next send attempt of the whole
+        range (after a failure no consumer range is to blame for: those back off alone,
+        services/worker/parking.py)."""
         self.failures += 1
         delay = min(cap_s, base_s * 2 ** min(self.failures, 10))
         self.retry_at = time.monotonic() + delay * random.uniform(0.5, 1.5)

@@ -164,3 +164,20 @@ def test_record_ids_expire_after_the_retention_window(sqlite_store: SQLiteStore)
     assert worker.expire_record_ids(every_us=0) == 1
     assert sorted(sqlite_store.iter_ids("c", 0)) == ["r2"]
     assert worker.dedup is not None and worker.dedup.seen(["r1", "r2"]) == {"r2"}
+
+
+class FarTimer(Computation):
+    """Sets a timer beyond what the store can keep (an int64)."""
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        ctx.set_timer("far", 10**30)
+
+
+def test_a_timer_outside_int64_fails_its_record_not_every_checkpoint(sqlite_store: SQLiteStore) -> None:
+    """Before, the timer went into the batch and the store refused every checkpoint of
+    the range ("Python int too large to convert to SQLite INTEGER")."""
+    worker, _ = make(sqlite_store, FarTimer())
+    with pytest.raises(UserCodeError, match=r"timer 'far' time 10{30} is outside the int64 range"):
+        worker.process_records([rec(1)], input_watermark=0)
+    txn = make(sqlite_store, Counter())[0].process_records([rec(2)], input_watermark=0)
+    assert txn.timer_ops  # an ordinary timer still goes through

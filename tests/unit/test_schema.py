@@ -47,6 +47,13 @@ def spec(code: str = "filter", extractor: str = "key", **params: Any) -> Any:
     ("spark_aggregate", {"size_us": 10, "percentile": 1.5}, r"params\.percentile: must be <= 1, got 1\.5"),
     ("spark_aggregate", {"size_us": 10, "max_attempts": 0}, r"params\.max_attempts: must be >= 1"),
     ("spark_aggregate", {"size_us": 10, "spark_conf": []}, r"params\.spark_conf: expected a mapping, got list"),
+    ("window_aggregate", {"size_us": 10**30}, r"params\.size_us: must be <= 3153600000000000, got 10{30}"),
+    ("window_aggregate", {"size_us": 1e30}, r"params\.size_us: must be <= 3153600000000000, got 1e\+30"),
+    ("window_aggregate", {"size_us": 10, "allowed_lateness_us": 2**63 - 1},
+     r"params\.allowed_lateness_us: must be <= 3153600000000000"),
+    ("spark_aggregate", {"size_us": 2**62}, r"params\.size_us: must be <= 3153600000000000"),
+    ("window_aggregate", {"size_us": 10, "output": "elsewhere"},
+     r"computation 'c'\.code\.params\.output: stream 'elsewhere' is not one of its outputs \['out'\]"),
     ("windw", {}, r"code\.name: unknown built-in operator 'windw'"),
     ("no/such:Thing", {}, r"code\.name 'no/such:Thing': expected 'pkg\.module:attribute'"),
 ])
@@ -109,6 +116,23 @@ def test_validation_never_imports_and_the_allow_list_is_checked_first(proof_modu
     assert not proof_module.exists()
     build_computation(specs[0], AllowList.parse("proofmod"))
     assert proof_module.exists()
+
+
+@pytest.mark.parametrize("code,params", [
+    ("filter", {"expr": "True"}), ("map", {"key": "key"}), ("window_aggregate", {"size_us": 10}),
+    ("spark_aggregate", {"size_us": 10}), ("filter", {"function": "proofmod:fn"}),
+])
+def test_a_builtin_that_would_write_nowhere_is_refused_without_importing(
+        code: str, params: dict[str, Any], proof_module: Path) -> None:
+    """Found by building the operator as a worker would (every worker used to fail on
+    it, on every heartbeat); a ``function`` parameter is not imported to find it."""
+    no_outputs = computation_from_dict({**BASE, "outputs": [], "code": {"name": code, "params": params}})
+    with pytest.raises(InvalidSpecError, match=rf"computation 'c'\.outputs: '{code}' writes its results "
+                                               "to a stream, and none is given"):
+        validate_spec(no_outputs)
+    assert not proof_module.exists()
+    validate_spec(computation_from_dict({**BASE, "code": {"name": code, "params": {**params, "output": "out"}}}))
+    assert not proof_module.exists()
 
 
 def test_allow_list_patterns() -> None:

@@ -48,6 +48,14 @@ def test_error_options_round_trip_and_the_dead_letter_stream_is_written() -> Non
     ({"options": {"dead_letter_stream": ""}}, "dead_letter_stream must be a non-empty stream name"),
     ({"colour": "red"}, r"unknown fields \['colour'\]"),
     ({"options": {"max_batch_seconds": 0}}, "max_batch_seconds must be > 0"),
+    # Durations within a century, so every time derived from one fits in an int64.
+    ({"options": {"allowed_lateness_us": 2**63 - 1}},
+     r"options\.allowed_lateness_us: must be an integer 0\.\.3153600000000000 \(microseconds"),
+    ({"options": {"allowed_lateness_us": -1}}, r"options\.allowed_lateness_us: must be an integer 0\.\."),
+    ({"options": {"record_id_retention_us": 10**30}},
+     r"options\.record_id_retention_us: must be an integer 1\.\.3153600000000000"),
+    ({"options": {"record_id_retention_us": 0}}, r"options\.record_id_retention_us: must be an integer 1\.\."),
+    ({"options": {"state_ttl_us": 2**63 - 1}}, "state_ttl_us must be an integer 1000..3153600000000000"),
     ({"options": {"max_batch_seconds": "60"}}, "max_batch_seconds: must be a number of seconds"),
 ])
 def test_malformed_specs_name_the_computation_and_field(change: dict[str, object], message: str) -> None:
@@ -56,6 +64,14 @@ def test_malformed_specs_name_the_computation_and_field(change: dict[str, object
         bad["options"] = change["options"]
     with pytest.raises(InvalidSpecError, match=message):
         computation_from_dict(bad)
+
+
+def test_an_injector_disorder_bound_is_bounded_too() -> None:
+    for bad in (10**30, -1, "5", True):
+        with pytest.raises(InvalidSpecError, match=r"injectors\[0\]\.max_disorder_us: must be an integer "
+                                                   r"0\.\.3153600000000000"):
+            topology_from_dict({"computations": [GOOD], "injectors": [
+                {"name": "queries", "stream": "queries", "max_disorder_us": bad}]})
 
 
 def test_topology_errors() -> None:

@@ -38,3 +38,13 @@ def test_retrying_ranks_below_dead_lettering_and_above_lagging() -> None:
     assert s._health("c", info(dead=2, retrying=1), 100, 300, 1.0)[0] == "dead-lettering"
     assert s._health("c", info(dead=2, retrying=1), 100, 300, STUCK_S + DEAD_LETTER_WINDOW_S)[0] == "retrying"
     assert s._health("c", info(dead=2), 100, 300, STUCK_S + DEAD_LETTER_WINDOW_S)[0] == "lagging"
+
+
+def test_failing_ranges_rank_first_and_say_why() -> None:
+    s = Snapshotter(None)  # type: ignore[arg-type]
+    s._health("c", info(dead=1), 100, 300, 0.0)
+    failing = {**info(dead=2, retrying=1), "failing_ranges": [
+        {"stage": "build", "type": "RuntimeError", "message": "cannot connect"}]}
+    health, why = s._health("c", failing, 100, 300, 1.0)
+    assert health == "failing" and why == "1 key range(s) cannot run (build): RuntimeError: cannot connect"
+    assert s._health("c", {**failing, "failing_ranges": []}, 100, 300, 2.0)[0] == "dead-lettering"

@@ -168,10 +168,11 @@
     $("backpressure").textContent = c.backpressure.map((b) => `injector ${b.injector}: outbox ${b.outbox}, waited ${b.backpressure_s_total.toFixed(1)} s`).join("; ");
     sparkline($("lag-spark"), c.history.lag, (v) => fmtSecs(v));
     sparkline($("rate-spark"), c.history.in, (v) => fmtRate(v) + "/s");
-    const errs = [...c.retrying, ...c.recent_errors];
+    const ranges = (c.failing_ranges || []).map((f) => ({ time: f.last, key: `key range ${f.range}`, type: f.type, message: f.message, outcome: `range failing (${f.stage})`, attempts: f.attempts }));
+    const errs = [...ranges, ...c.retrying, ...c.recent_errors];
     fillRows($("errors"), errs.map((e) => [e.time ? new Date(e.time / 1000).toISOString().slice(11, 23) : "", e.record_id ? `${e.key} (record ${e.record_id})` : e.key, `${e.type}: ${e.message}`, `${e.outcome}${e.attempts ? " after " + e.attempts + " attempt(s)" : ""}`]));
     $("errors-none").hidden = errs.length > 0;
-    fillRows($("ranges"), c.ranges.map((r) => [r.range, r.worker ? `${r.worker} (${r.address})` : "(unassigned)", r.token, fmtWm(r.watermark), r.pending]));
+    fillRows($("ranges"), c.ranges.map((r) => [r.range, r.worker ? `${r.worker} (${r.address})` : "(unassigned)", r.token, fmtWm(r.watermark), r.failing ? `${r.pending} (failing: ${r.failing})` : r.pending]));
   }
 
   async function loadSpec() {
