@@ -32,7 +32,7 @@ Consumed IDs are kept ``--id-retention-s`` (the store's consumed-ID rows level o
 after that long).
 
 ``--tracemalloc-s N`` makes the workers write tracemalloc snapshots every N seconds
-into the output directory (services/memory_trace.py); tracing slows them down, so
+into the output directory (services/memory.py); tracing slows them down, so
 run it at a modest ``--rate``.
 """
 

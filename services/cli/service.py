@@ -20,7 +20,7 @@ from typing import Any, Callable
 from millwheel.errors import InvalidSpecError
 from millwheel.state.url_display import describe_store
 
-from .. import memory_trace
+from .. import memory
 from ..client import CONTROLLER_HELP, CONTROLLER_METAVAR, ControllerClient, controller_address
 from ..controller.limits import InjectLimits
 from ..rpc import security
@@ -158,7 +158,7 @@ def cmd_controller(args: argparse.Namespace) -> int:
     if not 0 <= args.takeover_grace <= 86_400:  # nan and inf too: a grace must end
         raise InvalidSpecError(f"--takeover-grace must be 0..86400 seconds, got {args.takeover_grace:g}")
     _logging(args.log_level)
-    memory_trace.start_from_env("controller")
+    memory.start_from_env("controller")
     security.setup_server(args, "controller")
     server, port, mport, service = serve(
         args.store, args.host, args.port, None if args.metrics_port < 0 else args.metrics_port,
@@ -183,7 +183,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     lifeline.die_with_parent(signal.SIGKILL)
     _logging(args.log_level)
-    memory_trace.start_from_env("worker")
+    memory.start_from_env("worker")
     security.setup_server(args, "worker")
     worker = WorkerProcess(
         controller_address(args.controller), args.store,
