@@ -10,23 +10,24 @@ import datetime
 import json
 import os
 import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 from bench import suite
+from bench.harness import commit
 from bench.report.tables import markdown
 from bench.report.targets import ratios_and_targets
 
-SECTIONS = ("limits", "throughput", "latency", "recovery", "service", "ha", "growth", "ttl", "peer")
+SECTIONS = ("limits", "throughput", "latency", "recovery", "service", "ha", "growth", "ttl", "peer", "soak")
+DEFAULT_SECTIONS = SECTIONS[:-1]  # the soak is long (30 minutes): run only when asked for
 RESULTS = Path(__file__).resolve().parent / "results"
 
 DESCRIPTION = """\
 Measure millwheel against the machine's physical limits and a peer (Bytewax), in one
 run, and check every run's output against the exact expected window counts.
 
-Sections (all by default, in this order; latency uses throughput's figures):
+Sections (all but soak by default, in this order; latency uses throughput's figures):
   limits      raw Redis Lua checkpoint (batch 100/1000), grpcio bidi stream of
               100-record batches, pybloom-live adds/lookups
   throughput  records/s draining a fixed backlog: pipelines single (1 stage, 10 s
@@ -52,6 +53,12 @@ Sections (all by default, in this order; latency uses throughput's figures):
               own virtualenv bench/.peers/flink is made on first use, Java needed).
               Interleaved rounds against millwheel: python -m bench.peers.peer_flink N ROUNDS;
               Pathway with persistence (full runs only, bench/.peers/pathway)
+  soak        opt-in (--only soak): `millwheel up --workers 2`, three stages, at
+              50% of its measured capacity for --soak-minutes (default 30; quick 6):
+              RSS per process, store size, consumed-ID and log rows, watermark lag
+              and records/s every minute to CSV and PNG; targets: RSS and store
+              growth <= 10% over the last 20 minutes, lag flat, output exact
+              (alone: python -m bench.cases.soak --help)
 
 --quick takes under 3 minutes (20k-record cases, a reduced matrix); the full run
 takes 20-30 minutes on 2 cores (growth's 10M run alone ~4-5). Redis cases start private redis-servers on free
@@ -77,28 +84,17 @@ def machine() -> dict[str, str]:
     return {"cpu": cpu, "nproc": str(os.cpu_count()), "memory": mem, "kernel": platform.release()}
 
 
-def commit() -> str:
-    root = Path(__file__).resolve().parents[1]
-    try:
-        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
-                             check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "millwheel", "bench"], cwd=root,
-                               capture_output=True, text=True).stdout.strip()
-        return sha + ("-dirty" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="the short suite (< 3 minutes)")
     parser.add_argument("--only", nargs="+", choices=SECTIONS, metavar="SECTION",
-                        help=f"run only these sections ({', '.join(SECTIONS)})")
+                        help=f"run only these sections ({', '.join(SECTIONS)}; soak only when named)")
+    parser.add_argument("--soak-minutes", type=float, help="minutes of the soak section (default 30, quick 6)")
     parser.add_argument("--out", type=Path, default=RESULTS, help=f"results directory (default {RESULTS})")
     args = parser.parse_args(argv)
     mode = suite.QUICK if args.quick else suite.FULL
-    sections = set(args.only or SECTIONS)
+    sections = set(args.only or DEFAULT_SECTIONS)
     if "latency" in sections or "recovery" in sections:
         sections.add("throughput")  # their rates are fractions of the measured throughput
     date = datetime.date.today().isoformat()
@@ -107,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
           file=sys.stderr)
     load_before = os.getloadavg()
     started = time.monotonic()
-    results = suite.run(mode, sections)
+    results = suite.run(mode, sections, soak_minutes=args.soak_minutes, out_dir=args.out)
     meta = {
         "date": date, "commit": sha, "mode": mode.name, "sections": sorted(sections),
         "machine": machine(), "python": platform.python_version(),
@@ -124,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / f"{stem}.md").write_text(md)
     print(md)
     print(f"wrote {args.out / stem}.json and .md in {meta['duration_s']:.0f} s", file=sys.stderr)
-    wrong = [e for sec in ("throughput", "latency", "recovery", "service", "ha", "long") for e in results.get(sec, [])
+    wrong = [e for sec in ("throughput", "latency", "recovery", "service", "ha", "long", "soak")
+             for e in results.get(sec, [])
              if "result" in e and not e["result"]["correct"]["ok"]]
     return 1 if wrong else 0
 

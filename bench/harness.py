@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import multiprocessing
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -100,6 +101,18 @@ def run_case(results: list[dict[str, Any]], label: str, meta: dict[str, Any], fn
         log(f"  {label}: FAILED {exc.__class__.__name__}: {exc}")
     results.append(entry)
     return entry
+
+
+def commit() -> str:
+    """The checkout's short commit, ``-dirty`` when millwheel/ or bench/ have changes."""
+    try:
+        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                             check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "millwheel", "bench"], cwd=ROOT,
+                               capture_output=True, text=True).stdout.strip()
+        return sha + ("-dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
 
 
 def free_port() -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 from bench.cases import limits
@@ -30,6 +31,8 @@ class Mode:
     full_matrix: bool
 
 
+SOAK_MINUTES_FULL = 30.0
+SOAK_MINUTES_QUICK = 6.0
 QUICK = Mode("quick", 20_000, 3.0, 1.0, (3.0, 3.0), False)
 FULL = Mode("full", 100_000, 8.0, 3.0, (6.0, 6.0), True)
 
@@ -52,9 +55,10 @@ def _lat(r: dict[str, Any]) -> str:
     return f"p50 {lat['p50']:.1f} ms p95 {lat['p95']:.1f} ms p99 {lat['p99']:.1f} ms"
 
 
-def run(mode: Mode, sections: set[str]) -> dict[str, Any]:
+def run(mode: Mode, sections: set[str], soak_minutes: float | None = None,
+        out_dir: Path | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {"throughput": [], "latency": [], "recovery": [], "limits": [], "peer": [],
-                           "service": [], "ha": [], "long": [], "notes": []}
+                           "service": [], "ha": [], "long": [], "soak": [], "notes": []}
     stores = Stores()
     uniform1k = WorkloadArgs(mode.n, 1_000, "uniform")
     try:
@@ -97,6 +101,12 @@ def run(mode: Mode, sections: set[str]) -> dict[str, Any]:
             _peer_flink(mode, out, uniform1k)
             log("== peer: Pathway with persistence (its own virtualenv bench/.peers/pathway)")
             _peer_pathway(mode, out, uniform1k)
+        if "soak" in sections:
+            minutes = soak_minutes or (SOAK_MINUTES_FULL if mode.full_matrix else SOAK_MINUTES_QUICK)
+            log(f"== soak: millwheel up --workers 2, three stages, 50% of capacity, {minutes:g} minutes")
+            from bench.cases import soak
+
+            soak.section(minutes, out_dir or soak.RESULTS, out["soak"], run_case)
         if stores.redis_error:
             out["notes"].append(f"Redis not available: {stores.redis_error}")
     finally:

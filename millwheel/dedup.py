@@ -3,7 +3,7 @@
 A scalable Bloom filter answers most lookups in memory: a miss means "certainly new".
 A maybe-hit is confirmed against the store in one round trip for the whole batch.
 The filter is rebuilt from the store's retained IDs when a worker takes a range, and
-rebuilt again after expiry so forgotten IDs stop costing lookups.
+rebuilt again once half of what it holds has expired (see :class:`Deduplicator`).
 
 The filter is rbloom's (Rust): adds and lookups were a quarter of the three-stage
 pipeline's CPU with pybloom-live (see docs/bench.md). It is never persisted, only
@@ -17,7 +17,7 @@ from typing import Sequence
 
 from rbloom import Bloom
 
-from millwheel.state.protocol import StateStore
+from millwheel.state.protocol import ID_PAGE, StateStore
 
 
 class ScalableBloom:
@@ -70,16 +70,49 @@ class ScalableBloom:
 
 
 class Deduplicator:
+    """A range's record-ID filter over the store's retained IDs.
+
+    Its memory is bounded twice over. A rebuild streams the store's IDs into a fresh
+    filter page by page (:data:`~millwheel.state.protocol.ID_PAGE` at a time), so it
+    never holds a range's IDs as Python objects at once: at the default retention of
+    an hour that was millions of strings, a transient of ~120 bytes per ID that the
+    allocator then kept (docs/service.md, "Memory"). And the filter is rebuilt only
+    once at least half of what it holds has expired from the store, so it holds at
+    most twice the retained IDs, and it is rebuilt about once per retention period
+    instead of after every expiry pass (every minute). IDs expired but still in the
+    filter cost nothing in correctness: a maybe-hit is confirmed against the store.
+    """
+
     def __init__(self, store: StateStore, computation: str, range_id: int) -> None:
         self._store = store
         self._computation = computation
         self._range_id = range_id
         self.store_lookups = 0
+        self.rebuilds = 0
+        self.held = 0  # IDs added to the filter since it was built (some may have expired since)
+        self._expired = 0  # of those, how many the store has forgotten
         self.rebuild()
 
     def rebuild(self) -> None:
-        self._bloom = ScalableBloom(initial_capacity=100_000, error_rate=0.001)
-        self._bloom.update(list(self._store.iter_ids(self._computation, self._range_id)))
+        bloom = ScalableBloom(initial_capacity=100_000, error_rate=0.001)
+        held = 0
+        page: list[str] = []
+        for record_id in self._store.iter_ids(self._computation, self._range_id):
+            page.append(record_id)
+            if len(page) >= ID_PAGE:
+                bloom.update(page)
+                held += len(page)
+                page = []
+        bloom.update(page)
+        self._bloom, self.held, self._expired = bloom, held + len(page), 0
+        self.rebuilds += 1
+
+    def expired(self, count: int) -> None:
+        """The store forgot ``count`` of this range's IDs (past the retention): rebuild
+        the filter once at least half of what it holds is gone."""
+        self._expired += count
+        if count and self._expired * 2 >= self.held:
+            self.rebuild()
 
     def seen(self, record_ids: Sequence[str]) -> set[str]:
         """The IDs of ``record_ids`` that were already consumed (checkpointed)."""
@@ -92,3 +125,4 @@ class Deduplicator:
     def remember(self, record_ids: Sequence[str]) -> None:
         """Add IDs to the filter; call only after their checkpoint committed."""
         self._bloom.update(record_ids)
+        self.held += len(record_ids)

@@ -151,6 +151,14 @@ class PrometheusSensors:
                 if labels[0].startswith("injector:") and labels[0] not in nodes:
                     metric.remove(*labels)
 
+    def forget_destination(self, destination: str) -> None:
+        """Drop the series of a destination no longer sent to (a worker address that owns
+        no range any more: a restarted worker comes back at another port)."""
+        for metric in (self._backpressure, self._inflight, self._retries):
+            for labels in list(getattr(metric, "_metrics", {})):
+                if labels[0] == destination:
+                    metric.remove(*labels)
+
     def sample(self, name: str, labels: dict[str, str]) -> float | None:
         """This process's current value of one sample (None if it has none)."""
         return self.registry.get_sample_value(name, labels)

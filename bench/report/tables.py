@@ -85,6 +85,10 @@ def markdown(doc: dict[str, Any]) -> str:
         lines += ha.markdown(res["ha"])
     if res.get("long"):
         lines += long_runs.markdown(res["long"])
+    if res.get("soak"):
+        from bench.cases import soak
+
+        lines += soak.markdown(res["soak"])
     lines += ["", "## Physical limits (same machine, same run, same record sizes)", "",
               "| limit | setting | records/s (or ops/s) |", "|---|---|---|"]
     for e in res["limits"]:

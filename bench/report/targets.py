@@ -117,6 +117,11 @@ def ratios_and_targets(res: dict[str, Any]) -> tuple[dict[str, Any], list[dict[s
     if fo is not None:
         targets.append(_target("controller failover: leader kill -9 -> a standby leads <= 5 s (max over kills)",
                                fo["takeover_s"]["max"], 5.0, "s", lower=True))
+    for e in res.get("soak", []):  # opt-in (python -m bench --only soak): its rows as it computed them
+        if "result" in e:
+            targets += [{k: t[k] for k in ("target", "value", "bound", "unit", "met")} for t in e["result"]["targets"]]
+        else:
+            targets.append(_target(f"soak: {e.get('error', 'failed')}", None, 0.0, ""))
     return ratios, targets
 
 

@@ -357,6 +357,5 @@ class RangeWorker:
         removed = self.store.expire_ids(
             self.name, self.range_id, self.token, now - self.spec.options.record_id_retention_us
         )
-        if removed:
-            self.dedup.rebuild()
+        self.dedup.expired(removed)
         return removed

@@ -84,6 +84,9 @@ class Checkpoint:
 
 #: How many given-up errors a range keeps (newest first) for ``DescribeComputation``.
 RECENT_ERRORS = 20
+#: Consumed record IDs read per round trip by ``iter_ids`` (and added to a Bloom filter
+#: per step by a rebuild): ~1 MB of Python objects at a time, whatever the retention.
+ID_PAGE = 10_000
 
 
 @dataclass(frozen=True)
@@ -155,7 +158,10 @@ class StateStore(Protocol):
         ...
 
     def iter_ids(self, computation: str, range_id: int) -> Iterator[str]:
-        """Every retained consumed record ID of the range (to rebuild a Bloom filter)."""
+        """Every retained consumed record ID of the range (to rebuild a Bloom filter),
+        read from the store :data:`ID_PAGE` at a time as the iterator is consumed, so a
+        range's IDs are never all in memory at once. Only the range's owner changes its
+        IDs, and it does not while it iterates them."""
         ...
 
     def expire_ids(self, computation: str, range_id: int, token: int, older_than_us: int) -> int:

@@ -20,7 +20,7 @@ from typing import Any, Iterable, Iterator, Sequence
 
 from millwheel.record import Record, TimeDomain, Timer
 from millwheel.state.lease import check_meta_name
-from millwheel.state.protocol import RECENT_ERRORS, Checkpoint, ErrorReport, Production
+from millwheel.state.protocol import ID_PAGE, RECENT_ERRORS, Checkpoint, ErrorReport, Production
 from millwheel.state.redis_group import checkpoint_args
 from millwheel.state.redis_keys import _CHUNK, _field, _glob_escape, _show, _unframe
 from millwheel.state.redis_lease import RedisLease
@@ -232,11 +232,16 @@ class RedisStore(RedisLease, RedisLog):
         }
 
     def iter_ids(self, computation: str, range_id: int) -> Iterator[str]:
+        # Pages by rank (ZRANGE by index: the set is ordered by first-consumed time, then
+        # ID); only the owner changes the set and not while it iterates, so ranks stay put.
         key = self._range(computation, range_id).ids
-        members = self._call(
-            "iter_ids", [key], lambda: [m for m, _s in self._r.zscan_iter(key, count=5000)]
-        )
-        return (m.decode() for m in dict.fromkeys(members))
+        start = 0
+        while True:
+            page = self._call("iter_ids", [key], partial(self._r.zrange, key, start, start + ID_PAGE - 1))
+            yield from (m.decode() for m in page)
+            if len(page) < ID_PAGE:
+                return
+            start += ID_PAGE
 
     def expire_ids(self, computation: str, range_id: int, token: int, older_than_us: int) -> int:
         rk = self._range(computation, range_id)

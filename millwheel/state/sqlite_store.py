@@ -23,7 +23,7 @@ from typing import Iterable, Iterator, Sequence
 
 from millwheel.errors import CorruptDataError
 from millwheel.record import Record, TimeDomain, Timer
-from millwheel.state.protocol import Checkpoint, Production
+from millwheel.state.protocol import ID_PAGE, Checkpoint, Production
 from millwheel.state.sqlite_errors import SQLiteErrors
 from millwheel.state.sqlite_lease import SQLiteLease
 from millwheel.state.sqlite_schema import SQLiteFile, _insert_rows, _json_list
@@ -228,12 +228,17 @@ class SQLiteStore(SQLiteLease, SQLiteErrors, SQLiteShared, SQLiteFile):
         return found
 
     def iter_ids(self, computation: str, range_id: int) -> Iterator[str]:
-        with self._lock:
-            rows = self._db.execute(
-                "SELECT record_id FROM seen_ids WHERE computation=? AND range_id=?",
-                (computation, range_id),
-            ).fetchall()
-        return (row[0] for row in rows)
+        # Pages in primary-key order (a range scan of the table's b-tree), each read
+        # under the connection's lock and released between pages.
+        sql = "SELECT record_id FROM seen_ids WHERE computation=? AND range_id=? {}ORDER BY record_id LIMIT ?"
+        args: tuple[object, ...] = (computation, range_id, ID_PAGE)
+        while True:
+            with self._lock:
+                rows = self._db.execute(sql.format("" if len(args) == 3 else "AND record_id > ? "), args).fetchall()
+            yield from (row[0] for row in rows)
+            if len(rows) < ID_PAGE:
+                return
+            args = (computation, range_id, rows[-1][0], ID_PAGE)
 
     def expire_ids(self, computation: str, range_id: int, token: int, older_than_us: int) -> int:
         """In transactions of about :data:`EXPIRE_IDS_PER_TXN` IDs each (each fenced): one

@@ -20,6 +20,7 @@ from typing import Any, Callable
 from millwheel.errors import InvalidSpecError
 from millwheel.state.url_display import describe_store
 
+from .. import memory
 from ..client import CONTROLLER_HELP, CONTROLLER_METAVAR, ControllerClient, controller_address
 from ..controller.limits import InjectLimits
 from ..rpc import security
@@ -193,6 +194,7 @@ def cmd_controller(args: argparse.Namespace) -> int:
         raise InvalidSpecError(f"--cluster-port must be 0..65535, got {args.cluster_port}")
     admission = admission_limits(args)
     _logging(args.log_level)
+    memory.start_from_env("controller")
     security.setup_server(args, "controller")
     server, port, mport, service = serve(
         args.store, args.host, args.port, None if args.metrics_port < 0 else args.metrics_port,
@@ -228,6 +230,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     lifeline.die_with_parent(signal.SIGKILL)
     _logging(args.log_level)
+    memory.start_from_env("worker")
     security.setup_server(args, "worker")
     worker = WorkerProcess(
         controller_address(args.controller), args.store,

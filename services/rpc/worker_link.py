@@ -46,6 +46,12 @@ class PeerLink:
         self._queue: queue.Queue[Any] | None = None
         self._call: Any = None
         self._blocked_since: float | None = None
+        self._closed = False
+
+    def idle(self) -> bool:
+        """No batch is waiting for its ack."""
+        with self._lock:
+            return not self._pending
 
     def send(self, batch: pb.DeliverBatch, wait_s: float) -> Future[Any] | None:
         """Queue ``batch``, waiting up to ``wait_s`` for room; None if none freed up."""
@@ -60,7 +66,12 @@ class PeerLink:
     def try_send(self, batch: pb.DeliverBatch) -> Future[Any] | None:
         """Queue ``batch``, or None at once if ``max_inflight`` batches are unacked (the
         caller keeps the records and tries again when an ack frees room). The time
-        from the first refusal to the next accepted batch counts as backpressure."""
+        from the first refusal to the next accepted batch counts as backpressure. A
+        closed link fails the batch (the caller resends it to the range's owner)."""
+        if self._closed:
+            failed: Future[Any] = Future()
+            failed.set_exception(LinkError(f"link to {self.address} is closed"))
+            return failed
         if not self._room.acquire(blocking=False):
             if self._blocked_since is None:
                 self._blocked_since = time.monotonic()
@@ -135,5 +146,6 @@ class PeerLink:
         self._fail(q, LinkError(f"link to {self.address} reset: {reason}"))
 
     def close(self) -> None:
+        self._closed = True
         self.reset("closing")
         self._channel.close()

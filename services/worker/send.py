@@ -38,6 +38,7 @@ from .watchdog import Watchdog
 
 log = logging.getLogger("millwheel.worker")
 Unit = tuple[str, int]
+LINK_SWEEP_S = 10.0  # how often links to addresses that own nothing are closed
 
 
 class Sender:
@@ -76,9 +77,13 @@ class Sender:
         self._wake.set()
 
     def _pump_loop(self) -> None:
+        swept = time.monotonic()
         while not self.stopped.is_set():
             self._wake.clear()
             moved = 0
+            if time.monotonic() - swept >= LINK_SWEEP_S:
+                swept = time.monotonic()
+                self.sweep_links()
             for owned in list(self.units.values()):
                 unit = (owned.node, owned.range_id)
                 if unit in self.failures and not self.failures.due(unit):
@@ -137,6 +142,18 @@ class Sender:
         for s in planned:
             moved += self._send(owned, s)
         return moved
+
+    def sweep_links(self) -> list[str]:
+        """Close the links (channel, reader thread, metric series) to addresses that own
+        no range now and wait for no ack; returns those addresses. A worker restarted
+        comes back at another port, so without this every address ever sent to would
+        keep its link for the life of the process."""
+        live = {o.address for o in self.owners.values()}
+        gone = [a for a, link in list(self.links.items()) if a not in live and link.idle()]
+        for address in gone:
+            self.links.pop(address).close()
+            self.sensors.forget_destination(address)
+        return gone
 
     def _link(self, address: str) -> PeerLink:
         link = self.links.get(address)

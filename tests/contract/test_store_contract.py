@@ -290,6 +290,24 @@ def test_consumed_ids_are_per_range_and_many_at_once(store: StateStore) -> None:
     assert list(store.iter_ids(C, 1)) == ["only-1"]
 
 
+def test_iter_ids_reads_every_id_across_pages(store: StateStore) -> None:
+    """More IDs than one page: every one comes back once, each range's its own."""
+    from millwheel.state.protocol import ID_PAGE
+
+    t0, t1 = store.acquire(C, 0), store.acquire(C, 1)
+    ids = [f"r{i}" for i in range(2 * ID_PAGE + 123)]
+    for start in range(0, len(ids), 5000):
+        store.checkpoint(cp(t0, 0, now_us=1_000 + start, consumed_ids=ids[start:start + 5000]))
+    store.checkpoint(cp(t1, 1, consumed_ids=[f"r{ID_PAGE}", "only-1"]))
+    got = list(store.iter_ids(C, 0))
+    assert len(got) == len(ids) and set(got) == set(ids)
+    assert sorted(store.iter_ids(C, 1)) == ["only-1", f"r{ID_PAGE}"]
+    exact = [f"x{i}" for i in range(ID_PAGE)]  # exactly one full page, then an empty one
+    t2 = store.acquire(C, 2)
+    store.checkpoint(cp(t2, 2, consumed_ids=exact))
+    assert sorted(store.iter_ids(C, 2)) == sorted(exact)
+
+
 def test_expire_ids_is_fenced(store: StateStore) -> None:
     t = store.acquire(C, 0)
     store.checkpoint(cp(t, now_us=100, consumed_ids=["x"]))

@@ -1,0 +1,82 @@
+"""A worker closes its links to addresses that own no range (a restarted worker comes
+back at another port): the link, its gRPC channel and its metric series go, unless a
+batch on it still waits for its ack. Real gRPC on loopback: a Worker service that
+holds every batch until the test lets it ack."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Future
+from typing import Any, Iterator
+
+import grpc
+import pytest
+
+from services.generated import millwheel_pb2 as pb
+from services.metrics import PrometheusSensors
+from services.rpc.server import start_server
+from services.rpc.worker_link import LinkError, PeerLink
+from services.worker.send import Sender
+from services.worker.units import OwnerInfo
+
+
+class HeldWorker:
+    """Acks each batch only once ``release`` is set."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+
+    def Deliver(self, requests: Iterator[Any], context: grpc.ServicerContext) -> Iterator[pb.DeliverAck]:
+        for batch in requests:
+            self.release.wait(30)
+            yield pb.DeliverAck(batch_id=batch.batch_id, status=pb.DeliverAck.OK)
+
+
+class Links(Sender):
+    """The part of a worker that keeps links: its owner table, links and metrics."""
+
+    def __init__(self, owners: dict[tuple[str, int], OwnerInfo]) -> None:
+        self.owners = owners
+        self.links: dict[str, PeerLink] = {}
+        self.sensors = PrometheusSensors("worker")
+        self.max_inflight = 4
+
+
+def test_links_to_addresses_that_own_nothing_are_closed_once_idle() -> None:
+    held = HeldWorker()
+    server, port, _ = start_server("127.0.0.1:0", {"Worker": held})
+    busy, owner, gone = f"127.0.0.1:{port}", "127.0.0.1:1", "127.0.0.1:2"
+    w = Links({("count", 0): OwnerInfo("w-owner", owner, 1)})
+    try:
+        pending = w._link(busy).try_send(pb.DeliverBatch(computation="count", range_id=1))
+        assert pending is not None
+        w._link(owner)
+        w._link(gone)
+        w.sensors.retry(gone)
+        w.sensors.inflight(gone, 0)
+        assert w.sensors.sample("millwheel_delivery_retries_total", {"destination": gone}) == 1
+
+        assert w.sweep_links() == [gone]  # `busy` owns nothing either, but waits for an ack
+        assert sorted(w.links) == sorted([busy, owner])
+        assert w.sensors.sample("millwheel_delivery_retries_total", {"destination": gone}) is None
+        assert w.sensors.sample("millwheel_inflight_batches", {"destination": gone}) is None
+        assert w.sensors.sample("millwheel_inflight_batches", {"destination": busy}) == 1
+
+        held.release.set()
+        assert pending.result(10).status == pb.DeliverAck.OK
+        assert w.sweep_links() == [busy]
+        assert list(w.links) == [owner]
+    finally:
+        held.release.set()
+        for link in w.links.values():
+            link.close()
+        server.stop(0)
+
+
+def test_a_closed_link_fails_a_batch_instead_of_raising() -> None:
+    link = PeerLink("127.0.0.1:1", 2)
+    link.close()
+    fut: Future[Any] | None = link.try_send(pb.DeliverBatch(computation="count", range_id=0))
+    assert fut is not None
+    with pytest.raises(LinkError, match="closed"):
+        fut.result(0)
