@@ -65,6 +65,7 @@ class Receiver:
     unit_of: UnitOf
     _inject_seqs: OrderedDict[tuple[str, str], int]
     _units_lock: threading.Lock
+    _fenced_tokens: set[tuple[str, int, int]]
     _wake: threading.Event
     _hb_wake: threading.Event
     _fenced: Callable[[OwnedRange, FencedError], None]
@@ -107,7 +108,8 @@ class Receiver:
                                  message=f"{self.worker_id} does not own {node}")
         with owned.lock:
             if owned.dropped:
-                return pb.DeliverAck(status=pb.DeliverAck.NOT_OWNER, message="range moved")
+                return pb.DeliverAck(status=pb.DeliverAck.NOT_OWNER,
+                                     message=f"range moved{self._fenced_note((node, 0))}")
             outbox = owned.outbox
             assert outbox is not None
             if outbox.in_memory() >= self.max_injector_outbox:
@@ -180,6 +182,14 @@ class Receiver:
                 slow += items
         return slow
 
+    def _fenced_note(self, unit: Unit) -> str:
+        """Why a range is no longer ours, when its store writes were fenced: a sender (or
+        an operator reading the ack) learns that a newer owner holds it, not just that we
+        do not (a zombie's refusal reads the same whichever of its threads hit the fence
+        first: the pump's checkpoint or this batch's)."""
+        tokens = [t for n, r, t in self._fenced_tokens if (n, r) == unit]
+        return f": fenced (its token {max(tokens)} was superseded: the range moved)" if tokens else ""
+
     def process(self, computation: str, range_id: int, records: list[Record]) -> pb.DeliverAck:
         """Steps 1-3 for a batch addressed to one of our ranges; the ack is step 4."""
         unit = (computation, range_id)
@@ -187,7 +197,8 @@ class Receiver:
         if owned is None or owned.worker is None:
             f = self.failures.get(unit)  # one of ours that cannot be built: say why
             return pb.DeliverAck(status=pb.DeliverAck.NOT_OWNER, message=(
-                f"{self.worker_id} does not own {computation}/{range_id}" if f is None else
+                f"{self.worker_id} does not own {computation}/{range_id}{self._fenced_note(unit)}"
+                if f is None else
                 f"{computation}/{range_id} is failing on {self.worker_id} ({f.stage}): {f.message}"))
         if unit in self.failures and not self.failures.due(unit):
             f = self.failures.get(unit)  # retried after its backoff, not at every sender's pace
@@ -195,7 +206,7 @@ class Receiver:
                 f"{computation}/{range_id} is failing ({f.stage}): {f.message}" if f else "failing"))
         with owned.lock:
             if owned.dropped or owned.worker is None:
-                return pb.DeliverAck(status=pb.DeliverAck.NOT_OWNER, message="range moved")
+                return pb.DeliverAck(status=pb.DeliverAck.NOT_OWNER, message=f"range moved{self._fenced_note(unit)}")
             rw = owned.worker
             try:
                 # Records that overran their deadline before run alone; see services/worker/overruns.py.
