@@ -31,6 +31,9 @@ from . import lifeline
 from .restarter import Restarter
 
 DEFAULT_STORE = "sqlite:///millwheel-data/service.db"
+#: The store URL as ``up`` hands it to its children: in the environment (which only the
+#: same user reads), not on the command line, where ``ps`` shows a Redis password to all.
+STORE_ENV = "MILLWHEEL_STORE"
 
 
 def add_commands(sub: Any) -> None:
@@ -157,7 +160,9 @@ def _allow_code_arg(p: argparse.ArgumentParser) -> None:
 
 def _server_args(p: argparse.ArgumentParser, port: int, up: bool = False) -> None:
     security.add_args(p, server=True, up=up)
-    p.add_argument("--store", default=DEFAULT_STORE, help=f"store URL (default {DEFAULT_STORE})")
+    p.add_argument("--store", default=os.environ.get(STORE_ENV, DEFAULT_STORE),
+                   help=f"store URL (env {STORE_ENV}, which keeps a password out of `ps`; "
+                   f"default {DEFAULT_STORE})")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=port, help=f"gRPC port (default {port}; 0 = any free)")
     p.add_argument("--metrics-port", type=int, default=0,
@@ -266,7 +271,7 @@ def cmd_up(args: argparse.Namespace) -> int:
                     "choose another with --port")
     base = [sys.executable, "-m", str(__package__)]
     client_sec, secure_args, how = security.up_credentials(args)
-    common = ["--store", args.store, "--host", args.host, "--log-level", args.log_level,
+    common = ["--host", args.host, "--log-level", args.log_level,
               "--allow-code", args.allow_code, *secure_args]
     procs: list[subprocess.Popen[bytes]] = []
     host = '127.0.0.1' if args.host == '0.0.0.0' else args.host
@@ -277,7 +282,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         return subprocess.Popen([*base, "worker", *common, "--controller", controller,
                                  "--port", "0", "--metrics-port", "-1" if args.metrics_port < 0 else "0",
                                  *(["--no-watchdog"] if args.no_watchdog else [])],
-                                start_new_session=True, env=lifeline.child_env())
+                                start_new_session=True, env={**lifeline.child_env(), STORE_ENV: args.store})
 
     ui_port = free_port(args.host) if args.ui_port == 0 else args.ui_port
 
@@ -285,7 +290,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         return subprocess.Popen([*base, "controller", *common, "--port", str(ports[i]),
                                  "--metrics-port", str(args.metrics_port if i == 0 or args.metrics_port < 0 else 0),
                                  "--ui-port", str(ui_port if i == 0 else -1)],
-                                start_new_session=True, env=lifeline.child_env())
+                                start_new_session=True, env={**lifeline.child_env(), STORE_ENV: args.store})
     # Every child is stopped on the way out, whatever the way: a controller that never
     # answers, Ctrl-C while starting, an error, or the end of a normal run.
     try:

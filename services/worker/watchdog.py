@@ -44,6 +44,7 @@ from . import overruns
 
 log = logging.getLogger("millwheel.watchdog")
 SECURITY_ENV = "MILLWHEEL_WATCHDOG_SECURITY"  # the worker's Security, as JSON
+STORE_ENV = "MILLWHEEL_WATCHDOG_STORE"  # the worker's store URL
 RECORD_FIRST_S = 1.0  # how long recording an overrun may delay the kill
 
 
@@ -67,11 +68,13 @@ def start(progress_fd: int, *, controller: str, store_url: str, worker_id: str, 
     """Start the watchdog of this process (the worker)."""
     pipe_r, pipe_w = os.pipe()
     config = {"pid": os.getpid(), "progress_fd": progress_fd, "pipe_fd": pipe_r,
-              "controller": controller, "store": store_url, "worker_id": worker_id,
+              "controller": controller, "worker_id": worker_id,
               "address": address, "metrics_address": metrics_address, "heartbeat_s": heartbeat_s}
-    # The worker's TLS and cluster secret travel in the environment (readable by the same
-    # user only), not on the command line that `ps` shows everyone.
-    env = dict(os.environ, **{SECURITY_ENV: json.dumps(dataclasses.asdict(security.process()))})
+    # The worker's TLS and cluster secret and the store URL (a Redis password) travel in
+    # the environment (readable by the same user only), not on the command line that
+    # `ps` shows everyone.
+    env = dict(os.environ, **{SECURITY_ENV: json.dumps(dataclasses.asdict(security.process())),
+                              STORE_ENV: store_url})
     proc = subprocess.Popen([sys.executable, "-m", f"{__package__}.watchdog", json.dumps(config)],
                             pass_fds=(progress_fd, pipe_r), stdin=subprocess.DEVNULL, env=env)
     os.close(pipe_r)
@@ -158,7 +161,7 @@ class _Loop:
         alone = len(batches) == 1 and batches[0][0].n_ids == 1
 
         def record() -> None:
-            store = open_service_store(self.cfg["store"])
+            store = open_service_store(os.environ[STORE_ENV])
             try:
                 for r, ids in batches:
                     if ids:

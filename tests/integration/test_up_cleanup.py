@@ -127,3 +127,35 @@ def test_up_killed_with_sigkill_takes_every_child_with_it(tmp_path: Path) -> Non
                 os.kill(p, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+def test_the_store_password_is_on_no_command_line(tmp_path: Path) -> None:
+    """`ps` shows every user every process's command line: `up` hands the store URL to
+    its controller and workers, and a worker to its watchdog, in the environment, so a
+    Redis password appears on none of them (it did on all five)."""
+    from tests.support.redis_server import RedisServer
+
+    password = "pw-" + os.urandom(6).hex()
+    port = free_port()
+    with RedisServer(requirepass=password) as redis:
+        proc = up(tmp_path, port, "--workers", "2", "--store", f"redis://:{password}@127.0.0.1:{redis.port}/0")
+        family: list[int] = []
+        try:
+            wait_for(lambda: "millwheel is up" in (tmp_path / "up.log").read_text(), 60, "up to be up")
+            wait_for(lambda: len(_all_descendants(proc.pid)) >= 5, 30, "the workers' watchdogs")
+            family = _all_descendants(proc.pid)  # up's own is the user's (MILLWHEEL_STORE keeps it off)
+            lines = {p: Path(f"/proc/{p}/cmdline").read_bytes() for p in family if _alive(p)}
+            assert sorted(_role(p) for p in family).count("worker") == 2
+            leaked = [p for p, line in lines.items() if password.encode() in line]
+            assert not leaked, f"the password is on the command line of {leaked}"
+            assert f"127.0.0.1:{redis.port}" in (tmp_path / "up.log").read_text()  # it runs on that store
+        finally:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(60)
+            finally:
+                for p in family:
+                    try:
+                        os.kill(p, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
