@@ -68,6 +68,9 @@ class PrometheusSensors:
         self._spark_windows = Counter("millwheel_spark_windows_total",
                                       "Windows whose results a Spark job produced", ["computation"],
                                       registry=r)
+        self._refused = Counter("millwheel_admission_refused_total",
+                                "Client calls refused with RESOURCE_EXHAUSTED by an admission limit "
+                                "(the limit's flag, the method)", ["limit", "method"], registry=r)
         self._ranges = Gauge("millwheel_owned_ranges", "Key ranges this process owns", registry=r)
         self._up = Gauge("millwheel_process_info", "Which millwheel process this is", ["process"],
                          registry=r)
@@ -120,6 +123,9 @@ class PrometheusSensors:
 
     def retry(self, destination: str) -> None:
         self._retries.labels(destination).inc()
+
+    def admission_refused(self, limit: str, method: str) -> None:
+        self._refused.labels(limit, method).inc()
 
     def owned_ranges(self, count: int) -> None:
         self._ranges.set(count)

@@ -19,6 +19,7 @@ worker goes there and learns the leader's cluster address from its answer.
 from __future__ import annotations
 
 import socket
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import grpc
@@ -62,6 +63,7 @@ def advertised_host(host: str, advertise: str | None) -> str:
 
 def start_servers(controller: HeartbeatHandler, services: dict[str, Any], host: str, port: int,
                   cluster_port: int, advertise: str, limits: AdmissionLimits,
+                  on_refused: Callable[[str, str], None] | None = None,
                   ) -> tuple[grpc.Server, int, int, Any]:
     """Start the cluster port, then the client port (``services`` plus Cluster, under
     ``limits``). Returns (client server, client port, cluster port, health); stopping
@@ -74,7 +76,7 @@ def start_servers(controller: HeartbeatHandler, services: dict[str, Any], host: 
     except ListenError as exc:
         raise ListenError(f"{exc} (--cluster-port)") from None
     cluster.cluster_address = f"{advertise}:{cluster_bound}"
-    admission = Admission(limits, process().cluster_secret)
+    admission = Admission(limits, process().cluster_secret, on_refused)
     try:
         server, bound, health = start_server(
             f"{host}:{port}", {**services, "Cluster": cluster}, admission=admission, pool_name="client")

@@ -335,7 +335,8 @@ def serve(
                                 takeover_grace_s=takeover_grace_s)
     advertise = advertised_host(host, advertise)
     server, bound, cluster_bound, health = start_servers(
-        service, {"Controller": service}, host, port, cluster_port, advertise, admission or AdmissionLimits())
+        service, {"Controller": service}, host, port, cluster_port, advertise, admission or AdmissionLimits(),
+        sensors.admission_refused)
     service.health_monitor = HealthMonitor(health, store, problem=service.readiness_problem)
     service.cluster_port = cluster_bound
     service.start(f"{advertise}:{bound}")

@@ -165,8 +165,10 @@ class Admission(grpc.ServerInterceptor):
     """The interceptor (see the module doc); ``cluster_secret``: the token that makes
     a ``millwheel-forwarded-for`` name trusted."""
 
-    def __init__(self, limits: AdmissionLimits, cluster_secret: str | None = None) -> None:
+    def __init__(self, limits: AdmissionLimits, cluster_secret: str | None = None,
+                 on_refused: Callable[[str, str], None] | None = None) -> None:
         limits.check()
+        self.on_refused = on_refused  # (limit's flag, method): the refusals metric
         self.limits = limits
         self.cluster_secret = cluster_secret
         self._lock = threading.Lock()
@@ -209,11 +211,14 @@ class Admission(grpc.ServerInterceptor):
                                   else (self.limits.client_calls, self.limits.calls))
         with self._lock:
             mine = self._per_client.get((stream, client), 0)
+            flag = ""
             if mine >= per_limit:
+                flag = f"--max-client-{what}"
                 refusal = (f"{method}: client {client} already has {mine} {unit}, the limit per "
                            f"client (--max-client-{what}={per_limit}); end one first, or raise the "
                            f"controller's --max-client-{what}")
             elif self._total[stream] >= total_limit:
+                flag = f"--max-{what}"
                 refusal = (f"{method}: the controller already has {self._total[stream]} {unit} "
                            f"from all clients, its limit (--max-{what}={total_limit}); retry later, "
                            f"or raise the controller's --max-{what}")
@@ -225,6 +230,8 @@ class Admission(grpc.ServerInterceptor):
                 self._open[id(slot)] = slot
         if refusal:
             self._note(refusal)
+            if self.on_refused is not None:
+                self.on_refused(flag, method)
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, refusal)
         context.add_callback(lambda: self._ended(slot))
         return slot

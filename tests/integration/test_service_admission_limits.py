@@ -18,10 +18,12 @@ import pytest
 from millwheel.topology import CodeRef, ComputationSpec, InputSpec
 from services.generated import millwheel_pb2 as pb
 from services.generated import millwheel_pb2_grpc as pb_grpc
+from services.metrics import scrape
 from services.rpc.controller_link import await_start
 from services.rpc.convert import spec_to_proto
 from services.rpc.security import Security
 from tests.integration.service_cluster import Cluster, wait_for
+from tests.support.redis_server import free_port
 
 pytestmark = [pytest.mark.timeout(120)]
 LOGGED = "out"
@@ -75,7 +77,11 @@ class Silent:
         yield  # a generator
 
 
-@pytest.mark.parametrize("controller", [["--max-client-streams", "2", "--max-streams", "3"]], indirect=True)
+METRICS_PORT = free_port()
+
+
+@pytest.mark.parametrize("controller", [["--max-client-streams", "2", "--max-streams", "3",
+                                         "--metrics-port", str(METRICS_PORT)]], indirect=True)
 def test_streams_are_bounded_per_client_and_in_total(controller: Cluster) -> None:
     ch6, v6 = stub(controller, True)
     ch4, v4 = stub(controller, False)
@@ -93,6 +99,13 @@ def test_streams_are_bounded_per_client_and_in_total(controller: Cluster) -> Non
         # Streams and unary calls are counted apart: both clients still query.
         assert v6.ClusterStatus(pb.ClusterStatusRequest(), timeout=5).answered_by
         assert controller.client.status().answered_by
+
+        # An operator sees refusals by limit on the controller's /metrics.
+        samples = scrape(f"127.0.0.1:{METRICS_PORT}", 5)
+        method = "/millwheel.v1.Controller/Subscribe"
+        assert samples[("millwheel_admission_refused_total",
+                        (("limit", "--max-client-streams"), ("method", method)))] == 1
+        assert samples[("millwheel_admission_refused_total", (("limit", "--max-streams"), ("method", method)))] == 1
 
         held.pop(0).cancel()  # a stream that ends gives its slot back at once
         held.append(wait_for(lambda: _try_start(v4), 5, "the freed slot"))
