@@ -171,12 +171,33 @@ def start_server(
     return server, port, health_servicer
 
 
+PROBE_THREADS = 4
+
+
+class _CheckOnly(health_pb2_grpc.HealthServicer):
+    """gRPC health for the plaintext probe port: ``Check`` only. That port takes no
+    credential, so a ``Watch`` (a stream that lasts as long as the caller likes) would
+    let anyone who reaches it hold its few threads and fail every probe after; probes
+    (Kubernetes' ``grpc:``) call ``Check``. ``Watch`` stays on the main port, under
+    the client admission limits."""
+
+    def __init__(self, servicer: health.HealthServicer) -> None:
+        self._servicer = servicer
+
+    def Check(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802 - gRPC's name
+        return self._servicer.Check(request, context)
+
+    def Watch(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802 - gRPC's name
+        context.abort(grpc.StatusCode.UNIMPLEMENTED,
+                      "the plaintext health port (--health-port) answers Check only; Watch on the main port")
+
+
 def _health_only(main: grpc.Server, host: str, port: int, servicer: health.HealthServicer) -> None:
     """A plaintext server answering only gRPC health for ``main`` (the same servicer, so
     both always answer alike), for probes that cannot do TLS; stopped with ``main``."""
-    probe = grpc.server(futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="health"),
-                        options=[("grpc.so_reuseport", 0)])
-    health_pb2_grpc.add_HealthServicer_to_server(servicer, probe)
+    probe = grpc.server(futures.ThreadPoolExecutor(max_workers=PROBE_THREADS, thread_name_prefix="health"),
+                        options=[("grpc.so_reuseport", 0)], maximum_concurrent_rpcs=PROBE_THREADS * 4)
+    health_pb2_grpc.add_HealthServicer_to_server(_CheckOnly(servicer), probe)
     try:
         bound = probe.add_insecure_port(f"{host}:{port}")
     except RuntimeError:
