@@ -189,9 +189,18 @@ class Injecting:
             time.sleep(0.05)
 
     def _link(self, address: str) -> PeerLink:
+        """The kept-open link to ``address``. Opening one first closes the idle links
+        to addresses no live worker has now: a worker restarted comes back at another
+        port, so without this every address ever injected to would keep its channel
+        and reader thread for the life of the controller."""
         with self.lock:
             link = self._links.get(address)
             if link is None:
+                live = {w.address for w in self.assigner.workers.values() if w.alive}
+                for old in [a for a, k in self._links.items() if a not in live and k.idle()]:
+                    self._links.pop(old).close()
+                    if self.sensors is not None:
+                        self.sensors.forget_destination(old)
                 link = self._links[address] = PeerLink(address, 32, self.sensors)
             return link
 

@@ -80,3 +80,40 @@ def test_a_closed_link_fails_a_batch_instead_of_raising() -> None:
     assert fut is not None
     with pytest.raises(LinkError, match="closed"):
         fut.result(0)
+
+
+def test_the_controllers_inject_links_go_with_the_workers_that_are_gone() -> None:
+    """The controller's links to injectors' owners: opening a link closes the idle ones
+    to addresses no live worker has (a restarted worker's old port)."""
+    from services.controller.assign import WorkerState
+    from services.controller.inject import Injecting
+
+    held = HeldWorker()
+    server, port, _ = start_server("127.0.0.1:0", {"Worker": held})
+    busy, old, new = f"127.0.0.1:{port}", "127.0.0.1:1", "127.0.0.1:2"
+
+    class Controller(Injecting):
+        def __init__(self) -> None:
+            self.lock = threading.RLock()
+            self._links = {}
+            self.sensors = PrometheusSensors("controller")
+            self.assigner = type("A", (), {"workers": {"w-new": WorkerState("w-new", new)}})()
+
+    c = Controller()
+    try:
+        pending = c._link(busy).try_send(pb.DeliverBatch(computation="count", range_id=0))
+        assert pending is not None
+        c._link(old)
+        assert sorted(c._links) == sorted([busy, old])  # nothing to sweep yet: both were wanted
+        c._link(new)  # `old` is idle and no live worker has it; `busy` waits for an ack
+        assert sorted(c._links) == sorted([busy, new])
+        held.release.set()
+        assert pending.result(10).status == pb.DeliverAck.OK
+        c._links.pop(new).close()
+        c._link(new)
+        assert list(c._links) == [new]
+    finally:
+        held.release.set()
+        for link in c._links.values():
+            link.close()
+        server.stop(0)
