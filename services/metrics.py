@@ -15,6 +15,7 @@ from prometheus_client import (
     Counter,
     Gauge,
     Histogram,
+    ProcessCollector,
     start_http_server,
 )
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -31,6 +32,9 @@ class PrometheusSensors:
     def __init__(self, process: str) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
+        # process_resident_memory_bytes, process_cpu_seconds_total, open fds (from /proc):
+        # the console's workers table shows each worker's RSS and CPU from these.
+        ProcessCollector(registry=r)
         self._in = Counter("millwheel_records_in_total", "Records received for processing",
                            ["computation"], registry=r)
         self._out = Counter("millwheel_records_out_total", "Records produced", ["computation"],

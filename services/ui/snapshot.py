@@ -54,6 +54,9 @@ def _lag_s(wm: int, now_us: int) -> float | None:
     return max(0.0, (now_us - wm) / 1e6)
 
 
+_NO_USAGE: dict[str, float | None] = {"rss_mb": None, "cpu_pct": None}
+
+
 def _wm(wm: int) -> int | str:
     """A watermark for JSON: microseconds, or "-inf" / "+inf" at the ends."""
     return "-inf" if wm <= MIN_TIMESTAMP else "+inf" if wm >= MAX_TIMESTAMP else wm
@@ -67,6 +70,7 @@ class Snapshotter:
         self.snapshot: dict[str, Any] = {"ready": False}
         self.topology = Topology()
         self._prev: dict[tuple[str, str, tuple[tuple[str, str], ...]], tuple[float, float]] = {}
+        self._cpu: dict[str, tuple[float, float]] = {}  # worker -> (time, CPU seconds) last read
         self._dead_seen: dict[str, tuple[int, float]] = {}
         self._wm_moved: dict[str, tuple[int, float]] = {}
         self._tails: dict[str, tuple[int, deque[dict[str, Any]]]] = {}
@@ -115,6 +119,7 @@ class Snapshotter:
         addr = {w[0]: w[1] for w in workers}
         samples = self._scrape([(w[0], w[2]) for w in workers if (w[3] or not leading) and w[2]])
         rates = self._rates(samples, t)
+        usage = self._usage(samples, t)
         comps: dict[str, Any] = {}
         for spec in topo.computations:
             wms = c.store.read_watermarks(spec.name)
@@ -172,7 +177,7 @@ class Snapshotter:
         worker_rows = [{"id": w[0], "address": w[1], "metrics": w[2],
                         "state": (("draining" if w[4] else "alive") if w[3]
                                   else "dead" if leading else "unknown"),
-                        "last_heartbeat_s": round(w[5], 2),
+                        "last_heartbeat_s": round(w[5], 2), **usage.get(w[0], _NO_USAGE),
                         "ranges": sorted(f"{n}/{r}" for (n, r), o in units.items() if o[0] == w[0])}
                        for w in sorted(workers)]
         logged = topo.logged_streams()
@@ -194,6 +199,23 @@ class Snapshotter:
             except (OSError, ValueError) as exc:
                 log.debug("cannot read %s's metrics at %s: %s", wid, address, exc)
         return got
+
+    def _usage(self, samples: dict[str, Samples], t: float) -> dict[str, dict[str, float | None]]:
+        """Per worker: its RSS (MB) and CPU (% of one core since the last refresh), from
+        the process collector of its /metrics."""
+        out: dict[str, dict[str, float | None]] = {}
+        prev, self._cpu = self._cpu, {}
+        for wid, got in samples.items():
+            rss = got.get(("process_resident_memory_bytes", ()))
+            cpu = got.get(("process_cpu_seconds_total", ()))
+            pct = None
+            if cpu is not None:
+                self._cpu[wid] = (t, cpu)
+                before = prev.get(wid)
+                if before is not None and t > before[0] and cpu >= before[1]:
+                    pct = round(100.0 * (cpu - before[1]) / (t - before[0]), 1)
+            out[wid] = {"rss_mb": round(rss / 2**20, 1) if rss is not None else None, "cpu_pct": pct}
+        return out
 
     def _rates(self, samples: dict[str, Samples], t: float) -> dict[str, dict[str, Any]]:
         """Per computation: records in/out per second, checkpoints per second and their

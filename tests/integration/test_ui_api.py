@@ -173,6 +173,14 @@ def test_answers_agree_with_the_grpc_api(console: Console) -> None:
     assert sorted(workers[0]["ranges"]) == sorted(f"{r.node}/{r.range_id}" for r in status.ranges
                                                   if r.worker_id == workers[0]["id"])
     assert workers[0]["state"] == "alive" and workers[0]["last_heartbeat_s"] < 5
+    # Its resources, read from its /metrics: a Python worker is tens of MB; CPU is the
+    # share of one core between two refreshes (known from the second on).
+    assert 10 < workers[0]["rss_mb"] < 4096, workers[0]
+    def cpu_share() -> tuple[float] | None:
+        pct = console.api("/api/v1/workers")["workers"][0]["cpu_pct"]
+        return None if pct is None else (pct,)
+    (cpu,) = wait_for(cpu_share, 10, "a CPU share")
+    assert 0 <= cpu <= 100 * (os.cpu_count() or 1), cpu
 
 
 def test_keys_page_through_every_key_once(console: Console) -> None:

@@ -245,7 +245,9 @@
         await refreshComputation();
       }
       const w = await api("/api/v1/workers");
-      fillRows($("workers"), w.workers.map((x) => [x.id, x.address, x.state, Math.max(0, x.last_heartbeat_s).toFixed(1) + " s ago", x.ranges.join(" ")]));
+      fillRows($("workers"), w.workers.map((x) => [x.id, x.address, x.state, Math.max(0, x.last_heartbeat_s).toFixed(1) + " s ago",
+        x.cpu_pct == null ? "-" : `${x.cpu_pct.toFixed(0)}%`, x.rss_mb == null ? "-" : `${x.rss_mb.toFixed(0)} MB`,
+        x.ranges.join(" ")]));
       await refreshRecords(o.logged_streams);
     } catch (e) {
       if (e.message !== "unauthorized") { $("fatal").hidden = false; $("fatal").textContent = "cannot reach the console API: " + e.message; }
