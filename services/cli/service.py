@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -25,8 +26,8 @@ from ..client import CONTROLLER_HELP, CONTROLLER_METAVAR, ControllerClient, cont
 from ..controller.limits import InjectLimits
 from ..rpc import security
 from ..rpc.admission import AdmissionLimits
+from ..ui.server import LOGIN_CODE_ENV, free_port, start_console
 from ..ui.server import add_args as console_args
-from ..ui.server import free_port, start_console
 from . import lifeline
 from .restarter import Restarter
 
@@ -286,11 +287,19 @@ def cmd_up(args: argparse.Namespace) -> int:
 
     ui_port = free_port(args.host) if args.ui_port == 0 else args.ui_port
 
+    # The console's one-time login link (services/ui/server.py): for the first start of
+    # the controller serving it only, so a restarted controller does not take it again.
+    login = secrets.token_urlsafe(24) if client_sec.client_token and ui_port >= 0 else ""
+    unspent = [login] if login else []
+
     def controller_proc(i: int) -> subprocess.Popen[bytes]:
+        env = {**lifeline.child_env(), STORE_ENV: args.store}
+        if i == 0 and unspent:
+            env[LOGIN_CODE_ENV] = unspent.pop()
         return subprocess.Popen([*base, "controller", *common, "--port", str(ports[i]),
                                  "--metrics-port", str(args.metrics_port if i == 0 or args.metrics_port < 0 else 0),
                                  "--ui-port", str(ui_port if i == 0 else -1)],
-                                start_new_session=True, env={**lifeline.child_env(), STORE_ENV: args.store})
+                                start_new_session=True, env=env)
     # Every child is stopped on the way out, whatever the way: a controller that never
     # answers, Ctrl-C while starting, an error, or the end of a normal run.
     try:
@@ -315,8 +324,10 @@ def cmd_up(args: argparse.Namespace) -> int:
         print(f"millwheel is up: controller{'s' if first > 1 else ''} {controller}, {args.workers} workers, "
               f"store {describe_store(args.store)}\n"
               + "".join(f"{line}\n" for line in how)
-              + (f"  console: {'https' if client_sec.tls_cert else 'http'}://{host}:"
-                 f"{ui_port}/\n" if ui_port >= 0 else "")
+              + (f"  console: {'https' if client_sec.tls_cert else 'http'}://{host}:{ui_port}/\n"
+                 if ui_port >= 0 else "")
+              + (f"  sign in once: {'https' if client_sec.tls_cert else 'http'}://{host}:{ui_port}/login?code="
+                 f"{login} (a one-time link, for 10 minutes; then the client token)\n" if login else "")
               + f"  try: millwheel status --controller {controller}\n  Ctrl-C stops everything.",
               file=sys.stderr, flush=True)
         # A dead worker is restarted; with several controllers, a dead one comes back as a standby.

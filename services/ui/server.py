@@ -8,6 +8,10 @@ few read-only endpoints, not worth a web framework. Rules:
   (``POST /login``, HttpOnly, SameSite=Strict, Secure under TLS). The token is never
   accepted in a URL. Wrong or missing: 401 with a JSON message. ``/healthz`` and the
   static files (which hold no data) are open.
+* ``millwheel up`` prints a **one-time login link** (``GET /login?code=...``): a random
+  code, not the token, that signs one browser in (the same session cookie) and is then
+  spent; it expires after ``LOGIN_LINK_S`` unused. ``up`` hands it to its controller in
+  the environment (``MILLWHEEL_UI_LOGIN_CODE``), never on a command line.
 * Without a client token the listener follows the gRPC rule: loopback only unless
   ``--insecure``.
 * Every answer carries a Content-Security-Policy allowing only this origin's script
@@ -25,6 +29,7 @@ import argparse
 import hmac
 import json
 import logging
+import os
 import secrets
 import ssl
 import sys
@@ -49,6 +54,8 @@ COOKIE = "millwheel_session"
 SESSION_S = 12 * 3600
 MAX_SESSIONS = 1000
 MAX_FORM_BYTES = 4096
+LOGIN_CODE_ENV = "MILLWHEEL_UI_LOGIN_CODE"
+LOGIN_LINK_S = 600.0
 STATIC = {"/": ("index.html", "text/html; charset=utf-8"),
           "/index.html": ("index.html", "text/html; charset=utf-8"),
           "/app.js": ("app.js", "text/javascript; charset=utf-8"),
@@ -92,12 +99,32 @@ class Sessions:
             return exp is not None and exp > time.monotonic()
 
 
+class LoginLink:
+    """A code that signs one browser in once, within ``LOGIN_LINK_S`` of the start."""
+
+    def __init__(self, code: str | None) -> None:
+        self._code = code
+        self._until = time.monotonic() + LOGIN_LINK_S
+        self._lock = threading.Lock()
+
+    def spend(self, presented: str) -> bool:
+        """True once, for the right code before it expires; the code is gone after."""
+        with self._lock:
+            code, ok = self._code, time.monotonic() < self._until
+            if code is None or not hmac.compare_digest(presented.encode(), code.encode()):
+                return False
+            self._code = None  # spent (or expired): never again
+            return ok
+
+
 class Console:
     """The running console of one controller."""
 
     def __init__(self, controller: ControllerService, host: str, port: int, token: str | None,
-                 tls: ssl.SSLContext | None = None, interval_s: float = 1.0) -> None:
+                 tls: ssl.SSLContext | None = None, interval_s: float = 1.0,
+                 login_code: str | None = None) -> None:
         self.token = token
+        self.login_link = LoginLink(login_code if token is not None else None)
         self.tls = tls is not None
         self.sessions = Sessions()
         self.snap = Snapshotter(controller, interval_s)
@@ -167,7 +194,8 @@ def start_console(controller: ControllerService, args: argparse.Namespace) -> Co
             tls.load_verify_locations(cafile=sec.tls_ca)
             tls.verify_mode = ssl.CERT_REQUIRED
     try:
-        console = Console(controller, args.host, args.ui_port, sec.client_token, tls)
+        console = Console(controller, args.host, args.ui_port, sec.client_token, tls,
+                          login_code=os.environ.pop(LOGIN_CODE_ENV, None) or None)
     except OSError as exc:
         raise ListenError(f"cannot serve the console on {args.host}:{args.ui_port} (--ui-port): "
                           f"{exc.strerror or exc}") from None
@@ -221,6 +249,17 @@ def _handler(console: Console) -> type[BaseHTTPRequestHandler]:
                 return
             if path == "/healthz":
                 self._json(200, {"ok": True})
+                return
+            if path == "/login":  # the one-time link `up` prints
+                try:
+                    code = (parse_qs(url.query, max_num_fields=5).get("code") or [""])[0]
+                except ValueError:  # too many fields
+                    code = ""
+                if console.login_link.spend(code):
+                    sid = console.sessions.new()
+                    self._send(303, b"", "text/plain", {"Location": "/", "Set-Cookie": _cookie(sid, SESSION_S)})
+                else:
+                    self._send(303, b"", "text/plain", {"Location": "/?login=link-spent"})
                 return
             if path in STATIC:
                 name, ctype = STATIC[path]

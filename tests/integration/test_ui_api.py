@@ -247,6 +247,22 @@ def test_millwheel_up_serves_the_console_and_prints_its_url(tmp_path: Path) -> N
         assert con.get("/api/v1/overview", None)[0] == 401
         workers = wait_for(lambda: con.api("/api/v1/workers")["workers"], 10, "the worker in the console")
         assert [w["state"] for w in workers] == ["alive"]
+
+        # The one-time link it printed signs one browser in (a session cookie, not the
+        # token), then is spent; a wrong code signs nobody in and spends nothing.
+        link = re.search(rf"  sign in once: http://127\.0\.0\.1:{m.group(2)}(/login\?code=([\w-]+)) ", log.read_text())
+        assert link, log.read_text()
+        assert token not in link.group(1)
+        status, headers, _ = con.request("GET", "/login?code=" + "x" * len(link.group(2)))
+        assert (status, headers["location"], "set-cookie" in headers) == (303, "/?login=link-spent", False)
+        status, headers, _ = con.request("GET", link.group(1))
+        assert status == 303 and headers["location"] == "/" and "HttpOnly" in headers["set-cookie"]
+        cookie = headers["set-cookie"].split(";")[0]
+        status, _, body = con.request("GET", "/api/v1/workers", {"Cookie": cookie})
+        assert status == 200 and json.loads(body)["workers"], body
+        status, headers, _ = con.request("GET", link.group(1))  # again: spent
+        assert (status, headers["location"], "set-cookie" in headers) == (303, "/?login=link-spent", False)
+        assert link.group(2) not in " ".join(Path(f"/proc/{p}/cmdline").read_text() for p in _family(up.pid))
     finally:
         up.send_signal(signal.SIGINT)
         try:
@@ -254,6 +270,24 @@ def test_millwheel_up_serves_the_console_and_prints_its_url(tmp_path: Path) -> N
         except subprocess.TimeoutExpired:
             os.killpg(up.pid, signal.SIGKILL)
             up.wait()
+
+
+def _family(pid: int) -> list[int]:
+    """``pid`` and every process below it."""
+    kids: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            kids.setdefault(ppid, []).append(int(entry.name))
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo += kids.get(p, [])
+    return out
 
 
 def test_without_a_token_the_console_is_loopback_only(tmp_path: Path) -> None:

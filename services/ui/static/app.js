@@ -57,7 +57,9 @@
     $("console").hidden = true;
     $("login").hidden = false;
     $("summary").textContent = "not logged in";
-    if (new URLSearchParams(location.search).get("login") === "failed") $("login-error").hidden = false;
+    const why = new URLSearchParams(location.search).get("login");
+    if (why === "failed") $("login-error").hidden = false;
+    if (why === "link-spent") $("login-link-spent").hidden = false;
     if (timer) { clearInterval(timer); timer = null; }
   }
 
