@@ -221,6 +221,16 @@ class ControllerClient:
         req = pb.UnregisterComputationRequest(name=name)
         self._unary("UnregisterComputation", req, self.timeout_s, gone_ok=True)
 
+    def update(self, spec: pb.ComputationSpec | None, on_open_windows: str = "", rollback: str = ""
+               ) -> pb.UpdateComputationResponse:
+        """Change a running computation to ``spec`` (or roll ``rollback`` back to its
+        previous version). Sending the running spec again changes nothing (a retry after
+        a lost answer is safe); a rollback sent twice is refused the second time."""
+        req = pb.UpdateComputationRequest(on_open_windows=on_open_windows, rollback=rollback)
+        if spec is not None:
+            req.spec.CopyFrom(spec)
+        return cast(pb.UpdateComputationResponse, self._unary("UpdateComputation", req, self.timeout_s))
+
     def computations(self) -> pb.ListComputationsResponse:
         return cast(pb.ListComputationsResponse,
                     self._unary("ListComputations", pb.ListComputationsRequest(), self.timeout_s))

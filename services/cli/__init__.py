@@ -12,7 +12,7 @@ import sys
 from millwheel import __version__
 from millwheel.errors import MillWheelError
 
-COMMAND_MODULES = tuple(f"{__package__}.{m}" for m in ("local", "service", "remote", "errors", "spark"))
+COMMAND_MODULES = tuple(f"{__package__}.{m}" for m in ("local", "service", "remote", "update", "errors", "spark"))
 
 
 def build_parser() -> argparse.ArgumentParser:

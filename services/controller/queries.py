@@ -150,7 +150,7 @@ class Queries:
                 watermarks=[self._node_wm_proto(n, out, inputs) for n in sorted(out)],
                 store_url=redact(self.store.url),  # never the password
                 leader=self.elector.leader_address or "", leader_epoch=self.elector.leader_epoch,
-                answered_by=self.address)
+                answered_by=self.address, versions=version_protos(self.registry))
 
     @rpc_stream
     def Subscribe(self, request: Any, context: Ctx) -> Iterator[pb.SubscribeResponse]:
@@ -168,3 +168,10 @@ class Queries:
                 if not request.follow:
                     return
                 time.sleep(0.05)
+
+
+def version_protos(registry: Registry) -> list[pb.ComputationVersion]:
+    """Every computation's version (services/controller/update.py), for ClusterStatus."""
+    return [pb.ComputationVersion(name=c.name, version=registry.version_of(c.name),
+                                  has_previous=c.name in registry.previous)
+            for c in registry.topology.computations]

@@ -24,7 +24,8 @@ from millwheel.topology import ComputationSpec, InjectorSpec, Topology, injector
 
 from ..rpc.status import PreconditionError
 
-REGISTRY_KEY = "registry/v2"  # {"version", "computations", "injectors", "log_streams"}
+# {"version", "computations", "injectors", "log_streams"[, "versions", "previous"]}
+REGISTRY_KEY = "registry/v2"
 COMP_PREFIX = "registry/computation/"  # the older layout, read only
 INJ_PREFIX = "registry/injector/"
 VERSION_KEY = "registry/version"
@@ -44,8 +45,13 @@ class Registry:
                 tuple(InjectorSpec(i["name"], i["stream"]) for i in data["injectors"]),
                 tuple(data["log_streams"]))
             self.version = int(data["version"])
+            # Per-computation versions and rollback targets (services/controller/update.py);
+            # a registry stored before updates existed has neither: every computation is at 1.
+            self.versions = {str(k): int(v) for k, v in data.get("versions", {}).items()}
+            self.previous = {str(k): computation_from_dict(v) for k, v in data.get("previous", {}).items()}
         else:
             self.topology, self.version = _read_old_layout(store)
+            self.versions, self.previous = {}, {}
 
     # -- queries ---------------------------------------------------------------------
     def computation(self, name: str) -> ComputationSpec:
@@ -54,6 +60,10 @@ class Registry:
                 return spec
         known = ", ".join(c.name for c in self.topology.computations) or "none registered"
         raise NotFoundError(f"no computation named {name[:MAX_NAME_CHARS]!r} (known: {known})")
+
+    def version_of(self, name: str) -> int:
+        """A computation's version: 1 at registration, +1 per update (missing: 1)."""
+        return self.versions.get(name, 1)
 
     def injector(self, name: str) -> InjectorSpec | None:
         return next((i for i in self.topology.injectors if i.name == name), None)
@@ -135,19 +145,41 @@ class Registry:
             candidate.validate()
         except InvalidSpecError as exc:
             raise PreconditionError(f"cannot unregister {name!r}: {exc}") from None
-        self._commit(candidate)
+        # Registered again later, it starts at version 1 with no rollback target.
+        self._commit(candidate, {k: v for k, v in self.versions.items() if k != name},
+                     {k: v for k, v in self.previous.items() if k != name})
 
-    def _commit(self, topology: Topology) -> None:
+    def replace_computation(self, spec: ComputationSpec, topology: Topology, version: int,
+                            previous: ComputationSpec | None) -> None:
+        """Store ``topology`` (``spec`` replacing its namesake, checked by the caller,
+        services/controller/update.py) with the computation's new version and rollback
+        target, in the one write every change is."""
+        versions = {**self.versions, spec.name: version}
+        prev = dict(self.previous)
+        if previous is None:
+            prev.pop(spec.name, None)
+        else:
+            prev[spec.name] = previous
+        self._commit(topology, versions, prev)
+
+    def _commit(self, topology: Topology, versions: dict[str, int] | None = None,
+                previous: dict[str, ComputationSpec] | None = None) -> None:
         """One store write holds the whole change; memory follows only once it is stored."""
         version = self.version + 1
+        versions = self.versions if versions is None else versions
+        previous = self.previous if previous is None else previous
         self.store.put_meta(REGISTRY_KEY, json.dumps({
             "version": version,
             "computations": [computation_to_dict(c) for c in topology.computations],
             "injectors": [{"name": i.name, "stream": i.stream} for i in topology.injectors],
             "log_streams": list(topology.log_streams),
+            "versions": versions,
+            "previous": {name: computation_to_dict(c) for name, c in previous.items()},
         }).encode())
         self.topology = topology
         self.version = version
+        self.versions = versions
+        self.previous = previous
 
 
 def candidate_nodes(topology: Topology) -> dict[str, int]:

@@ -10,7 +10,8 @@ minimum per node and never lets a served value go backwards.
 
 Parts live in modules of their own: the Inject path in :mod:`services.controller.inject`
 (a mixin of :class:`ControllerService`), range assignment in
-:mod:`services.controller.assign`, the registry in :mod:`services.controller.registry`,
+:mod:`services.controller.assign`, the registry in :mod:`services.controller.registry`
+(changed in place by :mod:`services.controller.update`),
 failing user code in :mod:`services.controller.errors`, the replay of dead letters in
 :mod:`services.controller.replay`.
 """
@@ -53,6 +54,7 @@ from .queries import Queries
 from .registry import Registry
 from .replay import Replayer
 from .retention import RetentionThread
+from .update import Updating
 
 log = logging.getLogger("millwheel.controller")
 Ctx = grpc.ServicerContext
@@ -60,7 +62,7 @@ Ctx = grpc.ServicerContext
 DEFAULT_MAX_VALUE_BYTES = 1024 * 1024
 
 
-class ControllerService(Queries, Replicated, Injecting):
+class ControllerService(Queries, Replicated, Injecting, Updating):
     def __init__(
         self, store: StateStore, *, heartbeat_timeout_s: float = 3.0,
         max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES, sensors: PrometheusSensors | None = None,
@@ -200,6 +202,8 @@ class ControllerService(Queries, Replicated, Injecting):
         out, inputs = self.watermarks()
         return pb.ComputationInfo(spec=convert.spec_to_proto(spec), low_watermark=out[name],
                                   input_low_watermark=inputs[name], ranges=self._ranges(name),
+                                  version=self.registry.version_of(name),
+                                  has_previous=name in self.registry.previous,
                                   **error_info(self.store, spec, self.failing.of_node(name, self.assigner.units)))
 
     # -- registry --------------------------------------------------------------------

@@ -135,7 +135,8 @@ class Snapshotter:
                     ranges[f.range_id]["failing"] = f"{f.stage}: {f.exception_type}: {f.message}"[:1000]
             errs = error_info(c.store, spec, failing)
             info = {
-                "name": spec.name, "inputs": [i.stream for i in spec.inputs],
+                "name": spec.name, "version": c.registry.version_of(spec.name),
+                "inputs": [i.stream for i in spec.inputs],
                 "outputs": list(spec.written_streams()), "code": spec.code.name,
                 "on_error": spec.options.on_error.value,
                 "low_watermark": _wm(out[spec.name]), "input_low_watermark": _wm(inputs[spec.name]),

@@ -87,3 +87,21 @@ def test_the_older_layout_is_read(tmp_path: Path) -> None:
     reg.unregister_computation("b")  # the first change writes the new layout
     again = Registry(store)
     assert [c.name for c in again.topology.computations] == ["a"] and again.version == 8
+
+
+def test_versions_persist_and_a_registry_stored_before_them_loads_at_version_1(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "s.db")
+    # A registry entry as controllers before UpdateComputation wrote it: no "versions".
+    store.put_meta(REGISTRY_KEY, json.dumps({
+        "version": 4, "computations": [computation_to_dict(comp("a"))],
+        "injectors": [{"name": "events", "stream": "events"}], "log_streams": []}).encode())
+    reg = Registry(store)
+    assert reg.version_of("a") == 1 and reg.previous == {}
+    new = comp("a", code={"name": "filter", "params": {"expr": "False"}})
+    topo = type(reg.topology)((new,), reg.topology.injectors, ())
+    reg.replace_computation(new, topo, 2, reg.computation("a"))
+    again = Registry(store)
+    assert again.version_of("a") == 2 and again.previous == {"a": comp("a")}
+    assert again.computation("a") == new and again.version == 5
+    again.unregister_computation("a")  # registered again later, it starts over at 1
+    assert Registry(store).version_of("a") == 1 and Registry(store).previous == {}

@@ -1,0 +1,128 @@
+"""Whether a running computation may be changed to a new spec (UpdateComputation).
+
+Checked from the specs' data and the store alone, before anything changes: nothing
+named in a spec is imported here (built-ins are built as registration builds them,
+:func:`millwheel.operators.schema.validate_spec`). Every refusal is a
+:class:`~services.rpc.status.PreconditionError` (FAILED_PRECONDITION) that says which
+field is incompatible and why; a spec that cannot be built is INVALID_ARGUMENT, as at
+registration.
+
+The rules:
+
+* the name stays (it is how the update finds the computation);
+* ``options.key_ranges`` stays: a key's state, timers and consumed IDs live in the
+  range its key maps to, and moving them (rescale) is not built yet;
+* an input stream kept must keep its key extractor (its keys would map to other
+  ranges than their state); inputs and outputs may otherwise change under the rules of
+  registration: every input of every computation still produced by something, no
+  cycle, and no logged stream left unwritten;
+* a built-in ``window_aggregate`` whose window (size or period) changes, or that is
+  replaced by other code, while windows are open is refused unless the caller says
+  what to do with them (``drop``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from millwheel.errors import InvalidSpecError
+from millwheel.importing import AllowList
+from millwheel.operators.schema import check_allowed, validate_spec
+from millwheel.state.protocol import StateStore
+from millwheel.topology import ComputationSpec, Topology
+
+from ..rpc.status import PreconditionError
+
+ON_OPEN_WINDOWS = ("refuse", "drop")  # "flush" is named in the docs as not built yet
+WINDOW_TAGS = ("end:", "gc:")  # the timers of millwheel.operators.aggregate's windows
+
+
+def check_directive(value: str) -> str:
+    """The ``on_open_windows`` value, defaulting to refuse; INVALID_ARGUMENT otherwise."""
+    value = value or "refuse"
+    if value == "flush":
+        raise InvalidSpecError("on_open_windows: 'flush' is not built yet; use 'drop' (discard the open "
+                               "windows) or 'refuse' (the default)")
+    if value not in ON_OPEN_WINDOWS:
+        raise InvalidSpecError(f"on_open_windows: must be one of {list(ON_OPEN_WINDOWS)}, got {value[:40]!r}")
+    return value
+
+
+def candidate(topology: Topology, new: ComputationSpec, allow: AllowList) -> Topology:
+    """The registry with ``new`` in place of its namesake, checked as registration
+    checks it. InvalidSpecError (INVALID_ARGUMENT) for a spec that is wrong in itself,
+    PreconditionError for one that does not fit what runs."""
+    validate_spec(new)
+    check_allowed(new, allow)
+    old = next(c for c in topology.computations if c.name == new.name)
+    where = f"update of computation {new.name!r}"
+    if new.options.key_ranges != old.options.key_ranges:
+        raise PreconditionError(
+            f"{where}: options.key_ranges {old.options.key_ranges} -> {new.options.key_ranges}: a "
+            "computation's key-range count cannot change in an update (its keys' state lives in "
+            "their ranges; rescale is not built yet)")
+    old_keys = {i.stream: i.key_extractor for i in old.inputs}
+    for inp in new.inputs:
+        if inp.stream in old_keys and old_keys[inp.stream] != inp.key_extractor:
+            raise PreconditionError(
+                f"{where}: inputs[{inp.stream!r}].key_extractor changed: its records' keys would map "
+                "to other key ranges than their state (register a new computation instead)")
+    gone = [s for s in topology.log_streams if s in old.all_outputs() and s not in new.all_outputs()]
+    if gone:
+        raise PreconditionError(f"{where}: logged stream {gone[0]!r} would no longer be written by it "
+                                "(a log stream must be an output of some computation)")
+    topo = Topology(tuple(new if c.name == new.name else c for c in topology.computations),
+                    topology.injectors, topology.log_streams)
+    try:
+        topo.validate()
+    except InvalidSpecError as exc:
+        raise PreconditionError(f"{where}: {exc}") from None
+    return topo
+
+
+def window_params(spec: ComputationSpec) -> tuple[int, int] | None:
+    """(size, period) of a built-in window_aggregate, None for any other code."""
+    if spec.code.name != "window_aggregate":
+        return None
+    params: Mapping[str, Any] = spec.code.params
+    size = int(params.get("size_us", 0))
+    return size, int(params.get("period_us") or size)
+
+
+def window_change(old: ComputationSpec, new: ComputationSpec) -> str | None:
+    """What changes about the open windows of ``old`` under ``new``, or None."""
+    before, after = window_params(old), window_params(new)
+    if before is None or before == after:
+        return None
+    if after is None:
+        return f"code window_aggregate -> {new.code.name!r} (the open windows' timers would run other code)"
+    return (f"code.params window size/period {before[0]}/{before[1]} us -> {after[0]}/{after[1]} us "
+            "(the open windows would be closed with the new window's end)")
+
+
+def open_windows(store: StateStore, spec: ComputationSpec) -> tuple[int, int]:
+    """(open windows, key ranges holding some) of a window_aggregate, from its timers."""
+    windows = ranges = 0
+    for r in range(spec.options.key_ranges):
+        n = sum(1 for t in store.read_timers(spec.name, r) if t.tag.startswith("end:"))
+        windows += n
+        ranges += n > 0
+    return windows, ranges
+
+
+def refuse_open_windows(store: StateStore, old: ComputationSpec, new: ComputationSpec,
+                        directive: str) -> str | None:
+    """Raise PreconditionError when ``new`` changes open windows under "refuse"; the
+    change (to act on) when windows are open and the directive is "drop"; else None."""
+    change = window_change(old, new)
+    if change is None:
+        return None
+    windows, ranges = open_windows(store, old)
+    if not windows:
+        return None
+    if directive == "refuse":
+        raise PreconditionError(
+            f"update of computation {new.name!r}: {change} while {windows} window(s) are open in "
+            f"{ranges} key range(s); pass on_open_windows 'drop' (CLI: --on-open-windows drop) to "
+            "discard them, or update once they have closed")
+    return change

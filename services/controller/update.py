@@ -1,0 +1,133 @@
+"""UpdateComputation: change a running computation's code, params or options in place.
+
+How the switch is exactly once. Under the controller's lock (no heartbeat is answered
+meanwhile), after every check has passed (services/controller/compat.py):
+
+1. every key range of the computation gets a fresh sequencer token, for the same owner
+   (:meth:`~services.controller.assign.Assigner.reissue`). From that store write on, a
+   batch the old code is still running on that range fails its checkpoint (fenced) and
+   is not acked: its records are sent again;
+2. under "drop", the open windows of each range are deleted (state and timers) in one
+   checkpoint per range under the new token;
+3. the registry is stored with the new spec, the computation's version + 1 and the old
+   spec kept as the rollback target (none after a rollback) (one store write);
+4. the lock is released: each owner's next heartbeat answer carries the new registry
+   *and* the new token together (the registry is applied first), so the owner drops the
+   range it ran under the old token and builds it again, from the store, with the new
+   code (services/worker/service.py ``_apply``).
+
+So each range switches at a checkpoint boundary: every checkpoint under the old token
+was made by the old code, every one under the new token by the new; a record's effects
+(state, timers, productions, its consumed ID) are in exactly one of them, and what was
+checkpointed (state, timers, pending productions, consumed IDs) is what the new code
+starts from. This is the machinery of a range moving between workers, which the crash
+suites prove; a worker killed during the switch is the ordinary case of a move.
+
+A crash of the controller between 1 and 3 leaves the old spec with the new tokens (the
+update did not happen; the client saw no answer and may send it again); after 3, the
+new spec: a new leader reassigns whatever tokens it finds (services/controller/assign.py).
+Under "drop", windows dropped in 2 stay dropped if the controller dies before 3.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any, Callable
+
+import grpc
+
+from millwheel.clock import SystemClock
+from millwheel.errors import InvalidSpecError
+from millwheel.importing import AllowList
+from millwheel.state.protocol import Checkpoint, StateStore
+from millwheel.topology import ComputationSpec
+
+from ..generated import millwheel_pb2 as pb
+from ..rpc import convert
+from ..rpc.server import check
+from ..rpc.status import PreconditionError, rpc
+from .assign import Assigner
+from .compat import WINDOW_TAGS, candidate, check_directive, refuse_open_windows
+from .ha import leader_only
+from .registry import Registry
+
+log = logging.getLogger("millwheel.controller")
+
+
+class Updating:
+    """The UpdateComputation RPC (a mixin of ControllerService)."""
+
+    # Set by ControllerService.__init__ (services/controller/service.py).
+    store: StateStore
+    registry: Registry
+    assigner: Assigner
+    lock: threading.RLock
+    allow_code: AllowList
+    clock: SystemClock
+
+    _registry_changed: Callable[[], None]
+    _info: Callable[[str], pb.ComputationInfo]
+
+    @rpc
+    @leader_only
+    def UpdateComputation(self, request: Any, context: grpc.ServicerContext) -> pb.UpdateComputationResponse:
+        check(request)
+        directive = check_directive(request.on_open_windows)
+        if request.rollback and request.HasField("spec"):
+            raise InvalidSpecError("UpdateComputation: give either 'spec' or 'rollback', not both")
+        if not request.rollback and not request.HasField("spec"):
+            raise InvalidSpecError("UpdateComputation: 'spec' (or 'rollback') is required")
+        with self.lock:
+            if request.rollback:
+                old = self.registry.computation(request.rollback)  # NOT_FOUND first
+                new = self.registry.previous.get(old.name)
+                if new is None:
+                    raise PreconditionError(f"rollback of computation {old.name!r}: it has no previous "
+                                            f"version (it is at version {self.registry.version_of(old.name)}, "
+                                            "never updated since it was registered)")
+            else:
+                new = convert.spec_from_proto(request.spec)
+                old = self.registry.computation(new.name)
+            return self._update(old, new, directive, bool(request.rollback))
+
+    def _update(self, old: ComputationSpec, new: ComputationSpec, directive: str,
+                rollback: bool) -> pb.UpdateComputationResponse:
+        """Check, then switch (see the module docstring); the caller holds the lock."""
+        version = self.registry.version_of(old.name)
+        topology = candidate(self.registry.topology, new, self.allow_code)
+        if new == old:  # sent again (a retry after a lost answer): nothing to do
+            return pb.UpdateComputationResponse(computation=self._info(old.name),
+                                                previous_version=version, changed=False)
+        refuse_open_windows(self.store, old, new, directive)  # early, before anything changes
+        units = [(old.name, r) for r in range(old.options.key_ranges)]
+        for unit in units:
+            self.assigner.reissue(unit)  # 1: the old code's later checkpoints are fenced
+        # Again with every range fenced: a window opened since the first look counts.
+        change = refuse_open_windows(self.store, old, new, directive)
+        dropped = self._drop_windows(old, units) if change is not None else 0
+        # 3. A rollback keeps no target of its own: rolling back twice (or a rollback sent
+        # again after a lost answer) is refused rather than undoing the rollback.
+        self.registry.replace_computation(new, topology, version + 1, None if rollback else old)
+        self._registry_changed()
+        log.info("computation %r %s: version %d -> %d%s", new.name, "rolled back" if rollback else "updated",
+                 version, version + 1, f" ({dropped} open windows dropped: {change})" if dropped else "")
+        return pb.UpdateComputationResponse(computation=self._info(new.name), previous_version=version,
+                                            changed=True, dropped_windows=dropped)
+
+    def _drop_windows(self, spec: ComputationSpec, units: list[tuple[str, int]]) -> int:
+        """Delete every open window of ``spec`` (a window_aggregate): its timers and the
+        state of the keys holding them (that state is the windows alone), one fenced
+        checkpoint per range under the token just issued."""
+        dropped = 0
+        for unit in units:
+            timers = [t for t in self.store.read_timers(*unit) if t.tag.startswith(WINDOW_TAGS)]
+            if not timers:
+                continue
+            dropped += sum(1 for t in timers if t.tag.startswith("end:"))
+            self.store.checkpoint(Checkpoint(
+                computation=unit[0], range_id=unit[1], token=self.assigner.units[unit].token,
+                now_us=self.clock.now_us(), state_writes={t.key: None for t in timers},
+                timer_clears=[(t.key, t.tag) for t in timers]))
+        return dropped
+
