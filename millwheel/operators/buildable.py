@@ -46,10 +46,13 @@ def with_defaults(spec: ComputationSpec, params: Mapping[str, Any]) -> dict[str,
     name = spec.code.name
     if name in LATENESS_DEFAULTED:
         out.setdefault("allowed_lateness_us", spec.options.allowed_lateness_us)
-    if name == "interval_join":
-        for field, i in (("left", 0), ("right", 1)):
-            if out.get(field) is None and len(spec.inputs) > i:
-                out[field] = spec.inputs[i].stream
+    if name == "interval_join" and len(spec.inputs) == 2:
+        streams = [inp.stream for inp in spec.inputs]
+        left, right = out.get("left"), out.get("right")
+        if left is None:  # the input right is not, else the first
+            left = out["left"] = streams[1] if right == streams[0] else streams[0]
+        if right is None:
+            out["right"] = streams[1] if left == streams[0] else streams[0]
     return out
 
 
