@@ -22,7 +22,7 @@ DISORDER = 2 * S
 LATENESS = 60 * S
 
 
-def timeline(seed: int, n: int, prefix: str, keys: int = 4, late: bool = True
+def timeline(seed: int, n: int, prefix: str, keys: int = 4, late: bool = True, beyond_too: bool = True
              ) -> tuple[list[Record], set[str]]:
     """``n`` records and the IDs of those beyond the lateness."""
     rng = random.Random(seed)
@@ -36,7 +36,7 @@ def timeline(seed: int, n: int, prefix: str, keys: int = 4, late: bool = True
         rid = f"{prefix}{i}"
         if late and i > 60 and roll < 0.10:
             ts = base - rng.randint(5 * S, 30 * S)
-        elif i > 60 and roll > 0.95:
+        elif beyond_too and i > 60 and roll > 0.95:
             ts = base - rng.randint(200 * S, 400 * S)
             beyond.add(rid)
         records.append(Record(f"k{rng.randrange(keys)}", json.dumps({"x": rng.randint(-50, 50)}).encode(),
