@@ -86,10 +86,13 @@ def run(tmp_path: Path, kill: bool) -> dict[str, list[Record]]:
         workers = [cluster.start_worker() for _ in range(3)]
         cluster.register(topology())
         cluster.wait_balanced()
+        victim = cluster.worker_id(workers[1])
 
         def between(i: int) -> None:
             time.sleep(0.05)
             if kill and i == FAULT_AT:
+                assert victim is not None and any(
+                    node in ("sess", "join") for node, _r, _t in cluster.ranges_of(victim)), "it runs a range"
                 os.kill(workers[1].pid, signal.SIGKILL)
 
         send(cluster, "ia", "a", a1, True, between)
