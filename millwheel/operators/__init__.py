@@ -7,7 +7,7 @@ from typing import Any
 from millwheel.computation import Computation
 from millwheel.errors import InvalidSpecError, MissingDependencyError
 from millwheel.importing import AllowList, import_object
-from millwheel.operators.buildable import BUILTINS, bound_outputs
+from millwheel.operators.buildable import BUILTINS, bound_outputs, with_defaults
 from millwheel.operators.schema import check_allowed, import_paths, validate_spec
 from millwheel.topology import ComputationSpec
 
@@ -32,8 +32,7 @@ def build_computation(spec: ComputationSpec, allow: AllowList | None = None) -> 
     params: dict[str, Any] = dict(spec.code.params)
     if spec.code.is_builtin:
         factory = BUILTINS[name]
-        if name in ("window_aggregate", "spark_aggregate"):
-            params.setdefault("allowed_lateness_us", spec.options.allowed_lateness_us)
+        params = with_defaults(spec, params)
     else:
         factory = import_object(name, what=f"{where} code", allow=allow)
         if not callable(factory):

@@ -20,6 +20,8 @@ from typing import Any, Callable, Mapping
 from millwheel.computation import Computation
 from millwheel.errors import InvalidSpecError
 from millwheel.operators.aggregate import WindowedAggregate
+from millwheel.operators.join import IntervalJoin
+from millwheel.operators.session import SessionWindow
 from millwheel.operators.transform import Filter, Map
 from millwheel.spark import spark_aggregate
 from millwheel.topology import ComputationSpec
@@ -29,7 +31,29 @@ BUILTINS: dict[str, Callable[..., Computation]] = {
     "filter": Filter,
     "map": Map,
     "spark_aggregate": spark_aggregate,  # lazy: pyspark loads with the first Spark job
+    "session_window": SessionWindow,
+    "interval_join": IntervalJoin,
 }
+#: Built-ins whose ``allowed_lateness_us`` defaults to the computation's option.
+LATENESS_DEFAULTED = ("window_aggregate", "spark_aggregate", "session_window", "interval_join")
+
+
+def with_defaults(spec: ComputationSpec, params: Mapping[str, Any]) -> dict[str, Any]:
+    """The parameters a built-in is built with: ``params`` plus what the spec implies
+    (``allowed_lateness_us`` from the options; an interval join's ``left`` and ``right``
+    from its first and second input). The controller validates exactly these."""
+    out = dict(params)
+    name = spec.code.name
+    if name in LATENESS_DEFAULTED:
+        out.setdefault("allowed_lateness_us", spec.options.allowed_lateness_us)
+    if name == "interval_join" and len(spec.inputs) == 2:
+        streams = [inp.stream for inp in spec.inputs]
+        left, right = out.get("left"), out.get("right")
+        if left is None:  # the input right is not, else the first
+            left = out["left"] = streams[1] if right == streams[0] else streams[0]
+        if right is None:
+            out["right"] = streams[1] if left == streams[0] else streams[0]
+    return out
 
 
 def bound_outputs(spec: ComputationSpec) -> tuple[str, ...]:

@@ -23,7 +23,7 @@ from millwheel.errors import InvalidSpecError
 from millwheel.importing import AllowList, check_import_path
 from millwheel.limits import MAX_DURATION_US, MAX_PARAMS_BYTES, MAX_WINDOWS_PER_RECORD, check_params_depth
 from millwheel.operators.aggregate import AGGREGATIONS
-from millwheel.operators.buildable import check_buildable
+from millwheel.operators.buildable import check_buildable, with_defaults
 from millwheel.operators.transform import check_expression
 from millwheel.spark.aggregations import BUILTIN as SPARK_AGGREGATIONS
 from millwheel.topology import ComputationSpec
@@ -57,6 +57,21 @@ SCHEMAS: dict[str, dict[str, Param]] = {
     "filter": {"expr": Param("expr"), "function": Param("import"), "output": Param("str")},
     "map": {"key": Param("expr"), "value": Param("expr"), "ts": Param("expr"),
             "function": Param("import"), "output": Param("str")},
+    "session_window": {
+        "gap_us": Param("int", required=True, minimum=1, maximum=MAX_DURATION_US),
+        "aggregation": Param("str", choices=AGGREGATIONS),
+        "field": Param("str"),
+        "output": Param("str"),
+        "allowed_lateness_us": Param("int", minimum=0, maximum=MAX_DURATION_US),
+    },
+    "interval_join": {
+        "left": Param("str", required=True),
+        "right": Param("str", required=True),
+        "lower_us": Param("int", required=True, minimum=-MAX_DURATION_US, maximum=MAX_DURATION_US),
+        "upper_us": Param("int", required=True, minimum=-MAX_DURATION_US, maximum=MAX_DURATION_US),
+        "output": Param("str"),
+        "allowed_lateness_us": Param("int", minimum=0, maximum=MAX_DURATION_US),
+    },
     "spark_aggregate": {
         **_WINDOW,
         "aggregation": Param("str", choices=SPARK_AGGREGATIONS),
@@ -93,9 +108,12 @@ def validate_spec(spec: ComputationSpec) -> None:
         raise InvalidSpecError(
             f"{where}.name: unknown built-in operator {name!r}; built-ins are {sorted(SCHEMAS)} "
             "(or give 'pkg.module:Class')")
-    if name in ("window_aggregate", "spark_aggregate"):
-        params.setdefault("allowed_lateness_us", spec.options.allowed_lateness_us)
+    params = with_defaults(spec, params)
+    if name == "interval_join":
+        _check_join_inputs(spec, params, f"{where}.params", types_checked=False)
     validate_params(name, params, f"{where}.params")
+    if name == "interval_join":
+        _check_join_inputs(spec, params, f"{where}.params", types_checked=True)
     check_buildable(spec, params)
 
 
@@ -152,6 +170,10 @@ def _cross_checks(operator: str, params: Mapping[str, Any], where: str) -> None:
                 raise InvalidSpecError(
                     f"{where}.period_us: size_us / period_us = {size // period} windows per "
                     f"record, over the limit of {MAX_WINDOWS_PER_RECORD}")
+    elif operator == "interval_join":
+        lower, upper = params["lower_us"], params["upper_us"]
+        if lower > upper:
+            raise InvalidSpecError(f"{where}.upper_us: must be >= lower_us ({lower}), got {upper}")
     elif operator == "filter":
         if (params.get("expr") is None) == (params.get("function") is None):
             raise InvalidSpecError(f"{where}: give exactly one of 'expr' or 'function'")
@@ -161,6 +183,26 @@ def _cross_checks(operator: str, params: Mapping[str, Any], where: str) -> None:
             raise InvalidSpecError(f"{where}: give 'function' or expressions {exprs}, not both")
         if params.get("function") is None and not exprs:
             raise InvalidSpecError(f"{where}: give 'function' or at least one of key/value/ts")
+
+
+def _check_join_inputs(spec: ComputationSpec, params: Mapping[str, Any], where: str,
+                       types_checked: bool) -> None:
+    """An interval join reads exactly two distinct streams (checked first, so one input
+    is not reported as a missing ``right``), and, once the parameters' types are
+    checked, ``left`` and ``right`` name them, one each."""
+    streams = [inp.stream for inp in spec.inputs]
+    if len(streams) != 2 or streams[0] == streams[1]:
+        raise InvalidSpecError(
+            f"computation {spec.name!r}.inputs: 'interval_join' joins exactly two different streams, "
+            f"got {streams}")
+    if not types_checked:
+        return
+    for field in ("left", "right"):
+        value = params.get(field)
+        if isinstance(value, str) and value not in streams:
+            raise InvalidSpecError(f"{where}.{field}: stream {value!r} is not one of its inputs {streams}")
+    if params.get("left") == params.get("right"):
+        raise InvalidSpecError(f"{where}.right: must differ from left ({params.get('left')!r})")
 
 
 def import_paths(spec: ComputationSpec) -> list[tuple[str, str]]:

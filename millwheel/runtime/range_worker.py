@@ -30,6 +30,7 @@ from millwheel.clock import Clock
 from millwheel.computation import Computation
 from millwheel.dedup import Deduplicator
 from millwheel.errors import UserCodeError
+from millwheel.input_tag import untag
 from millwheel.record import Record, Timer, derive_record_id, timer_cause
 from millwheel.runtime import ttl
 from millwheel.runtime.context import KeyContext, KeyRecords, RangeTransaction
@@ -259,7 +260,7 @@ class RangeWorker:
         stream = self.spec.options.late_stream
         assert stream is not None  # Options.validate guarantees it
         late = Record(
-            record.key, record.value, record.timestamp,
+            record.key, untag(record.value)[1], record.timestamp,  # as produced (millwheel.input_tag)
             derive_record_id(self.name, "late\x1f" + record.record_id, 0),
         )
         txn.productions.extend(self.router.fan_out(stream, late))

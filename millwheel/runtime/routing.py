@@ -12,6 +12,7 @@ from typing import Iterable
 
 from millwheel.errors import MillWheelError
 from millwheel.importing import AllowList
+from millwheel.input_tag import TAGGING_OPERATORS, tag_prefix
 from millwheel.keys import KeyExtractor, KeyFn
 from millwheel.record import Record
 from millwheel.state.protocol import Production
@@ -75,6 +76,12 @@ class Router:
                 )
         for stream in topology.logged_streams():
             self._routes.setdefault(stream, []).append(Route(LOG_PREFIX + stream, None))
+        # (stream, consumer) -> the prefix its values get (millwheel.input_tag)
+        self._tags: dict[tuple[str, str], bytes] = {
+            (inp.stream, spec.name): tag_prefix(inp.stream)
+            for spec in topology.computations if spec.code.is_builtin and spec.code.name in TAGGING_OPERATORS
+            for inp in spec.inputs
+        }
         # (consumer, key function or None when the record keeps its key), per stream
         self._plain: dict[str, list[tuple[str, KeyFn | None]]] = {
             stream: [(r.consumer, None if r.key_fn in (None, _IDENTITY) else r.key_fn) for r in routes]
@@ -85,8 +92,11 @@ class Router:
         """``record`` addressed to every consumer of ``stream`` (re-keyed by its key
         extractor) and to the stream log if logged."""
         out = []
+        tags = self._tags
         for consumer, key_fn in self._plain.get(stream, ()):
-            if key_fn is None:
+            if tags and (stream, consumer) in tags:
+                out.append(production(consumer, stream, self._tagged(stream, consumer, key_fn, record)))
+            elif key_fn is None:
                 out.append(production(consumer, stream, record))
             else:
                 try:
@@ -98,6 +108,21 @@ class Router:
                 rec = record if key == record.key else record_of(key, record.value, record.timestamp, record.record_id)
                 out.append(production(consumer, stream, rec))
         return out
+
+    def _tagged(self, stream: str, consumer: str, key_fn: KeyFn | None, record: Record) -> Record:
+        """``record`` keyed for ``consumer`` with its value tagged with ``stream``; a record
+        whose key cannot be extracted is not tagged (its error path runs the extractor
+        again on the value as produced, and no operator code sees it)."""
+        key = record.key
+        if key_fn is not None:
+            try:
+                key = key_fn(record)
+                if type(key) is not str:
+                    raise TypeError(f"key extractor returned {type(key).__name__}, not str")
+            except Exception:  # noqa: BLE001 - any failure is the record's, for the consumer's policy
+                return record_of(f"{KEY_ERROR_PREFIX}{stream}\x1f{record.key}", record.value,
+                                 record.timestamp, record.record_id)
+        return record_of(key, self._tags[(stream, consumer)] + record.value, record.timestamp, record.record_id)
 
     def key_error(self, consumer: str, record: Record) -> tuple[str, str, str] | None:
         """For a record routed with :data:`KEY_ERROR_PREFIX`: (the producer's key, the
@@ -118,7 +143,7 @@ class Router:
     def fan_out_many(self, stream: str, records: Iterable[Record]) -> list[Production]:
         """:meth:`fan_out` of each record in turn, concatenated."""
         routes = self._plain.get(stream, ())
-        if len(routes) == 1 and routes[0][1] is None:  # one consumer, keys kept
+        if len(routes) == 1 and routes[0][1] is None and not self._tags:  # one consumer, keys kept
             consumer = routes[0][0]
             return [production(consumer, stream, record) for record in records]
         out: list[Production] = []

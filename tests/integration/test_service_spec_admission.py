@@ -28,8 +28,8 @@ CENTURY_US = 100 * 365 * 86_400 * 1_000_000
 
 
 def spec(name: str, code: str, params: dict[str, Any], outputs: list[str],
-         options: pb.Options | None = None) -> pb.ComputationSpec:
-    return pb.ComputationSpec(name=name, inputs=[pb.InputStream(stream="canary-in")], outputs=outputs,
+         options: pb.Options | None = None, inputs: tuple[str, ...] = ("canary-in",)) -> pb.ComputationSpec:
+    return pb.ComputationSpec(name=name, inputs=[pb.InputStream(stream=s) for s in inputs], outputs=outputs,
                               code=pb.Code(name=code, params_json=json.dumps(params)),
                               options=options or pb.Options())
 
@@ -55,6 +55,25 @@ REFUSED = [
      ["'keep'", "record_id_retention_us", str(CENTURY_US)]),
     (spec("ttl", "map", {"key": "key"}, ["out"], pb.Options(state_ttl_us=2**63 - 1)),
      ["'ttl'", "state_ttl_us"]),
+    (spec("sw", "session_window", {"gap_us": 1000}, []), ["'sw'", "outputs", "session_window"]),
+    (spec("sgap", "session_window", {}, ["out"]), ["'sgap'", "params.gap_us", "required"]),
+    (spec("sbig", "session_window", {"gap_us": 10**30}, ["out"]), ["'sbig'", "params.gap_us", str(CENTURY_US)]),
+    (spec("slate", "session_window", {"gap_us": 1000, "allowed_lateness_us": -1}, ["out"]),
+     ["'slate'", "allowed_lateness_us", "must be >= 0"]),
+    (spec("sagg", "session_window", {"gap_us": 1000, "aggregation": "median"}, ["out"]),
+     ["'sagg'", "params.aggregation", "'median'"]),
+    (spec("j1", "interval_join", {"lower_us": 0, "upper_us": 1}, ["out"]),
+     ["'j1'", "inputs", "exactly two different streams"]),
+    (spec("jsame", "interval_join", {"lower_us": 0, "upper_us": 1}, ["out"], inputs=("canary-in", "canary-in")),
+     ["'jsame'", "inputs", "exactly two different streams"]),
+    (spec("jnone", "interval_join", {"lower_us": 0, "upper_us": 1}, [], inputs=("canary-in", "canary-counts")),
+     ["'jnone'", "outputs", "interval_join"]),
+    (spec("jbounds", "interval_join", {"lower_us": 5, "upper_us": 1}, ["out"], inputs=("canary-in", "canary-counts")),
+     ["'jbounds'", "params.upper_us", "must be >= lower_us"]),
+    (spec("jbig", "interval_join", {"lower_us": -(10**30), "upper_us": 1}, ["out"],
+          inputs=("canary-in", "canary-counts")), ["'jbig'", "params.lower_us", str(CENTURY_US)]),
+    (spec("jside", "interval_join", {"lower_us": 0, "upper_us": 1, "left": "elsewhere"}, ["out"],
+          inputs=("canary-in", "canary-counts")), ["'jside'", "params.left", "'elsewhere'"]),
 ]
 
 
@@ -93,12 +112,18 @@ def test_specs_no_worker_could_run_are_refused_and_change_nothing(tmp_path: Path
         cluster.client.register_computation(
             spec("w", "window_aggregate", {"size_us": CENTURY_US, "allowed_lateness_us": CENTURY_US},
                  ["w-out"], pb.Options(allowed_lateness_us=CENTURY_US, record_id_retention_us=CENTURY_US)))
+        cluster.client.register_computation(
+            spec("sw", "session_window", {"gap_us": CENTURY_US, "allowed_lateness_us": CENTURY_US}, ["sw-out"]))
+        cluster.client.register_computation(
+            spec("j", "interval_join", {"lower_us": -CENTURY_US, "upper_us": CENTURY_US,
+                                        "allowed_lateness_us": CENTURY_US}, ["j-out"],
+                 inputs=("canary-in", "f-out")))
         for _ in range(2):
             canary.round()
         status = cluster.client.status()
         assert len(status.workers) == 2 and all(w.alive for w in status.workers), status.workers
         assert all(p.poll() is None for p in workers)
-        assert {c.spec.name for c in cluster.client.computations().computations} == {COMPUTATION, "f", "w"}
+        assert {c.spec.name for c in cluster.client.computations().computations} == {COMPUTATION, "f", "w", "sw", "j"}
         for i in range(2):
             assert "Traceback" not in cluster.log(f"worker{i}"), cluster.log(f"worker{i}")[-3000:]
         print(f"canary rounds (s): {[round(t, 2) for t in canary.seconds]}")
