@@ -154,7 +154,7 @@ class Snapshotter:
             comps[spec.name] = info
             for kind, value in (("lag", info["lag_s"]), ("input_lag", info["input_lag_s"]),
                                 ("in", info["in_per_s"]), ("out", info["out_per_s"]),
-                                ("dead", info["dead_lettered"])):
+                                ("dead", info["dead_lettered"]), ("checkpoint_ms", info["checkpoint_ms"])):
                 if value is not None:
                     self.history.add(kind, spec.name, t, value)
         injectors: dict[str, Any] = {}
@@ -318,7 +318,9 @@ def _failure(f: Any) -> dict[str, Any]:
 
 def _graph(topo: Topology, comps: dict[str, Any], injectors: dict[str, Any]) -> dict[str, Any]:
     """Nodes (injectors, computations, streams; a stream no computation consumes is a
-    sink) in layers left to right, and edges with the records per second they carry."""
+    sink) in layers left to right, and edges with the records per second they carry and,
+    out of a producer, the records it has checkpointed that its consumers have not
+    acknowledged yet (``queued``: backpressure shows there first)."""
     nodes: list[dict[str, Any]] = []
     edges: list[dict[str, Any]] = []
     layer: dict[str, int] = {}
@@ -344,14 +346,16 @@ def _graph(topo: Topology, comps: dict[str, Any], injectors: dict[str, Any]) -> 
                       "health": "lagging" if info.get("outbox", 0) else "ok"})
         into = [comps[c.name]["in_per_s"] for c, _ in topo.consumers(inj.stream) if c.name in comps]
         edges.append({"from": "i:" + inj.name, "to": "s:" + inj.stream,
-                      "per_s": max((r for r in into if r is not None), default=None)})
+                      "per_s": max((r for r in into if r is not None), default=None),
+                      "queued": info.get("outbox", 0)})
     for name, info in comps.items():
         nodes.append({"id": "c:" + name, "kind": "computation", "name": name,
                       "layer": layer.get("c:" + name, 2), "health": info["health"]})
         for s in info["inputs"]:
             edges.append({"from": "s:" + s, "to": "c:" + name, "per_s": info["in_per_s"]})
+        queued = sum(r["pending"] for r in info["ranges"])  # checkpointed, not yet acked downstream
         for s in info["outputs"]:
-            edges.append({"from": "c:" + name, "to": "s:" + s, "per_s": info["out_per_s"]})
+            edges.append({"from": "c:" + name, "to": "s:" + s, "per_s": info["out_per_s"], "queued": queued})
     dead_streams = {c.dead_letter_stream: name for name, c in
                     ((c.name, c) for c in topo.computations)}
     hidden = {s for s, name in dead_streams.items()

@@ -274,3 +274,17 @@ def test_labels_clock_and_sparkline_values_read_whole(tab: Page, console: Consol
     assert parts, text
     rate = tab.text("#rate-spark .spark-values")
     assert re.fullmatch(r"now [\d.–]+/s · min [\d.–]+/s · max [\d.–]+/s( · last .*)?", rate), rate
+
+    # Checkpoint latency has its history too (counts checkpoints as records come in).
+    cp = tab.page.locator("#checkpoint-spark .spark-values")
+    cp.filter(has_text="now ").wait_for(timeout=30_000)
+    assert re.fullmatch(r"now [\d.]+ ms · min [\d.]+ ms · max [\d.]+ ms( · last .*)?", cp.inner_text()), cp.inner_text()
+
+    # No two edge labels overlap (fan-in and fan-out put several midpoints together).
+    boxes = tab.page.evaluate(
+        "() => [...document.querySelectorAll('#graph text.rate')].map((t) => {"
+        " const b = t.getBBox(); return [b.x, b.y, b.width, b.height, t.textContent]; })")
+    for i, a in enumerate(boxes):
+        for b in boxes[i + 1:]:
+            apart = a[0] + a[2] <= b[0] or b[0] + b[2] <= a[0] or a[1] + a[3] <= b[1] or b[1] + b[3] <= a[1]
+            assert apart, f"edge labels overlap: {a} and {b}"

@@ -125,6 +125,14 @@ def test_answers_agree_with_the_grpc_api(console: Console) -> None:
     assert ("stream", "clicks") in nodes and ("stream", "counts") in nodes
     edges = {(e["from"], e["to"]) for e in over["graph"]["edges"]}
     assert {("i:clicks", "s:clicks"), ("s:clicks", "c:by_user"), ("c:busy", "s:busy")} <= edges
+    # An edge out of a producer says what it holds unacknowledged: the sum of its ranges'
+    # pending outboxes (an injector: its outbox, as the same snapshot shows it).
+    outboxes = {i["name"]: i["outbox"] for i in over["injectors"]}
+    for e in over["graph"]["edges"]:
+        if e["from"].startswith("c:"):
+            assert isinstance(e["queued"], int) and e["queued"] >= 0, e
+        elif e["from"].startswith("i:"):
+            assert e["queued"] == outboxes[e["from"][2:]], e
 
     wms = {w.node: w for w in c.watermarks()}
     for name in names:

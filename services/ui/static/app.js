@@ -67,6 +67,7 @@
   // Node width: the longest name whole (about 7 px a character at the graph's font size),
   // at least 120 px; a name over LABEL_MAX characters is cut (its tooltip has it whole).
   const LABEL_MAX = 40;
+  const QUEUED_WARN = 1000;  // records a producer holds unacknowledged before its edge shows backpressure
   function drawGraph(graph) {
     const longest = Math.min(LABEL_MAX, Math.max(0, ...graph.nodes.map((n) => n.name.length)));
     const W = Math.max(120, Math.ceil(longest * 7.2) + 20), H = 30, GX = 34, GY = 14;
@@ -86,13 +87,28 @@
     const marker = svg("marker", { id: "arrow", viewBox: "0 0 10 10", refX: 10, refY: 5, markerWidth: 6, markerHeight: 6, orient: "auto-start-reverse" });
     marker.appendChild(svg("path", { d: "M 0 0 L 10 5 L 0 10 z", fill: "#6b7785" }));
     defs.appendChild(marker); root.appendChild(defs);
+    // Edge labels: records/s, and what the producer holds unacknowledged ("queued"):
+    // an edge whose producer holds QUEUED_WARN or more is drawn as backpressured. A
+    // label that would overlap one already placed moves down until it does not.
+    const placed = [];
+    const place = (x, y, w) => {
+      for (let tries = 0; tries < 20 && placed.some((p) => Math.abs(p.x - x) < (p.w + w) / 2 + 2 && Math.abs(p.y - y) < 12); tries++) y += 12;
+      placed.push({ x, y, w });
+      return y;
+    };
     for (const e of graph.edges) {
       const a = pos[e.from], b = pos[e.to];
       if (!a || !b) continue;
       const x1 = a.x + W, y1 = a.y + H / 2, x2 = b.x, y2 = b.y + H / 2, mx = (x1 + x2) / 2;
-      root.appendChild(svg("path", { class: "edge", d: `M ${x1} ${y1} C ${mx} ${y1}, ${mx} ${y2}, ${x2} ${y2}`, "marker-end": "url(#arrow)" }));
-      if (e.per_s !== null && e.per_s !== undefined) {
-        root.appendChild(svg("text", { class: "rate", x: mx, y: (y1 + y2) / 2 - 4, "text-anchor": "middle" }, fmtRate(e.per_s) + "/s"));
+      const blocked = (e.queued || 0) >= QUEUED_WARN;
+      root.appendChild(svg("path", { class: "edge" + (blocked ? " backpressure" : ""), d: `M ${x1} ${y1} C ${mx} ${y1}, ${mx} ${y2}, ${x2} ${y2}`, "marker-end": "url(#arrow)" }));
+      const parts = [];
+      if (e.per_s !== null && e.per_s !== undefined) parts.push(fmtRate(e.per_s) + "/s");
+      if (e.queued) parts.push(`${e.queued} queued`);
+      if (parts.length) {
+        const text = parts.join(" · ");
+        const y = place(mx, (y1 + y2) / 2 - 4, text.length * 6.2);
+        root.appendChild(svg("text", { class: "rate" + (blocked ? " backpressure" : ""), x: mx, y: y, "text-anchor": "middle" }, text));
       }
     }
     for (const n of graph.nodes) {
@@ -170,6 +186,7 @@
     $("backpressure").textContent = c.backpressure.map((b) => `injector ${b.injector}: outbox ${b.outbox}, waited ${b.backpressure_s_total.toFixed(1)} s`).join("; ");
     sparkline($("lag-spark"), c.history.lag, (v) => fmtSecs(v));
     sparkline($("rate-spark"), c.history.in, (v) => fmtRate(v) + "/s");
+    sparkline($("checkpoint-spark"), c.history.checkpoint_ms, (v) => v.toFixed(1) + " ms");
     const ranges = (c.failing_ranges || []).map((f) => ({ time: f.last, key: `key range ${f.range}`, type: f.type, message: f.message, outcome: `range failing (${f.stage})`, attempts: f.attempts }));
     const errs = [...ranges, ...c.retrying, ...c.recent_errors];
     fillRows($("errors"), errs.map((e) => [e.time ? new Date(e.time / 1000).toISOString().slice(11, 23) : "", e.record_id ? `${e.key} (record ${e.record_id})` : e.key, `${e.type}: ${e.message}`, `${e.outcome}${e.attempts ? " after " + e.attempts + " attempt(s)" : ""}`]));
