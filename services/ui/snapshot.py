@@ -57,6 +57,21 @@ def _lag_s(wm: int, now_us: int) -> float | None:
 _NO_USAGE: dict[str, float | None] = {"rss_mb": None, "cpu_pct": None}
 
 
+def _quantile_ms(d: dict[str, float], q: float) -> float | None:
+    """The ``q`` quantile of the checkpoints since the last refresh, in ms, as the upper
+    bound of the histogram bucket it falls in (so "under 5 ms", not an exact figure);
+    None without checkpoints; above the largest bucket, that bucket's bound (2.5 s)."""
+    buckets = sorted((float(k[3:]), n) for k, n in d.items() if k.startswith("le:"))
+    total = buckets[-1][1] if buckets else 0.0
+    if total <= 0:
+        return None
+    finite = [b for b, _ in buckets if b != float("inf")]
+    for bound, n in buckets:
+        if n >= q * total:
+            return bound * 1000 if bound != float("inf") else (finite[-1] * 1000 if finite else None)
+    return None
+
+
 def _wm(wm: int) -> int | str:
     """A watermark for JSON: microseconds, or "-inf" / "+inf" at the ends."""
     return "-inf" if wm <= MIN_TIMESTAMP else "+inf" if wm >= MAX_TIMESTAMP else wm
@@ -154,7 +169,9 @@ class Snapshotter:
             comps[spec.name] = info
             for kind, value in (("lag", info["lag_s"]), ("input_lag", info["input_lag_s"]),
                                 ("in", info["in_per_s"]), ("out", info["out_per_s"]),
-                                ("dead", info["dead_lettered"]), ("checkpoint_ms", info["checkpoint_ms"])):
+                                ("dead", info["dead_lettered"]), ("checkpoint_ms", info["checkpoint_ms"]),
+                                ("checkpoint_p95_ms", info["checkpoint_p95_ms"]),
+                                ("checkpoints", info["checkpoints_per_s"])):
                 if value is not None:
                     self.history.add(kind, spec.name, t, value)
         injectors: dict[str, Any] = {}
@@ -231,6 +248,8 @@ class Snapshotter:
         for wid, got in samples.items():
             for (name, labels), value in got.items():
                 kind = wanted.get(name)
+                if kind is None and name == "millwheel_checkpoint_seconds_bucket":
+                    kind = "le:" + dict(labels).get("le", "+Inf")  # cumulative count at or under
                 if kind is None:
                     continue
                 comp = dict(labels).get("computation", "")
@@ -244,14 +263,15 @@ class Snapshotter:
                     continue
                 grown = value - before[1] if value >= before[1] else value
                 slot = delta.setdefault(comp, {"in": 0.0, "out": 0.0, "cp": 0.0, "cp_s": 0.0, "dt": 0.0})
-                slot[kind] += grown
+                slot[kind] = slot.get(kind, 0.0) + grown
                 slot["dt"] = max(slot["dt"], t - before[0])
         out: dict[str, dict[str, Any]] = {}
         for comp, d in delta.items():
             dt = d["dt"] or self.interval_s
             out[comp] = {"in_per_s": round(d["in"] / dt, 2), "out_per_s": round(d["out"] / dt, 2),
                          "checkpoints_per_s": round(d["cp"] / dt, 2),
-                         "checkpoint_ms": round(1000 * d["cp_s"] / d["cp"], 3) if d["cp"] else None}
+                         "checkpoint_ms": round(1000 * d["cp_s"] / d["cp"], 3) if d["cp"] else None,
+                         "checkpoint_p50_ms": _quantile_ms(d, 0.5), "checkpoint_p95_ms": _quantile_ms(d, 0.95)}
         for comp, total in totals.items():  # what the live workers counted since they started
             out.setdefault(comp, _no_rates()).update(
                 records_in_total=int(total["in"]), records_out_total=int(total["out"]))
@@ -301,6 +321,7 @@ class Snapshotter:
 
 def _no_rates() -> dict[str, Any]:
     return {"in_per_s": None, "out_per_s": None, "checkpoints_per_s": None, "checkpoint_ms": None,
+            "checkpoint_p50_ms": None, "checkpoint_p95_ms": None,
             "records_in_total": None, "records_out_total": None}
 
 

@@ -121,7 +121,8 @@ class Tracker:
         if info is None:
             raise BadRequest(f"computation {spec.name!r} was just registered; try again in a second", 503)
         h = self.snap.history
-        history = {kind: h.get(kind, spec.name) for kind in ("lag", "input_lag", "in", "out", "dead", "checkpoint_ms")}
+        history = {kind: h.get(kind, spec.name) for kind in ("lag", "input_lag", "in", "out", "dead", "checkpoint_ms",
+                                                      "checkpoint_p95_ms", "checkpoints")}
         backpressure = [
             {"injector": i["name"], "outbox": i["outbox"], "backpressure_s_total": i["backpressure_s_total"],
              "outbox_history": h.get("outbox", injector_node(i["name"]))}

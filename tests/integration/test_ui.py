@@ -279,6 +279,10 @@ def test_labels_clock_and_sparkline_values_read_whole(tab: Page, console: Consol
     cp = tab.page.locator("#checkpoint-spark .spark-values")
     cp.filter(has_text="now ").wait_for(timeout=30_000)
     assert re.fullmatch(r"now [\d.]+ ms · min [\d.]+ ms · max [\d.]+ ms( · last .*)?", cp.inner_text()), cp.inner_text()
+    p95 = tab.page.locator("#checkpoint-p95-spark .spark-values")
+    p95.filter(has_text="now ").wait_for(timeout=30_000)
+    assert re.fullmatch(r"now ≤ [\d.]+ ms · min ≤ [\d.]+ ms · max ≤ [\d.]+ ms( · last .*)?", p95.inner_text()), \
+        p95.inner_text()
 
     # No two edge labels overlap (fan-in and fan-out put several midpoints together).
     boxes = tab.page.evaluate(

@@ -181,12 +181,15 @@
     $("out-lag").textContent = fmtLag(c.lag_s);
     $("rates").textContent = `${fmtRate(c.in_per_s)} · ${fmtRate(c.out_per_s)}`;
     $("totals").textContent = c.records_in_total === null ? "" : `${c.records_in_total} in, ${c.records_out_total} out in all`;
-    $("checkpoints").textContent = c.checkpoints_per_s === null ? "" : `${fmtRate(c.checkpoints_per_s)} checkpoints/s` + (c.checkpoint_ms === null ? "" : `, ${c.checkpoint_ms.toFixed(1)} ms each`);
+    $("checkpoints").textContent = c.checkpoints_per_s === null ? "" : `${fmtRate(c.checkpoints_per_s)} checkpoints/s` + (c.checkpoint_ms === null ? "" : `, ${c.checkpoint_ms.toFixed(1)} ms each`) +
+      (c.checkpoint_p50_ms === null ? "" : ` (p50 ≤ ${c.checkpoint_p50_ms} ms, p95 ≤ ${c.checkpoint_p95_ms} ms)`);
     $("err-counts").textContent = `${c.dead_lettered} · ${c.skipped} · ${c.late_dropped}`;
     $("backpressure").textContent = c.backpressure.map((b) => `injector ${b.injector}: outbox ${b.outbox}, waited ${b.backpressure_s_total.toFixed(1)} s`).join("; ");
     sparkline($("lag-spark"), c.history.lag, (v) => fmtSecs(v));
     sparkline($("rate-spark"), c.history.in, (v) => fmtRate(v) + "/s");
     sparkline($("checkpoint-spark"), c.history.checkpoint_ms, (v) => v.toFixed(1) + " ms");
+    sparkline($("checkpoint-p95-spark"), c.history.checkpoint_p95_ms, (v) => "≤ " + v.toFixed(1) + " ms");
+    sparkline($("checkpoint-rate-spark"), c.history.checkpoints, (v) => fmtRate(v) + "/s");
     const ranges = (c.failing_ranges || []).map((f) => ({ time: f.last, key: `key range ${f.range}`, type: f.type, message: f.message, outcome: `range failing (${f.stage})`, attempts: f.attempts }));
     const errs = [...ranges, ...c.retrying, ...c.recent_errors];
     fillRows($("errors"), errs.map((e) => [e.time ? new Date(e.time / 1000).toISOString().slice(11, 23) : "", e.record_id ? `${e.key} (record ${e.record_id})` : e.key, `${e.type}: ${e.message}`, `${e.outcome}${e.attempts ? " after " + e.attempts + " attempt(s)" : ""}`]));
