@@ -4,8 +4,9 @@ Three loops share the owned ranges (each range's lock serialises them):
 
 * heartbeat (every ``heartbeat_s``), here: report each owned range's low watermark with
   its token; receive every range's owner and token, the registry and input watermarks;
-  take new ranges (a :class:`~millwheel.runtime.range_worker.RangeWorker` built with
-  the controller's token) and drop ranges that moved;
+  drop ranges that moved and queue new ones, which taker threads build
+  (:mod:`services.worker.taker`: a :class:`~millwheel.runtime.range_worker.RangeWorker`
+  with the controller's token), so a slow build never delays a heartbeat;
 * pump, in :mod:`services.worker.send` (:class:`~services.worker.send.Sender`): fire
   due timers, and send each range's outbox in slices: sink streams go to the stream
   log, consumer ranges owned here are processed in place, others go to their owner
@@ -59,6 +60,7 @@ from .parking import UnitOf
 from .progress import NoProgress, ProgressBlock
 from .receive import DeliverServicer, Receiver
 from .send import Sender
+from .taker import Taker
 from .units import OwnedRange, OwnerInfo
 
 log = logging.getLogger("millwheel.worker")
@@ -107,6 +109,7 @@ class WorkerProcess(Receiver, Sender):
         self.unit_of = UnitOf(self.topology)  # a production's consumer range (services/worker/parking.py)
         self.failures = RangeFailures()  # ranges it cannot build or checkpoint (services/worker/failing.py)
         self.units: dict[Unit, OwnedRange] = {}
+        self._assigned: dict[Unit, int] = {}  # ranges assigned here -> token, as last heard
         self.owners: dict[Unit, OwnerInfo] = {}
         self.input_wms: dict[str, int] = {}
         self.links: dict[str, PeerLink] = {}
@@ -140,6 +143,7 @@ class WorkerProcess(Receiver, Sender):
         # (node, range, token) -> (watermark, pending, when) last reported to _reported_to
         self._reported: dict[tuple[str, int, int], tuple[int, int, float]] = {}
         self._reported_to: str | None = None
+        self.taker = Taker(self._take, self.stopped)
         self.health_monitor = HealthMonitor(self.health, self.store, controller_failing_s=lambda: (
             0.0 if self._hb_failing_since is None else time.monotonic() - self._hb_failing_since))
         self._threads = [
@@ -169,6 +173,7 @@ class WorkerProcess(Receiver, Sender):
         self.server.stop(grace=1.0).wait(2.0)
         for t in self._threads:
             t.join(timeout=2.0)
+        self.taker.stop()
         for link in self.links.values():
             link.close()
         self.controller_link.close()
@@ -280,6 +285,8 @@ class WorkerProcess(Receiver, Sender):
                     self._hb_wake.set()  # report what the new input watermark lets through
         fenced = {(f.node, f.range_id, f.token) for f in resp.fenced}
         mine = {u: o.token for u, o in self.owners.items() if o.worker_id == self.worker_id}
+        with self._units_lock:  # a take finishing now sees either the old or the new assignment
+            self._assigned = mine
         for unit, owned in list(self.units.items()):
             if mine.get(unit) != owned.token or (unit[0], unit[1], owned.token) in fenced:
                 self._drop(owned, "moved to another worker")
@@ -287,7 +294,7 @@ class WorkerProcess(Receiver, Sender):
         for unit, token in sorted(mine.items()):  # a range failing to build waits for its retry
             if unit not in self.units and (unit[0], unit[1], token) not in self._fenced_tokens \
                     and self.failures.due(unit):
-                self._take(unit, token)
+                self.taker.want(unit, token)  # built on a taker thread (services/worker/taker.py)
         self.sensors.owned_ranges(len(self.units))
         self._wake.set()
 
@@ -313,9 +320,15 @@ class WorkerProcess(Receiver, Sender):
                            self.clock, self.sensors, self.crash, token=token)
 
     def _take(self, unit: Unit, token: int) -> None:
-        """Build the range and own it. A range that cannot be built stays untaken here,
-        failing (services/worker/failing.py); the other ranges go on."""
+        """Build the range and own it (on a taker thread: services/worker/taker.py). A
+        range that cannot be built stays untaken here, failing (services/worker/failing.py);
+        the other ranges go on. The token is the one assigned when the build starts; a
+        build whose assignment changed meanwhile is discarded."""
         node, range_id = unit
+        token = self._assigned.get(unit, token)
+        if unit in self.units or unit not in self._assigned or self.stopped.is_set() \
+                or (node, range_id, token) in self._fenced_tokens:
+            return
         try:
             if node.startswith("injector:"):
                 owned = OwnedRange(node, range_id, token, self.store)
@@ -334,9 +347,17 @@ class WorkerProcess(Receiver, Sender):
         except (Exception, SystemExit) as exc:  # noqa: BLE001 - its code or its store: the range's
             self.failures.failed(unit, "build", exc)  # failure (sys.exit() in a constructor too)
             return
-        self.failures.succeeded(unit)
         with self._units_lock:
+            if self._assigned.get(unit) != token or (node, range_id, token) in self._fenced_tokens:
+                log.info("not taking %s/%d (token %d): its assignment changed while it was built",
+                         node, range_id, token)
+                return
+            if owned.worker is not None:
+                owned.worker.router = self.router  # the topology may have changed during the build
             self.units[unit] = owned
+        self.failures.succeeded(unit)
+        self._hb_wake.set()  # report the new range's watermark soon
+        self._wake.set()
         log.info("took %s/%d (token %d)", node, range_id, token)
 
     def _refused(self, node: str, reason: str) -> None:
