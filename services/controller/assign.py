@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 import time
 from dataclasses import dataclass, field
 
@@ -65,6 +66,13 @@ class Assigner:
         self.timeout_s = timeout_s
         self.workers: dict[str, WorkerState] = {}
         self.units: dict[Unit, Owner] = {}
+        # The owners table's versions (what incremental heartbeats are answered against):
+        # each change of a unit's owner, token or owner's address is one version, the unit
+        # logged under it; ``epoch`` names this table (a new leader builds a new one).
+        self.epoch = random.getrandbits(63) or 1
+        self.version = 0
+        self._log: list[Unit] = []  # the unit changed at version _log_base + 1 + index
+        self._log_base = 0
         grace_until = time.monotonic() + grace_s
         for name, value in store.list_meta(WORKER_PREFIX).items():
             data = json.loads(value)
@@ -87,6 +95,9 @@ class Assigner:
         w = self.workers.get(worker_id)
         changed = False
         if w is None or w.address != address or w.metrics_address != metrics:
+            if w is not None and w.address != address:  # its ranges' address changed
+                for unit in self.owned_by(worker_id):
+                    self._changed(unit)
             w = self.workers[worker_id] = WorkerState(worker_id, address, metrics)
             self.store.put_meta(WORKER_PREFIX + worker_id, json.dumps(
                 {"id": worker_id, "address": address, "metrics": metrics}).encode())
@@ -131,8 +142,10 @@ class Assigner:
             self.store.acquire(*unit)  # fence whoever still runs it
             del self.units[unit]
             self.store.put_meta(_unit_key(unit), None)
+            self._changed(unit)
         for unit in sorted(wanted - set(self.units)):
             self.units[unit] = Owner(None, self.store.current_token(*unit))
+            self._changed(unit)
 
     def owned_by(self, worker_id: str) -> list[Unit]:
         return [u for u, o in self.units.items() if o.worker_id == worker_id]
@@ -196,9 +209,27 @@ class Assigner:
         token = self.store.acquire(*unit)
         old = self.units[unit].worker_id
         self.units[unit] = Owner(worker_id, token)
+        self._changed(unit)
         self.store.put_meta(_unit_key(unit), json.dumps({"worker": worker_id, "token": token}).encode())
         log.info("range %s/%d: %s -> %s (token %d)", unit[0], unit[1], old, worker_id, token)
 
     def owns(self, worker_id: str, unit: Unit, token: int) -> bool:
         owner = self.units.get(unit)
         return owner is not None and owner.worker_id == worker_id and owner.token == token
+
+    # -- versions of the owners table ------------------------------------------------
+    def _changed(self, unit: Unit) -> None:
+        self.version += 1
+        self._log.append(unit)
+        keep = max(4096, 2 * len(self.units))  # a few rebalances' worth; older: the whole table
+        if len(self._log) > 2 * keep:
+            cut = len(self._log) - keep
+            del self._log[:cut]
+            self._log_base += cut
+
+    def changed_since(self, epoch: int, version: int) -> set[Unit] | None:
+        """Units changed after ``version`` of table ``epoch``; None when that is not a
+        version of this table the log still covers (the caller sends the whole table)."""
+        if epoch != self.epoch or not self._log_base <= version <= self.version:
+            return None
+        return set(self._log[version - self._log_base:])

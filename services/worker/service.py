@@ -61,7 +61,7 @@ from .progress import NoProgress, ProgressBlock
 from .receive import DeliverServicer, Receiver
 from .send import Sender
 from .taker import Taker
-from .units import OwnedRange, OwnerInfo
+from .units import OwnedRange, OwnerInfo, merged_owners
 
 log = logging.getLogger("millwheel.worker")
 Unit = tuple[str, int]
@@ -110,6 +110,8 @@ class WorkerProcess(Receiver, Sender):
         self.failures = RangeFailures()  # ranges it cannot build or checkpoint (services/worker/failing.py)
         self.units: dict[Unit, OwnedRange] = {}
         self._assigned: dict[Unit, int] = {}  # ranges assigned here -> token, as last heard
+        self._mine: dict[Unit, int] = {}  # the same, from the owners table (heartbeat thread)
+        self._known_assignments = (0, 0)  # (epoch, version) of the owners table held
         self.owners: dict[Unit, OwnerInfo] = {}
         self.input_wms: dict[str, int] = {}
         self.links: dict[str, PeerLink] = {}
@@ -241,7 +243,9 @@ class WorkerProcess(Receiver, Sender):
             resp = link.stub(pb_grpc.ClusterStub, target).Heartbeat(pb.HeartbeatRequest(
                 worker_id=self.worker_id, address=self.address, metrics_address=self.metrics_address,
                 draining=draining, known_topology_version=self.version, reports=reports,
-                refused=sorted(self.refused), failing=self.failures.reports()), timeout=link.deadline_s)
+                refused=sorted(self.refused), failing=self.failures.reports(), incremental=True,
+                known_assignments_epoch=self._known_assignments[0],
+                known_assignments_version=self._known_assignments[1]), timeout=link.deadline_s)
         except grpc.RpcError as exc:
             self._fenced_unreported = fenced + self._fenced_unreported  # report them next time
             self.cluster_routes.failed(address, target)
@@ -274,17 +278,18 @@ class WorkerProcess(Receiver, Sender):
     def _apply(self, resp: pb.HeartbeatResponse) -> None:
         if resp.topology_json:
             self._set_topology(convert.topology_from_json(resp.topology_json), resp.topology_version)
-        self.owners = {
-            (a.node, a.range_id): OwnerInfo(a.worker_id, a.worker_address, a.token)
-            for a in resp.assignments
-        }
+        owners = merged_owners(self.owners, resp)  # None: unchanged (services/worker/units.py)
+        if owners is not None:
+            self.owners = owners
+            self._mine = {u: o.token for u, o in owners.items() if o.worker_id == self.worker_id}
+        self._known_assignments = (resp.assignments_epoch, resp.assignments_version)
         for node, wm in resp.input_watermarks.items():
             if wm > self.input_wms.get(node, MIN_TIMESTAMP):
                 self.input_wms[node] = wm
                 if any(u[0] == node for u in self.units):
                     self._hb_wake.set()  # report what the new input watermark lets through
         fenced = {(f.node, f.range_id, f.token) for f in resp.fenced}
-        mine = {u: o.token for u, o in self.owners.items() if o.worker_id == self.worker_id}
+        mine = self._mine
         with self._units_lock:  # a take finishing now sees either the old or the new assignment
             self._assigned = mine
         for unit, owned in list(self.units.items()):
