@@ -59,6 +59,7 @@ log = logging.getLogger("millwheel.controller")
 Ctx = grpc.ServicerContext
 
 DEFAULT_MAX_VALUE_BYTES = 1024 * 1024
+REBALANCE_CHUNK = 256  # range moves (two store writes each) per hold of the lock after a registration
 
 
 class ControllerService(Queries, Replicated, Injecting):
@@ -149,8 +150,16 @@ class ControllerService(Queries, Replicated, Injecting):
         heartbeats serialized here, on the registering thread; then the units, under the lock."""
         registry = self.registry
         self.topology_json.prime(registry.version, registry.topology)
+        nodes = registry.nodes()
+        known = set(self.assigner.units)
+        tokens = {(n, r): self.store.current_token(n, r)  # read before taking the lock
+                  for n, count in nodes.items() for r in range(count) if (n, r) not in known}
         with self.lock:
-            self._registry_changed()
+            self.assigner.sync_units(registry.nodes(), tokens)
+        while True:  # moves in chunks: heartbeats get the lock in between
+            with self.lock:
+                if self.assigner.rebalance(limit=REBALANCE_CHUNK) < REBALANCE_CHUNK:
+                    return
 
     def _node_watermark(self, node: str, ranges: int) -> int:
         stored = self.store.read_watermarks(node)

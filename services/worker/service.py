@@ -67,6 +67,9 @@ log = logging.getLogger("millwheel.worker")
 Unit = tuple[str, int]
 REPORT_REFRESH_S = 1.0  # an unchanged range is reported again after this long
 REPORT_PENDING_S = 0.25  # a changed pending count (display only) waits this long
+# Unchanged ranges are re-reported at most this many per second (each is a store write on
+# the controller): with thousands of idle ranges the refresh stretches past REPORT_REFRESH_S.
+REFRESH_RANGES_PER_S = 500
 
 
 class WorkerProcess(Receiver, Sender):
@@ -222,13 +225,14 @@ class WorkerProcess(Receiver, Sender):
         if self.controller_link.current != self._reported_to:  # it hears every range afresh
             self._reported, self._reported_to = {}, self.controller_link.current
         sent: dict[tuple[str, int, int], tuple[int, int, float]] = {}
+        refresh = max(REPORT_REFRESH_S, len(self.units) / REFRESH_RANGES_PER_S)
         for owned in list(self.units.values()):
             wm = owned.report_nowait(self.input_wms.get(owned.node, MIN_TIMESTAMP))  # never waits
             if owned.dropped or wm is None:
                 continue
             pending = len(owned.outbox) if owned.outbox is not None else 0
             unit = (owned.node, owned.range_id, owned.token)
-            if not self._report_due(unit, wm, pending, now):
+            if not self._report_due(unit, wm, pending, now, refresh):
                 continue
             sent[unit] = (wm, pending, now)
             reports.append(pb.WatermarkReport(node=owned.node, range_id=owned.range_id,
@@ -261,15 +265,18 @@ class WorkerProcess(Receiver, Sender):
             self._drain_seen = True
         self._apply(resp)
 
-    def _report_due(self, unit: tuple[str, int, int], wm: int, pending: int, now: float) -> bool:
+    def _report_due(self, unit: tuple[str, int, int], wm: int, pending: int, now: float,
+                    refresh: float = REPORT_REFRESH_S) -> bool:
         """Whether a range's watermark report goes with this heartbeat. The controller
         writes each report to the store (one write transaction each, taking the single
         writer's turn from checkpoints), and under load heartbeats go every 25 ms: a
         range is reported when its watermark moved, when its outbox emptied or became
         non-empty, when its pending count changed and the last report is
-        ``REPORT_PENDING_S`` old, and at least every ``REPORT_REFRESH_S``."""
+        ``REPORT_PENDING_S`` old, and at least every ``refresh`` (``REPORT_REFRESH_S``, longer
+        when so many ranges are owned that refreshing each every second would be
+        thousands of store writes a second: ``REFRESH_RANGES_PER_S``)."""
         last = self._reported.get(unit)
-        if last is None or last[0] != wm or now - last[2] >= REPORT_REFRESH_S:
+        if last is None or last[0] != wm or now - last[2] >= refresh:
             return True
         if last[1] != pending:
             return (last[1] == 0) != (pending == 0) or now - last[2] >= REPORT_PENDING_S
