@@ -19,8 +19,9 @@ from bench.harness import commit
 from bench.report.tables import markdown
 from bench.report.targets import ratios_and_targets
 
-SECTIONS = ("limits", "throughput", "latency", "recovery", "service", "ha", "growth", "ttl", "peer", "soak")
-DEFAULT_SECTIONS = SECTIONS[:-1]  # the soak is long (30 minutes): run only when asked for
+SECTIONS = ("limits", "throughput", "latency", "recovery", "service", "ha", "growth", "ttl", "peer", "registry",
+            "soak")
+DEFAULT_SECTIONS = SECTIONS[:-2]  # registry (~10 minutes) and the soak (30): run only when asked for
 RESULTS = Path(__file__).resolve().parent / "results"
 
 DESCRIPTION = """\
@@ -53,6 +54,9 @@ Sections (all but soak by default, in this order; latency uses throughput's figu
               own virtualenv bench/.peers/flink is made on first use, Java needed).
               Interleaved rounds against millwheel: python -m bench.peers.peer_flink N ROUNDS;
               Pathway with persistence (full runs only, bench/.peers/pathway)
+  registry    opt-in (--only registry): registry size (512/2048/8192 key ranges;
+              100/500 computations with 64 KiB params) vs heartbeat latency,
+              worker RSS, ClusterStatus time and worker flaps (bench/cases/registry_scale.py)
   soak        opt-in (--only soak): `millwheel up --workers 2`, three stages, at
               50% of its measured capacity for --soak-minutes (default 30; quick 6):
               RSS per process, store size, consumed-ID and log rows, watermark lag
@@ -89,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="the short suite (< 3 minutes)")
     parser.add_argument("--only", nargs="+", choices=SECTIONS, metavar="SECTION",
-                        help=f"run only these sections ({', '.join(SECTIONS)}; soak only when named)")
+                        help=f"run only these sections ({', '.join(SECTIONS)}; registry and soak only when named)")
     parser.add_argument("--soak-minutes", type=float, help="minutes of the soak section (default 30, quick 6)")
     parser.add_argument("--out", type=Path, default=RESULTS, help=f"results directory (default {RESULTS})")
     args = parser.parse_args(argv)

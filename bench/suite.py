@@ -58,7 +58,7 @@ def _lat(r: dict[str, Any]) -> str:
 def run(mode: Mode, sections: set[str], soak_minutes: float | None = None,
         out_dir: Path | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {"throughput": [], "latency": [], "recovery": [], "limits": [], "peer": [],
-                           "service": [], "ha": [], "long": [], "soak": [], "notes": []}
+                           "service": [], "ha": [], "long": [], "soak": [], "registry": [], "notes": []}
     stores = Stores()
     uniform1k = WorkloadArgs(mode.n, 1_000, "uniform")
     try:
@@ -101,6 +101,11 @@ def run(mode: Mode, sections: set[str], soak_minutes: float | None = None,
             _peer_flink(mode, out, uniform1k)
             log("== peer: Pathway with persistence (its own virtualenv bench/.peers/pathway)")
             _peer_pathway(mode, out, uniform1k)
+        if "registry" in sections:
+            log("== registry: registry size vs heartbeat latency, worker RSS, ClusterStatus, flaps")
+            from bench.cases import registry_scale
+
+            registry_scale.section(out["registry"], run_case)
         if "soak" in sections:
             minutes = soak_minutes or (SOAK_MINUTES_FULL if mode.full_matrix else SOAK_MINUTES_QUICK)
             log(f"== soak: millwheel up --workers 2, three stages, 50% of capacity, {minutes:g} minutes")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Mapping
 
 from millwheel.errors import InvalidSpecError
@@ -181,11 +182,30 @@ class Topology:
     #: them (a Spark stage's input, for backfill). Sink streams are always logged.
     log_streams: tuple[str, ...] = ()
 
-    def computation(self, name: str) -> ComputationSpec:
+    @cached_property
+    def _by_name(self) -> dict[str, ComputationSpec]:
+        """Computations by name (the first of a name, as a scan would find), built once:
+        a registry holds up to 1,000 and the controller looks each up per heartbeat."""
+        out: dict[str, ComputationSpec] = {}
         for spec in self.computations:
-            if spec.name == name:
-                return spec
-        raise InvalidSpecError(f"no computation named {name!r}")
+            out.setdefault(spec.name, spec)
+        return out
+
+    @cached_property
+    def _producers(self) -> dict[str, list[str]]:
+        out: dict[str, list[str]] = {}
+        for spec in self.computations:
+            for stream in dict.fromkeys(spec.written_streams()):
+                out.setdefault(stream, []).append(spec.name)
+        for inj in self.injectors:
+            out.setdefault(inj.stream, []).append(injector_node(inj.name))
+        return out
+
+    def computation(self, name: str) -> ComputationSpec:
+        spec = self._by_name.get(name)
+        if spec is None:
+            raise InvalidSpecError(f"no computation named {name!r}")
+        return spec
 
     def consumers(self, stream: str) -> list[tuple[ComputationSpec, InputSpec]]:
         return [
@@ -194,9 +214,7 @@ class Topology:
 
     def producers(self, stream: str) -> list[str]:
         """Names of computations and injectors (``injector:NAME``) writing ``stream``."""
-        names = [spec.name for spec in self.computations if stream in spec.written_streams()]
-        names += [injector_node(inj.name) for inj in self.injectors if inj.stream == stream]
-        return names
+        return list(self._producers.get(stream, ()))
 
     def upstream(self, name: str) -> list[str]:
         """Nodes whose output watermark bounds the input watermark of ``name``."""

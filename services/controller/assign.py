@@ -10,8 +10,10 @@ heartbeat timeout to check in) instead of moving everything.
 
 from __future__ import annotations
 
+import bisect
 import json
 import logging
+import random
 import time
 from dataclasses import dataclass, field
 
@@ -65,6 +67,13 @@ class Assigner:
         self.timeout_s = timeout_s
         self.workers: dict[str, WorkerState] = {}
         self.units: dict[Unit, Owner] = {}
+        # The owners table's versions (what incremental heartbeats are answered against):
+        # each change of a unit's owner, token or owner's address is one version, the unit
+        # logged under it; ``epoch`` names this table (a new leader builds a new one).
+        self.epoch = random.getrandbits(63) or 1
+        self.version = 0
+        self._log: list[Unit] = []  # the unit changed at version _log_base + 1 + index
+        self._log_base = 0
         grace_until = time.monotonic() + grace_s
         for name, value in store.list_meta(WORKER_PREFIX).items():
             data = json.loads(value)
@@ -87,6 +96,9 @@ class Assigner:
         w = self.workers.get(worker_id)
         changed = False
         if w is None or w.address != address or w.metrics_address != metrics:
+            if w is not None and w.address != address:  # its ranges' address changed
+                for unit in self.owned_by(worker_id):
+                    self._changed(unit)
             w = self.workers[worker_id] = WorkerState(worker_id, address, metrics)
             self.store.put_meta(WORKER_PREFIX + worker_id, json.dumps(
                 {"id": worker_id, "address": address, "metrics": metrics}).encode())
@@ -124,23 +136,28 @@ class Assigner:
             self.store.put_meta(WORKER_PREFIX + wid, None)
 
     # -- units -----------------------------------------------------------------------
-    def sync_units(self, nodes: dict[str, int]) -> None:
-        """Make the unit set match the registry: one unit per range of every node."""
+    def sync_units(self, nodes: dict[str, int], tokens: dict[Unit, int] | None = None) -> None:
+        """Make the unit set match the registry: one unit per range of every node.
+        ``tokens``: current tokens of new units, read beforehand (outside the lock)."""
         wanted = {(node, r) for node, count in nodes.items() for r in range(count)}
         for unit in [u for u in self.units if u not in wanted]:
             self.store.acquire(*unit)  # fence whoever still runs it
             del self.units[unit]
             self.store.put_meta(_unit_key(unit), None)
+            self._changed(unit)
         for unit in sorted(wanted - set(self.units)):
-            self.units[unit] = Owner(None, self.store.current_token(*unit))
+            token = tokens.get(unit) if tokens else None
+            self.units[unit] = Owner(None, self.store.current_token(*unit) if token is None else token)
+            self._changed(unit)
 
     def owned_by(self, worker_id: str) -> list[Unit]:
         return [u for u, o in self.units.items() if o.worker_id == worker_id]
 
-    def rebalance(self) -> int:
+    def rebalance(self, limit: int | None = None) -> int:
         """Move units off dead and draining workers, and off workers that refuse to run
         their computation, and even out the rest; returns moves. A unit no live worker
-        may run stays where it is."""
+        may run stays where it is. With ``limit``, stop after that many moves (the caller
+        releases the controller's lock in between, and calls again)."""
         live = sorted(w.worker_id for w in self.workers.values() if w.alive and not w.draining)
         counts = {wid: 0 for wid in live}
         orphans: list[Unit] = []
@@ -167,21 +184,30 @@ class Assigner:
         if not live:
             return moves
         for unit in orphans:
+            if limit is not None and moves >= limit:
+                return moves
             able = [w for w in live if may_run(w, unit)] or live
             target = min(able, key=lambda wid: (counts[wid], wid))
             if target != self.units[unit].worker_id:
                 self._move(unit, target)
                 moves += 1
             counts[target] += 1
-        while True:
+        owned: dict[str, list[Unit]] = {}  # sorted once per worker, kept up to date
+        for unit, o in sorted(self.units.items()):
+            if o.worker_id in counts:
+                owned.setdefault(o.worker_id, []).append(unit)
+        while limit is None or moves < limit:
             hi = max(live, key=lambda wid: (counts[wid], wid))
             lo = min(live, key=lambda wid: (counts[wid], wid))
             if counts[hi] - counts[lo] <= 1:
                 break
-            movable = [u for u in sorted(self.owned_by(hi)) if may_run(lo, u)]
-            if not movable:
+            mine = owned.get(hi, [])
+            pick = next((i for i in range(len(mine) - 1, -1, -1) if may_run(lo, mine[i])), None)
+            if pick is None:
                 break  # what hi holds, lo may not run: as even as the allow-lists allow
-            self._move(movable[-1], lo)
+            unit = mine.pop(pick)
+            bisect.insort(owned.setdefault(lo, []), unit)
+            self._move(unit, lo)
             counts[hi] -= 1
             counts[lo] += 1
             moves += 1
@@ -196,9 +222,27 @@ class Assigner:
         token = self.store.acquire(*unit)
         old = self.units[unit].worker_id
         self.units[unit] = Owner(worker_id, token)
+        self._changed(unit)
         self.store.put_meta(_unit_key(unit), json.dumps({"worker": worker_id, "token": token}).encode())
         log.info("range %s/%d: %s -> %s (token %d)", unit[0], unit[1], old, worker_id, token)
 
     def owns(self, worker_id: str, unit: Unit, token: int) -> bool:
         owner = self.units.get(unit)
         return owner is not None and owner.worker_id == worker_id and owner.token == token
+
+    # -- versions of the owners table ------------------------------------------------
+    def _changed(self, unit: Unit) -> None:
+        self.version += 1
+        self._log.append(unit)
+        keep = max(4096, 2 * len(self.units))  # a few rebalances' worth; older: the whole table
+        if len(self._log) > 2 * keep:
+            cut = len(self._log) - keep
+            del self._log[:cut]
+            self._log_base += cut
+
+    def changed_since(self, epoch: int, version: int) -> set[Unit] | None:
+        """Units changed after ``version`` of table ``epoch``; None when that is not a
+        version of this table the log still covers (the caller sends the whole table)."""
+        if epoch != self.epoch or not self._log_base <= version <= self.version:
+            return None
+        return set(self._log[version - self._log_base:])

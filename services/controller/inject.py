@@ -59,7 +59,7 @@ class Injecting:
     inject_wait_s: float
     _links: dict[str, PeerLink]
     _stop: threading.Event
-    _registry_changed: Callable[[], None]
+    _after_registration: Callable[[], None]
     leading: Callable[[], bool]
     forward_stream: Callable[[str, Iterator[Any], Ctx], Any]
 
@@ -72,7 +72,7 @@ class Injecting:
         known = self.registry.injector(msg.injector)
         if known is not None and (not msg.stream or msg.stream == known.stream):
             return known
-        with self.lock:
+        with self.registry.changing:  # registry changes one at a time, never under the controller's lock
             existing = self.registry.injector(msg.injector)
             if existing is not None:
                 if msg.stream and msg.stream != existing.stream:
@@ -89,7 +89,7 @@ class Injecting:
                     f"{where}: no registered computation consumes stream {msg.stream!r}")
             spec = InjectorSpec(msg.injector, msg.stream)
             self.registry.register_injector(spec)
-            self._registry_changed()
+            self._after_registration()
             return spec
 
     _closed: set[str] | None = None  # injectors seen closed (a watermark never goes back)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import Counter
 from typing import Any, Callable, Iterator, TypeVar
 
 import grpc
@@ -138,11 +139,12 @@ class Queries:
                 log.info("ClusterStatus from the store's view: %s", exc)
         with self.lock:
             out, inputs = self.watermarks()
+            owned = Counter(o.worker_id for o in self.assigner.units.values())  # one pass, not one per worker
             workers = [
                 pb.WorkerInfo(worker_id=w.worker_id, address=w.address,
                               metrics_address=w.metrics_address, alive=w.alive,
                               draining=w.draining, last_heartbeat_age_s=w.heartbeat_age_s(),
-                              ranges=len(self.assigner.owned_by(w.worker_id)))
+                              ranges=owned[w.worker_id])
                 for w in sorted(self.assigner.workers.values(), key=lambda w: w.worker_id)
             ]
             return pb.ClusterStatusResponse(

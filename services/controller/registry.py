@@ -12,6 +12,7 @@ is imported or called here), and import paths against the code allow-list.
 from __future__ import annotations
 
 import json
+import threading
 from typing import Sequence
 
 from millwheel.errors import AlreadyExistsError, InvalidSpecError, NotFoundError, ResourceLimitError
@@ -37,6 +38,9 @@ class Registry:
     def __init__(self, store: StateStore, allow: AllowList | None = None) -> None:
         self.store = store
         self.allow = allow or AllowList()
+        # Changes one at a time: validated and stored under this lock alone, never the
+        # controller's (heartbeats take that one), however large the registration.
+        self.changing = threading.RLock()
         whole = store.get_meta(REGISTRY_KEY)
         if whole is not None:
             data = json.loads(whole)
@@ -91,6 +95,12 @@ class Registry:
         """Register all of it or nothing: returns what was new. A computation or
         injector identical to a registered one is left as it is (so a spec file can be
         registered again); one that differs is ALREADY_EXISTS."""
+        with self.changing:
+            return self._register_topology(computations, injectors, log_streams)
+
+    def _register_topology(self, computations: Sequence[ComputationSpec],
+                           injectors: Sequence[InjectorSpec], log_streams: Sequence[str]
+                           ) -> tuple[list[ComputationSpec], list[InjectorSpec]]:
         topo = self.topology
         if len(log_streams) > MAX_LOG_STREAMS:
             raise InvalidSpecError(f"log_streams: {len(log_streams)} streams, over the limit of {MAX_LOG_STREAMS}")
@@ -136,6 +146,10 @@ class Registry:
         return bool(self.register_topology((), (spec,), ())[1])
 
     def unregister_computation(self, name: str) -> None:
+        with self.changing:
+            self._unregister_computation(name)
+
+    def _unregister_computation(self, name: str) -> None:
         spec = self.computation(name)
         candidate = Topology(
             tuple(c for c in self.topology.computations if c.name != name), self.topology.injectors,

@@ -47,6 +47,7 @@ from .cluster_port import advertised_host, start_servers
 from .errors import error_info
 from .failing import FailingRanges
 from .ha import Replicated, leader_only
+from .heartbeat import OwnerTables, TopologyJson, input_watermarks
 from .inject import INJECT_BATCH, Injecting
 from .leader import Elector, LeaderStore
 from .limits import InjectLimits
@@ -60,6 +61,7 @@ log = logging.getLogger("millwheel.controller")
 Ctx = grpc.ServicerContext
 
 DEFAULT_MAX_VALUE_BYTES = 1024 * 1024
+REBALANCE_CHUNK = 256  # range moves (two store writes each) per hold of the lock after a registration
 
 
 class ControllerService(Queries, Replicated, Injecting, Updating):
@@ -91,6 +93,8 @@ class ControllerService(Queries, Replicated, Injecting, Updating):
         self._served: dict[str, int] = {}
         self._pending: dict[tuple[str, int], int] = {}  # outbox entries per range, as last reported
         self.failing = FailingRanges()  # ranges their owners cannot run, as last reported
+        self.topology_json = TopologyJson()  # heartbeats' registry JSON, once per version
+        self.owner_tables = OwnerTables()  # heartbeats' owners table (services/controller/heartbeat.py)
         self._links: dict[str, PeerLink] = {}
         self._leader_channels = {}
         self._forwards = {}
@@ -142,6 +146,22 @@ class ControllerService(Queries, Replicated, Injecting, Updating):
     def _registry_changed(self) -> None:
         self.assigner.sync_units(self.registry.nodes())
         self.assigner.rebalance()
+
+    def _after_registration(self) -> None:
+        """After a registry change made outside the controller's lock: its JSON for the
+        heartbeats serialized here, on the registering thread; then the units, under the lock."""
+        registry = self.registry
+        self.topology_json.prime(registry.version, registry.topology)
+        nodes = registry.nodes()
+        known = set(self.assigner.units)
+        tokens = {(n, r): self.store.current_token(n, r)  # read before taking the lock
+                  for n, count in nodes.items() for r in range(count) if (n, r) not in known}
+        with self.lock:
+            self.assigner.sync_units(registry.nodes(), tokens)
+        while True:  # moves in chunks: heartbeats get the lock in between
+            with self.lock:
+                if self.assigner.rebalance(limit=REBALANCE_CHUNK) < REBALANCE_CHUNK:
+                    return
 
     def _node_watermark(self, node: str, ranges: int) -> int:
         stored = self.store.read_watermarks(node)
@@ -197,9 +217,9 @@ class ControllerService(Queries, Replicated, Injecting, Updating):
                 failure=self.failing.of((n, r), owner)))
         return out
 
-    def _info(self, name: str) -> pb.ComputationInfo:
+    def _info(self, name: str, wms: tuple[dict[str, int], dict[str, int]] | None = None) -> pb.ComputationInfo:
         spec = self.registry.computation(name)
-        out, inputs = self.watermarks()
+        out, inputs = wms or self.watermarks()  # once for a whole list: a store read per node
         return pb.ComputationInfo(spec=convert.spec_to_proto(spec), low_watermark=out[name],
                                   input_low_watermark=inputs[name], ranges=self._ranges(name),
                                   version=self.registry.version_of(name),
@@ -214,10 +234,11 @@ class ControllerService(Queries, Replicated, Injecting, Updating):
         if not request.HasField("spec"):
             raise InvalidSpecError("RegisterComputation: 'spec' is required")
         spec = convert.spec_from_proto(request.spec)
-        with self.lock:
+        with self.registry.changing:  # validated and stored without the controller's lock
             self.registry.register_computation(spec, tuple(request.log_streams))
-            self._registry_changed()
-            log.info("registered computation %r", spec.name)
+            self._after_registration()
+        log.info("registered computation %r", spec.name)
+        with self.lock:
             return pb.RegisterComputationResponse(computation=self._info(spec.name))
 
     @rpc
@@ -227,12 +248,15 @@ class ControllerService(Queries, Replicated, Injecting, Updating):
         check(request)
         comps = [convert.spec_from_proto(s) for s in request.computations]
         injectors = [InjectorSpec(i.name, i.stream) for i in request.injectors]
-        with self.lock:
+        with self.registry.changing:  # validated and stored without the controller's lock
             new_comps, new_injs = self.registry.register_topology(comps, injectors, request.log_streams)
-            self._registry_changed()
-            log.info("registered %s", [*(c.name for c in new_comps), *(i.name for i in new_injs)] or "nothing new")
+            if new_comps or new_injs:
+                self._after_registration()
+        log.info("registered %s", [*(c.name for c in new_comps), *(i.name for i in new_injs)] or "nothing new")
+        with self.lock:
+            wms = self.watermarks()
             return pb.RegisterTopologyResponse(
-                computations=[self._info(c.name) for c in comps],
+                computations=[self._info(c.name, wms) for c in comps],
                 injectors=[convert.injector_to_proto(i) for i in injectors],
                 registered=[*(c.name for c in new_comps), *(i.name for i in new_injs)])
 
@@ -241,9 +265,9 @@ class ControllerService(Queries, Replicated, Injecting, Updating):
     def RegisterInjector(self, request: Any, context: Ctx) -> pb.RegisterInjectorResponse:
         check(request)
         spec = InjectorSpec(request.spec.name, request.spec.stream)
-        with self.lock:
+        with self.registry.changing:
             if self.registry.register_injector(spec):
-                self._registry_changed()
+                self._after_registration()
                 log.info("registered injector %r -> stream %r", spec.name, spec.stream)
         return pb.RegisterInjectorResponse(injector=convert.injector_to_proto(spec))
 
@@ -251,9 +275,9 @@ class ControllerService(Queries, Replicated, Injecting, Updating):
     @leader_only
     def UnregisterComputation(self, request: Any, context: Ctx) -> pb.UnregisterComputationResponse:
         check(request)
-        with self.lock:
+        with self.registry.changing:
             self.registry.unregister_computation(request.name)
-            self._registry_changed()
+            self._after_registration()
         return pb.UnregisterComputationResponse()
 
     @rpc
@@ -261,8 +285,9 @@ class ControllerService(Queries, Replicated, Injecting, Updating):
         check(request)
         with self.lock:
             topo = self.registry.topology
+            wms = self.watermarks()
             return pb.ListComputationsResponse(
-                computations=[self._info(c.name) for c in topo.computations],
+                computations=[self._info(c.name, wms) for c in topo.computations],
                 injectors=[convert.injector_to_proto(i) for i in topo.injectors])
 
     @rpc
@@ -289,7 +314,12 @@ class ControllerService(Queries, Replicated, Injecting, Updating):
         if request.liveness_only:  # a busy worker's watchdog: last-seen only (services/worker/watchdog.py)
             self.assigner.touch(request.worker_id)
             return pb.HeartbeatResponse()
+        # Heard: alive as of now, whatever the wait for the lock below (a registration or
+        # a rebalance may hold it; the reaper must not declare this worker dead meanwhile).
+        self.assigner.touch(request.worker_id)
         fenced = []
+        snap: Any = None
+        full_items = None
         with self.lock:
             a = self.assigner
             if a.heartbeat(request.worker_id, request.address, request.metrics_address,
@@ -309,13 +339,25 @@ class ControllerService(Queries, Replicated, Injecting, Updating):
                     # crash): issue a fresh token to the same worker.
                     fenced.append(rep)
                     a.reissue(unit)
-            out, inputs = self.watermarks()
-            resp = pb.HeartbeatResponse(
-                topology_version=self.registry.version, assignments=self._ranges(),
-                input_watermarks=inputs, fenced=fenced)
-            if request.known_topology_version != self.registry.version:
-                resp.topology_json = convert.topology_to_json(self.registry.topology)
-            return resp
+            if request.incremental:  # the owners table as a delta (services/controller/heartbeat.py)
+                snap = self.owner_tables.snapshot(
+                    a, request.known_assignments_epoch, request.known_assignments_version)
+                if snap[2] and self.owner_tables.cached_full(snap[0], snap[1]) is None:
+                    full_items = self.owner_tables.full_items(a)
+                inputs = input_watermarks(self.registry, self.owner_tables.assigned_nodes(a, request.worker_id),
+                                          self._node_watermark)
+                resp = pb.HeartbeatResponse(input_watermarks=inputs, fenced=fenced, assignments_epoch=snap[0],
+                                            assignments_version=snap[1], assignments_full=snap[2])
+            else:  # an older worker: every range, every time
+                out, inputs = self.watermarks()
+                resp = pb.HeartbeatResponse(assignments=self._ranges(), input_watermarks=inputs, fenced=fenced)
+        if snap is not None:
+            resp.owners.extend(self.owner_tables.build(snap, full_items))
+        version, text = self.topology_json.get(self.registry)  # serialized once per version
+        resp.topology_version = version
+        if request.known_topology_version != version:
+            resp.topology_json = text
+        return resp
 
 
 def serve(

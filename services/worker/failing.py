@@ -8,7 +8,7 @@ refuses its code ("refused"). That is the range's failure, not the worker's: its
 ranges go on. Such a range is
 
 * tried again after a backoff (:data:`BASE_S` doubling to :data:`CAP_S`, with
-  jitter): its take waits in the heartbeat, and batches for it are refused at once,
+  jitter): its take waits (services/worker/taker.py), and batches for it are refused at once,
   without touching the store, until the next attempt is due;
 * reported to the controller with every heartbeat (``HeartbeatRequest.failing``),
   which shows it in ``millwheel errors``, ``DescribeComputation``, ``ClusterStatus``

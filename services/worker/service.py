@@ -4,8 +4,9 @@ Three loops share the owned ranges (each range's lock serialises them):
 
 * heartbeat (every ``heartbeat_s``), here: report each owned range's low watermark with
   its token; receive every range's owner and token, the registry and input watermarks;
-  take new ranges (a :class:`~millwheel.runtime.range_worker.RangeWorker` built with
-  the controller's token) and drop ranges that moved;
+  drop ranges that moved and queue new ones, which taker threads build
+  (:mod:`services.worker.taker`: a :class:`~millwheel.runtime.range_worker.RangeWorker`
+  with the controller's token), so a slow build never delays a heartbeat;
 * pump, in :mod:`services.worker.send` (:class:`~services.worker.send.Sender`): fire
   due timers, and send each range's outbox in slices: sink streams go to the stream
   log, consumer ranges owned here are processed in place, others go to their owner
@@ -59,12 +60,16 @@ from .parking import UnitOf
 from .progress import NoProgress, ProgressBlock
 from .receive import DeliverServicer, Receiver
 from .send import Sender
-from .units import OwnedRange, OwnerInfo
+from .taker import Taker
+from .units import OwnedRange, OwnerInfo, merged_owners
 
 log = logging.getLogger("millwheel.worker")
 Unit = tuple[str, int]
 REPORT_REFRESH_S = 1.0  # an unchanged range is reported again after this long
 REPORT_PENDING_S = 0.25  # a changed pending count (display only) waits this long
+# Unchanged ranges are re-reported at most this many per second (each is a store write on
+# the controller): with thousands of idle ranges the refresh stretches past REPORT_REFRESH_S.
+REFRESH_RANGES_PER_S = 500
 
 
 class WorkerProcess(Receiver, Sender):
@@ -107,6 +112,9 @@ class WorkerProcess(Receiver, Sender):
         self.unit_of = UnitOf(self.topology)  # a production's consumer range (services/worker/parking.py)
         self.failures = RangeFailures()  # ranges it cannot build or checkpoint (services/worker/failing.py)
         self.units: dict[Unit, OwnedRange] = {}
+        self._assigned: dict[Unit, int] = {}  # ranges assigned here -> token, as last heard
+        self._mine: dict[Unit, int] = {}  # the same, from the owners table (heartbeat thread)
+        self._known_assignments = (0, 0)  # (epoch, version) of the owners table held
         self.owners: dict[Unit, OwnerInfo] = {}
         self.input_wms: dict[str, int] = {}
         self.links: dict[str, PeerLink] = {}
@@ -140,6 +148,7 @@ class WorkerProcess(Receiver, Sender):
         # (node, range, token) -> (watermark, pending, when) last reported to _reported_to
         self._reported: dict[tuple[str, int, int], tuple[int, int, float]] = {}
         self._reported_to: str | None = None
+        self.taker = Taker(self._take, self.stopped)
         self.health_monitor = HealthMonitor(self.health, self.store, controller_failing_s=lambda: (
             0.0 if self._hb_failing_since is None else time.monotonic() - self._hb_failing_since))
         self._threads = [
@@ -169,6 +178,7 @@ class WorkerProcess(Receiver, Sender):
         self.server.stop(grace=1.0).wait(2.0)
         for t in self._threads:
             t.join(timeout=2.0)
+        self.taker.stop()
         for link in self.links.values():
             link.close()
         self.controller_link.close()
@@ -215,13 +225,14 @@ class WorkerProcess(Receiver, Sender):
         if self.controller_link.current != self._reported_to:  # it hears every range afresh
             self._reported, self._reported_to = {}, self.controller_link.current
         sent: dict[tuple[str, int, int], tuple[int, int, float]] = {}
+        refresh = max(REPORT_REFRESH_S, len(self.units) / REFRESH_RANGES_PER_S)
         for owned in list(self.units.values()):
             wm = owned.report_nowait(self.input_wms.get(owned.node, MIN_TIMESTAMP))  # never waits
             if owned.dropped or wm is None:
                 continue
             pending = len(owned.outbox) if owned.outbox is not None else 0
             unit = (owned.node, owned.range_id, owned.token)
-            if not self._report_due(unit, wm, pending, now):
+            if not self._report_due(unit, wm, pending, now, refresh):
                 continue
             sent[unit] = (wm, pending, now)
             reports.append(pb.WatermarkReport(node=owned.node, range_id=owned.range_id,
@@ -236,7 +247,9 @@ class WorkerProcess(Receiver, Sender):
             resp = link.stub(pb_grpc.ClusterStub, target).Heartbeat(pb.HeartbeatRequest(
                 worker_id=self.worker_id, address=self.address, metrics_address=self.metrics_address,
                 draining=draining, known_topology_version=self.version, reports=reports,
-                refused=sorted(self.refused), failing=self.failures.reports()), timeout=link.deadline_s)
+                refused=sorted(self.refused), failing=self.failures.reports(), incremental=True,
+                known_assignments_epoch=self._known_assignments[0],
+                known_assignments_version=self._known_assignments[1]), timeout=link.deadline_s)
         except grpc.RpcError as exc:
             self._fenced_unreported = fenced + self._fenced_unreported  # report them next time
             self.cluster_routes.failed(address, target)
@@ -252,15 +265,18 @@ class WorkerProcess(Receiver, Sender):
             self._drain_seen = True
         self._apply(resp)
 
-    def _report_due(self, unit: tuple[str, int, int], wm: int, pending: int, now: float) -> bool:
+    def _report_due(self, unit: tuple[str, int, int], wm: int, pending: int, now: float,
+                    refresh: float = REPORT_REFRESH_S) -> bool:
         """Whether a range's watermark report goes with this heartbeat. The controller
         writes each report to the store (one write transaction each, taking the single
         writer's turn from checkpoints), and under load heartbeats go every 25 ms: a
         range is reported when its watermark moved, when its outbox emptied or became
         non-empty, when its pending count changed and the last report is
-        ``REPORT_PENDING_S`` old, and at least every ``REPORT_REFRESH_S``."""
+        ``REPORT_PENDING_S`` old, and at least every ``refresh`` (``REPORT_REFRESH_S``, longer
+        when so many ranges are owned that refreshing each every second would be
+        thousands of store writes a second: ``REFRESH_RANGES_PER_S``)."""
         last = self._reported.get(unit)
-        if last is None or last[0] != wm or now - last[2] >= REPORT_REFRESH_S:
+        if last is None or last[0] != wm or now - last[2] >= refresh:
             return True
         if last[1] != pending:
             return (last[1] == 0) != (pending == 0) or now - last[2] >= REPORT_PENDING_S
@@ -269,17 +285,20 @@ class WorkerProcess(Receiver, Sender):
     def _apply(self, resp: pb.HeartbeatResponse) -> None:
         if resp.topology_json:
             self._set_topology(convert.topology_from_json(resp.topology_json), resp.topology_version)
-        self.owners = {
-            (a.node, a.range_id): OwnerInfo(a.worker_id, a.worker_address, a.token)
-            for a in resp.assignments
-        }
+        owners = merged_owners(self.owners, resp)  # None: unchanged (services/worker/units.py)
+        if owners is not None:
+            self.owners = owners
+            self._mine = {u: o.token for u, o in owners.items() if o.worker_id == self.worker_id}
+        self._known_assignments = (resp.assignments_epoch, resp.assignments_version)
         for node, wm in resp.input_watermarks.items():
             if wm > self.input_wms.get(node, MIN_TIMESTAMP):
                 self.input_wms[node] = wm
                 if any(u[0] == node for u in self.units):
                     self._hb_wake.set()  # report what the new input watermark lets through
         fenced = {(f.node, f.range_id, f.token) for f in resp.fenced}
-        mine = {u: o.token for u, o in self.owners.items() if o.worker_id == self.worker_id}
+        mine = self._mine
+        with self._units_lock:  # a take finishing now sees either the old or the new assignment
+            self._assigned = mine
         for unit, owned in list(self.units.items()):
             if mine.get(unit) != owned.token or (unit[0], unit[1], owned.token) in fenced:
                 self._drop(owned, "moved to another worker")
@@ -287,7 +306,7 @@ class WorkerProcess(Receiver, Sender):
         for unit, token in sorted(mine.items()):  # a range failing to build waits for its retry
             if unit not in self.units and (unit[0], unit[1], token) not in self._fenced_tokens \
                     and self.failures.due(unit):
-                self._take(unit, token)
+                self.taker.want(unit, token)  # built on a taker thread (services/worker/taker.py)
         self.sensors.owned_ranges(len(self.units))
         self._wake.set()
 
@@ -313,9 +332,15 @@ class WorkerProcess(Receiver, Sender):
                            self.clock, self.sensors, self.crash, token=token)
 
     def _take(self, unit: Unit, token: int) -> None:
-        """Build the range and own it. A range that cannot be built stays untaken here,
-        failing (services/worker/failing.py); the other ranges go on."""
+        """Build the range and own it (on a taker thread: services/worker/taker.py). A
+        range that cannot be built stays untaken here, failing (services/worker/failing.py);
+        the other ranges go on. The token is the one assigned when the build starts; a
+        build whose assignment changed meanwhile is discarded."""
         node, range_id = unit
+        token = self._assigned.get(unit, token)
+        if unit in self.units or unit not in self._assigned or self.stopped.is_set() \
+                or (node, range_id, token) in self._fenced_tokens:
+            return
         try:
             if node.startswith("injector:"):
                 owned = OwnedRange(node, range_id, token, self.store)
@@ -334,9 +359,17 @@ class WorkerProcess(Receiver, Sender):
         except (Exception, SystemExit) as exc:  # noqa: BLE001 - its code or its store: the range's
             self.failures.failed(unit, "build", exc)  # failure (sys.exit() in a constructor too)
             return
-        self.failures.succeeded(unit)
         with self._units_lock:
+            if self._assigned.get(unit) != token or (node, range_id, token) in self._fenced_tokens:
+                log.info("not taking %s/%d (token %d): its assignment changed while it was built",
+                         node, range_id, token)
+                return
+            if owned.worker is not None:
+                owned.worker.router = self.router  # the topology may have changed during the build
             self.units[unit] = owned
+        self.failures.succeeded(unit)
+        self._hb_wake.set()  # report the new range's watermark soon
+        self._wake.set()
         log.info("took %s/%d (token %d)", node, range_id, token)
 
     def _refused(self, node: str, reason: str) -> None:

@@ -199,3 +199,22 @@ class OwnedRange:
     def idle(self) -> bool:
         return self.outbox is None or (len(self.outbox) == 0 and (
             self.worker is None or self.worker.timers.hold() == MAX_TIMESTAMP))
+
+
+def merged_owners(current: dict[Unit, OwnerInfo], resp: pb.HeartbeatResponse) -> dict[Unit, OwnerInfo] | None:
+    """The owners table after a heartbeat answer, or None when it is unchanged. An
+    incremental answer (``assignments_epoch`` set) replaces the table when
+    ``assignments_full``, else changes only the ranges it names (a range without an
+    owner is forgotten); an older controller's answer lists every range."""
+    if not resp.assignments_epoch:
+        return {(a.node, a.range_id): OwnerInfo(a.worker_id, a.worker_address, a.token)
+                for a in resp.assignments}
+    if not resp.assignments_full and not resp.owners:
+        return None
+    out = {} if resp.assignments_full else dict(current)
+    for o in resp.owners:
+        if o.worker_id:
+            out[(o.node, o.range_id)] = OwnerInfo(o.worker_id, o.worker_address, o.token)
+        else:
+            out.pop((o.node, o.range_id), None)
+    return out

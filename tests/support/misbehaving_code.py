@@ -56,3 +56,15 @@ class PassThrough(Computation):
 def first_char_key(record: Record) -> str:
     """A key extractor defined here: allowed."""
     return record.key[:1] or "_"
+
+
+class SlowToBuild(PassThrough):
+    """Takes ``seconds`` to construct (a slow connection, a large model to load), then
+    forwards records as :class:`PassThrough`: building its range must not hold up the
+    worker's heartbeats."""
+
+    def __init__(self, output: str, seconds: float = 8.0) -> None:
+        import time
+
+        time.sleep(seconds)
+        super().__init__(output)
