@@ -245,8 +245,15 @@ class SQLiteFile:
         try:
             if os.path.getsize(self.path + "-wal") <= WAL_SOFT_LIMIT:
                 return
-            with self._lock:
-                self._db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+            # A copy that could not finish (the checkpointer thread's own copy running, a
+            # reader on an old snapshot: both slower on a loaded machine) is tried again
+            # for up to ~0.1 s, the store's lock released in between.
+            for _ in range(20):
+                with self._lock:
+                    busy, frames, copied = self._db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+                if not busy and copied >= frames:
+                    return
+                time.sleep(0.005)
         except (OSError, sqlite3.Error):
             pass  # the next transaction's commit, or the checkpointer, copies it instead
 

@@ -3,7 +3,7 @@ since the last refresh falls in (the worker's /metrics has buckets, not samples)
 
 from __future__ import annotations
 
-from services.ui.snapshot import _quantile_ms
+from services.ui.graph import quantile_ms as _quantile_ms
 
 
 def deltas(counts: dict[str, float]) -> dict[str, float]:

@@ -1,0 +1,84 @@
+"""What the console draws and summarises from a snapshot, as pure functions: the
+topology graph's layers and edges, and the checkpoint latency quantiles read from the
+workers' histogram buckets (services/ui/snapshot.py gathers the figures)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from millwheel.topology import Topology
+
+
+def quantile_ms(d: dict[str, float], q: float) -> float | None:
+    """The ``q`` quantile of the checkpoints since the last refresh, in ms, as the upper
+    bound of the histogram bucket it falls in (so "under 5 ms", not an exact figure);
+    None without checkpoints; above the largest bucket, that bucket's bound (2.5 s)."""
+    buckets = sorted((float(k[3:]), n) for k, n in d.items() if k.startswith("le:"))
+    total = buckets[-1][1] if buckets else 0.0
+    if total <= 0:
+        return None
+    finite = [b for b, _ in buckets if b != float("inf")]
+    for bound, n in buckets:
+        if n >= q * total:
+            return bound * 1000 if bound != float("inf") else (finite[-1] * 1000 if finite else None)
+    return None
+
+
+def graph(topo: Topology, comps: dict[str, Any], injectors: dict[str, Any]) -> dict[str, Any]:
+    """Nodes (injectors, computations, streams; a stream no computation consumes is a
+    sink) in layers left to right, and edges with the records per second they carry and,
+    out of a producer, the records it has checkpointed that its consumers have not
+    acknowledged yet (``queued``: backpressure shows there first)."""
+    nodes: list[dict[str, Any]] = []
+    edges: list[dict[str, Any]] = []
+    layer: dict[str, int] = {}
+    sinks = set(topo.sink_streams())
+    streams = sorted({inj.stream for inj in topo.injectors}
+                     | {s for c in topo.computations for s in [*c.written_streams(), *(i.stream for i in c.inputs)]})
+    for inj in topo.injectors:
+        layer["i:" + inj.name] = 0
+    changed = True
+    guard = 0
+    while changed and guard < 200:  # longest path; the registry is acyclic
+        changed, guard = False, guard + 1
+        for inj in topo.injectors:
+            changed |= _at_least(layer, "s:" + inj.stream, 1)
+        for c in topo.computations:
+            depth = max((layer.get("s:" + i.stream, 1) for i in c.inputs), default=1) + 1
+            changed |= _at_least(layer, "c:" + c.name, depth)
+            for s in c.written_streams():
+                changed |= _at_least(layer, "s:" + s, depth + 1)
+    for inj in topo.injectors:
+        info = injectors.get(inj.name, {})
+        nodes.append({"id": "i:" + inj.name, "kind": "injector", "name": inj.name, "layer": 0,
+                      "health": "lagging" if info.get("outbox", 0) else "ok"})
+        into = [comps[c.name]["in_per_s"] for c, _ in topo.consumers(inj.stream) if c.name in comps]
+        edges.append({"from": "i:" + inj.name, "to": "s:" + inj.stream,
+                      "per_s": max((r for r in into if r is not None), default=None),
+                      "queued": info.get("outbox", 0)})
+    for name, info in comps.items():
+        nodes.append({"id": "c:" + name, "kind": "computation", "name": name,
+                      "layer": layer.get("c:" + name, 2), "health": info["health"]})
+        for s in info["inputs"]:
+            edges.append({"from": "s:" + s, "to": "c:" + name, "per_s": info["in_per_s"]})
+        queued = sum(r["pending"] for r in info["ranges"])  # checkpointed, not yet acked downstream
+        for s in info["outputs"]:
+            edges.append({"from": "c:" + name, "to": "s:" + s, "per_s": info["out_per_s"], "queued": queued})
+    dead_streams = {c.dead_letter_stream: name for name, c in
+                    ((c.name, c) for c in topo.computations)}
+    hidden = {s for s, name in dead_streams.items()
+              if s in sinks and not comps.get(name, {}).get("dead_lettered")}
+    edges = [e for e in edges if e["to"][2:] not in hidden or not e["to"].startswith("s:")]
+    for s in streams:
+        if s in hidden:  # an empty dead-letter stream: shown once something is in it
+            continue
+        nodes.append({"id": "s:" + s, "kind": "sink" if s in sinks else "stream", "name": s,
+                      "layer": layer.get("s:" + s, 1), "health": "ok"})
+    return {"nodes": nodes, "edges": edges}
+
+
+def _at_least(layer: dict[str, int], node: str, depth: int) -> bool:
+    if layer.get(node, -1) < depth:
+        layer[node] = depth
+        return True
+    return False
