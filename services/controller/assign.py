@@ -6,16 +6,28 @@ it, so the previous owner (dead, draining, or a zombie that was only paused) has
 later write fenced. Assignments and worker addresses are persisted in the store's
 metadata, so a restarted controller keeps the current owners (and gives them one
 heartbeat timeout to check in) instead of moving everything.
+
+Decisions are taken under the controller's lock, store calls are not (issue 21, item 4):
+with ``work`` (services/controller/store_work.py) a move is *planned* (``moving``), its
+token acquired on a store-work thread, and the decision re-checked under the lock
+before it is applied; records of workers and assignments are written the same way. A
+move whose shard is away delays that range alone. Without ``work`` (a unit test, a
+standby's read-only view) every store call is made at once, in the caller.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, Callable
 
 from millwheel.state.protocol import StateStore
+
+from .store_work import StoreWork
 
 log = logging.getLogger("millwheel.controller")
 
@@ -56,15 +68,22 @@ def _unit_key(unit: Unit) -> str:
 
 class Assigner:
     def __init__(self, store: StateStore, timeout_s: float, grace_s: float = 0.0,
-                 check_tokens: bool = True) -> None:
-        """Load the assignment from the store (reads only). The workers found there get
-        ``max(timeout_s, grace_s)`` to heartbeat before they are declared dead: a new
-        leader keeps the assignment its workers report instead of moving every range.
-        ``check_tokens`` False: a standby's read-only view (no token read per range)."""
+                 check_tokens: bool = True, work: StoreWork | None = None,
+                 lock: threading.RLock | None = None) -> None:
+        """Load the assignment from the store (reads only: call it outside the lock). The
+        workers found there get ``max(timeout_s, grace_s)`` to heartbeat before they are
+        declared dead: a new leader keeps the assignment its workers report instead of
+        moving every range. ``check_tokens`` False: a standby's read-only view (no token
+        read per range). ``work`` and ``lock``: store calls made off the controller's
+        ``lock`` (the module docstring)."""
         self.store = store
         self.timeout_s = timeout_s
+        self.work = work
+        self.lock = lock or threading.RLock()
         self.workers: dict[str, WorkerState] = {}
         self.units: dict[Unit, Owner] = {}
+        self.moving: dict[Unit, str | None] = {}  # planned moves whose token is being acquired
+        self.due = False  # a move failed or no longer held: rebalance at the reaper's next pass
         grace_until = time.monotonic() + grace_s
         for name, value in store.list_meta(WORKER_PREFIX).items():
             data = json.loads(value)
@@ -88,8 +107,8 @@ class Assigner:
         changed = False
         if w is None or w.address != address or w.metrics_address != metrics:
             w = self.workers[worker_id] = WorkerState(worker_id, address, metrics)
-            self.store.put_meta(WORKER_PREFIX + worker_id, json.dumps(
-                {"id": worker_id, "address": address, "metrics": metrics}).encode())
+            record = json.dumps({"id": worker_id, "address": address, "metrics": metrics}).encode()
+            self._later(("worker", worker_id), lambda: self.store.put_meta(WORKER_PREFIX + worker_id, record))
             changed = True
         if not w.alive or w.draining != draining or w.refuses != refuses:
             changed = True
@@ -121,18 +140,20 @@ class Assigner:
                     if not w.alive and now - w.last_seen > older_than_s
                     and not any(o.worker_id == w.worker_id for o in self.units.values())]:
             del self.workers[wid]
-            self.store.put_meta(WORKER_PREFIX + wid, None)
+            self._later(("worker", wid), partial(self.store.put_meta, WORKER_PREFIX + wid, None))
 
     # -- units -----------------------------------------------------------------------
     def sync_units(self, nodes: dict[str, int]) -> None:
         """Make the unit set match the registry: one unit per range of every node."""
         wanted = {(node, r) for node, count in nodes.items() for r in range(count)}
         for unit in [u for u in self.units if u not in wanted]:
-            self.store.acquire(*unit)  # fence whoever still runs it
             del self.units[unit]
-            self.store.put_meta(_unit_key(unit), None)
+            self.moving.pop(unit, None)
+
+            self._later(("unit", unit), partial(self._drop, unit))
         for unit in sorted(wanted - set(self.units)):
-            self.units[unit] = Owner(None, self.store.current_token(*unit))
+            self.units[unit] = Owner(None, 0)  # its store token is read (or it is moved) next
+            self._later(("unit", unit), partial(self._learn_token, unit))
 
     def owned_by(self, worker_id: str) -> list[Unit]:
         return [u for u, o in self.units.items() if o.worker_id == worker_id]
@@ -140,7 +161,8 @@ class Assigner:
     def rebalance(self) -> int:
         """Move units off dead and draining workers, and off workers that refuse to run
         their computation, and even out the rest; returns moves. A unit no live worker
-        may run stays where it is."""
+        may run stays where it is. A unit being moved counts for its target."""
+        self.due = False
         live = sorted(w.worker_id for w in self.workers.values() if w.alive and not w.draining)
         counts = {wid: 0 for wid in live}
         orphans: list[Unit] = []
@@ -150,6 +172,11 @@ class Assigner:
             return unit[0] not in self.workers[wid].refuses
 
         for unit in sorted(self.units):
+            if unit in self.moving:  # counts for where it is going
+                target = self.moving[unit]
+                if target in counts:
+                    counts[target] += 1
+                continue
             owner = self.units[unit].worker_id
             if owner in counts:
                 counts[owner] += 1
@@ -178,7 +205,7 @@ class Assigner:
             lo = min(live, key=lambda wid: (counts[wid], wid))
             if counts[hi] - counts[lo] <= 1:
                 break
-            movable = [u for u in sorted(self.owned_by(hi)) if may_run(lo, u)]
+            movable = [u for u in sorted(self.owned_by(hi)) if may_run(lo, u) and u not in self.moving]
             if not movable:
                 break  # what hi holds, lo may not run: as even as the allow-lists allow
             self._move(movable[-1], lo)
@@ -189,15 +216,67 @@ class Assigner:
 
     def reissue(self, unit: Unit) -> None:
         """A fresh token for the same owner (its old one was fenced by someone else)."""
-        if unit in self.units:
+        if unit in self.units and unit not in self.moving:
             self._move(unit, self.units[unit].worker_id)
 
+    # -- store calls, made off the lock ----------------------------------------------
+    def _later(self, key: tuple[str, Any], call: Callable[[], None]) -> None:
+        """``call()`` now without ``work``; else on a store-work thread (after the key's
+        earlier calls), its failure logged."""
+        if self.work is None:
+            call()
+            return
+
+        def logged() -> None:
+            try:
+                call()
+            except Exception as exc:
+                log.warning("store call for %s failed: %s", key, exc)
+        self.work.submit(key, logged)
+
     def _move(self, unit: Unit, worker_id: str | None) -> None:
-        token = self.store.acquire(*unit)
-        old = self.units[unit].worker_id
-        self.units[unit] = Owner(worker_id, token)
+        """Plan a move; its token is acquired (and the decision applied) by :meth:`_acquire`."""
+        self.moving[unit] = worker_id
+        self._later(("unit", unit), lambda: self._acquire(unit, worker_id))
+
+    def _acquire(self, unit: Unit, worker_id: str | None) -> None:
+        """The store half of a move (outside the lock): acquire the fresh token, then under
+        the lock check the decision still holds and apply it; the assignment record last."""
+        try:
+            token = self.store.acquire(*unit)
+        except BaseException:
+            with self.lock:
+                if self.moving.get(unit, "") == worker_id:
+                    del self.moving[unit]
+                    self.due = True  # planned again at the reaper's next pass
+            raise
+        with self.lock:
+            if self.moving.get(unit, "") == worker_id:
+                del self.moving[unit]
+            if unit not in self.units:  # unregistered meanwhile: the fresh token fences all
+                return
+            w = self.workers.get(worker_id or "")
+            if worker_id is not None and (w is None or not w.alive or w.draining):
+                log.info("range %s/%d: %s left before its move completed; placed again",
+                         unit[0], unit[1], worker_id)
+                worker_id, self.due = None, True
+            old = self.units[unit].worker_id
+            self.units[unit] = Owner(worker_id, token)
         self.store.put_meta(_unit_key(unit), json.dumps({"worker": worker_id, "token": token}).encode())
         log.info("range %s/%d: %s -> %s (token %d)", unit[0], unit[1], old, worker_id, token)
+
+    def _drop(self, unit: Unit) -> None:
+        """The store half of removing a unit: fence whoever still runs it, forget its owner."""
+        self.store.acquire(*unit)
+        self.store.put_meta(_unit_key(unit), None)
+
+    def _learn_token(self, unit: Unit) -> None:
+        """A new unit's current token (shown while no worker owns it), unless moved meanwhile."""
+        token = self.store.current_token(*unit)
+        with self.lock:
+            owner = self.units.get(unit)
+            if owner is not None and owner.worker_id is None and unit not in self.moving:
+                owner.token = max(owner.token, token)
 
     def owns(self, worker_id: str, unit: Unit, token: int) -> bool:
         owner = self.units.get(unit)

@@ -13,12 +13,21 @@ Parts live in modules of their own: the Inject path in :mod:`services.controller
 :mod:`services.controller.assign`, the registry in :mod:`services.controller.registry`,
 failing user code in :mod:`services.controller.errors`, the replay of dead letters in
 :mod:`services.controller.replay`.
+
+The controller's lock is never held across a store call on the paths of heartbeats,
+range moves and the reaper: it decides under the lock and makes its store calls on
+store-work threads (:mod:`services.controller.store_work`), fenced by tokens as
+always; watermarks are answered from the copy kept by
+:mod:`services.controller.watermarks`. A Redis shard that is away (a failover, a
+stopped master) delays the ranges whose keys live on it, not the heartbeats of every
+worker (issue 21, item 4).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from concurrent.futures import wait
 from typing import Any, cast
 
 import grpc
@@ -53,11 +62,18 @@ from .queries import Queries
 from .registry import Registry
 from .replay import Replayer
 from .retention import RetentionThread
+from .store_work import StoreWork
+from .watermarks import Watermarks
 
 log = logging.getLogger("millwheel.controller")
 Ctx = grpc.ServicerContext
 
 DEFAULT_MAX_VALUE_BYTES = 1024 * 1024
+#: How long a heartbeat waits (outside the lock) for its reports' store writes before it
+#: answers: in the common case they are done and the answer has the fresh watermarks
+#: and fences; a range whose shard is away is answered for at the next heartbeat. A
+#: range whose previous write is still under way is not waited for at all.
+REPORT_WAIT_S = 0.5
 
 
 class ControllerService(Queries, Replicated, Injecting):
@@ -66,10 +82,12 @@ class ControllerService(Queries, Replicated, Injecting):
         max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES, sensors: PrometheusSensors | None = None,
         inject_timeout_s: float = 15.0, inject_wait_s: float = 10.0, inject_batch: int = INJECT_BATCH,
         limits: InjectLimits | None = None, allow_code: AllowList | None = None,
-        lease_ttl_s: float = 2.0, takeover_grace_s: float = 10.0,
+        lease_ttl_s: float = 2.0, takeover_grace_s: float = 10.0, lease_store: StateStore | None = None,
     ) -> None:
         """Nothing runs until :meth:`start`: it leads if it wins the store's lease, else
-        stands by (services/controller/ha.py)."""
+        stands by (services/controller/ha.py). ``lease_store``: the same store opened
+        apart, used for the lease alone, so renewals never queue behind data-plane calls
+        on the main store's connections (its pool, a SQLite connection's lock)."""
         self.limits = limits or InjectLimits(max_value_bytes=max_value_bytes)
         self.inject_batch = inject_batch
         self.inject_timeout_s = inject_timeout_s
@@ -81,12 +99,14 @@ class ControllerService(Queries, Replicated, Injecting):
         self.takeover_grace_s = takeover_grace_s
         self.allow_code = allow_code or AllowList()
         self.lock = threading.RLock()
-        self.elector = Elector(store, "", lease_ttl_s, self._on_elected, self._on_deposed)
+        self._lease_store = lease_store
+        self.elector = Elector(lease_store or store, "", lease_ttl_s, self._on_elected, self._on_deposed)
         # Every write the controller makes carries the leader epoch (services/controller/leader.py).
         self.store = cast(StateStore, LeaderStore(store, self.elector))
+        self.work = StoreWork()  # store calls decided under the lock, made outside it
+        self.wms = Watermarks(self.store, self.work, self.lock)
         self.registry = Registry(self.store, self.allow_code)
         self.assigner = Assigner(self.store, heartbeat_timeout_s, check_tokens=False)  # a view until elected
-        self._served: dict[str, int] = {}
         self._pending: dict[tuple[str, int], int] = {}  # outbox entries per range, as last reported
         self.failing = FailingRanges()  # ranges their owners cannot run, as last reported
         self._links: dict[str, PeerLink] = {}
@@ -113,6 +133,9 @@ class ControllerService(Queries, Replicated, Injecting):
         self._stop.set()
         self.retention.stop()  # saves its marks while still leading
         self.elector.stop(release=True)
+        self.work.close()
+        if self._lease_store is not None:
+            self._lease_store.close()
         for ch in self._leader_channels.values():
             ch.close()
         if self.health_monitor is not None:
@@ -125,12 +148,14 @@ class ControllerService(Queries, Replicated, Injecting):
                 self.cancel_stale_forwards()
                 if not self.leading():
                     self._standby_pass()
-                    self._publish_watermarks()
-                    continue
+                else:
+                    with self.lock:  # decisions only: the store calls they need run on store-work threads
+                        a = self.assigner
+                        if a.reap() or a.due:
+                            a.rebalance()
+                        a.forget_dead()
+                self.wms.refresh(self.registry.nodes())
                 with self.lock:
-                    if self.assigner.reap():
-                        self.assigner.rebalance()
-                    self.assigner.forget_dead()
                     self._publish_watermarks()
             except LeadershipLostError as exc:
                 log.warning("reaper: %s", exc)
@@ -141,19 +166,11 @@ class ControllerService(Queries, Replicated, Injecting):
         self.assigner.sync_units(self.registry.nodes())
         self.assigner.rebalance()
 
-    def _node_watermark(self, node: str, ranges: int) -> int:
-        stored = self.store.read_watermarks(node)
-        value = MIN_TIMESTAMP
-        if all(r in stored for r in range(ranges)):
-            value = min(stored[r] for r in range(ranges))
-        served = max(self._served.get(node, MIN_TIMESTAMP), value)  # never backwards
-        self._served[node] = served
-        return served
-
     def watermarks(self) -> tuple[dict[str, int], dict[str, int]]:
-        """(output watermark of every node, input watermark of every computation)."""
+        """(output watermark of every node, input watermark of every computation), from
+        the controller's copy (services/controller/watermarks.py): no store call."""
         nodes = self.registry.nodes()
-        out = {node: self._node_watermark(node, count) for node, count in nodes.items()}
+        out = {node: self.wms.node(node, count) for node, count in nodes.items()}
         topo = self.registry.topology
         inputs = {
             c.name: min((out.get(u, MIN_TIMESTAMP) for u in topo.upstream(c.name)),
@@ -186,7 +203,7 @@ class ControllerService(Queries, Replicated, Injecting):
             if node is not None and n != node:
                 continue
             if n not in wms:
-                wms[n] = self.store.read_watermarks(n)
+                wms[n] = self.wms.of(n)
             w = self.assigner.workers.get(owner.worker_id or "")
             out.append(pb.RangeInfo(
                 node=n, range_id=r, worker_id=owner.worker_id or "",
@@ -285,8 +302,8 @@ class ControllerService(Queries, Replicated, Injecting):
         if request.liveness_only:  # a busy worker's watchdog: last-seen only (services/worker/watchdog.py)
             self.assigner.touch(request.worker_id)
             return pb.HeartbeatResponse()
-        fenced = []
-        with self.lock:
+        fenced, writes = [], []
+        with self.lock:  # the decisions: who is alive, which reports are the owner's
             a = self.assigner
             if a.heartbeat(request.worker_id, request.address, request.metrics_address,
                            request.draining, frozenset(request.refused)):
@@ -298,13 +315,15 @@ class ControllerService(Queries, Replicated, Injecting):
                     fenced.append(rep)
                     continue
                 self._pending[unit] = rep.pending
-                try:
-                    self.store.report_watermark(rep.node, rep.range_id, rep.token, rep.watermark)
-                except FencedError:
-                    # The store moved on without us (a move cut short by a controller
-                    # crash): issue a fresh token to the same worker.
-                    fenced.append(rep)
-                    a.reissue(unit)
+                writes.append((rep, self.work.busy(("wm", *unit))))
+        # The writes, outside the lock, each range on its own (a slow shard holds back its
+        # own ranges); waited for a moment unless the range's previous write is still under way.
+        futures = [(rep, busy, self.wms.report(rep.node, rep.range_id, rep.token, rep.watermark,
+                                               self._reissuer(request.worker_id, rep)))
+                   for rep, busy in writes]
+        wait([f for _rep, busy, f in futures if not busy], timeout=REPORT_WAIT_S)
+        fenced += [rep for rep, _busy, f in futures if f.done() and isinstance(f.exception(), FencedError)]
+        with self.lock:
             out, inputs = self.watermarks()
             resp = pb.HeartbeatResponse(
                 topology_version=self.registry.version, assignments=self._ranges(),
@@ -312,6 +331,19 @@ class ControllerService(Queries, Replicated, Injecting):
             if request.known_topology_version != self.registry.version:
                 resp.topology_json = convert.topology_to_json(self.registry.topology)
             return resp
+
+
+    def _reissuer(self, worker_id: str, rep: Any) -> Any:
+        """What to do (under the lock) if the store fenced this report although the
+        controller thought it current: the store moved on without us (a move cut short
+        by a controller crash): a fresh token to the same worker, unless the range moved
+        meanwhile anyway."""
+        a, unit = self.assigner, (rep.node, rep.range_id)
+
+        def reissue() -> None:
+            if self.assigner is a and a.owns(worker_id, unit, rep.token):
+                a.reissue(unit)
+        return reissue
 
 
 def serve(
@@ -327,12 +359,13 @@ def serve(
     Heartbeats have a listener of their own, ``cluster_port``, and client calls are
     admitted under ``admission`` (services/controller/cluster_port.py)."""
     store = open_service_store(store_url)
+    lease_store = open_service_store(store_url)  # the lease's own connection (ControllerService)
     sensors = PrometheusSensors("controller")
     service = ControllerService(store, heartbeat_timeout_s=heartbeat_timeout_s,
                                 max_value_bytes=max_value_bytes, sensors=sensors,
                                 inject_wait_s=inject_wait_s, inject_batch=inject_batch, limits=limits,
                                 allow_code=AllowList.parse(allow_code), lease_ttl_s=lease_ttl_s,
-                                takeover_grace_s=takeover_grace_s)
+                                takeover_grace_s=takeover_grace_s, lease_store=lease_store)
     advertise = advertised_host(host, advertise)
     server, bound, cluster_bound, health = start_servers(
         service, {"Controller": service}, host, port, cluster_port, advertise, admission or AdmissionLimits())
