@@ -212,6 +212,8 @@ class Assigner:
             counts[hi] -= 1
             counts[lo] += 1
             moves += 1
+        if self.moving:  # moves still under way were left alone: look again once they land
+            self.due = True
         return moves
 
     def reissue(self, unit: Unit) -> None:
