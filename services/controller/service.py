@@ -56,7 +56,7 @@ from .errors import error_info
 from .failing import FailingRanges
 from .ha import Replicated, leader_only
 from .inject import INJECT_BATCH, Injecting
-from .leader import Elector, LeaderStore
+from .leader import Elector, LeaderStore, lease_store_url
 from .limits import InjectLimits
 from .queries import Queries
 from .registry import Registry
@@ -298,6 +298,10 @@ class ControllerService(Queries, Replicated, Injecting):
         if not request.worker_id or not request.address:
             raise InvalidSpecError("Heartbeat: worker_id and address are required")
         if not self.leading():
+            if self.elector.epoch is not None and self.elector.epoch == self._led_epoch:
+                # Still the leader, its lease being renewed late (a store failover): the
+                # worker is alive all the same, and is not declared dead once renewed.
+                self.assigner.touch(request.worker_id)
             raise self.redirect(context)  # workers heartbeat to the leader alone
         if request.liveness_only:  # a busy worker's watchdog: last-seen only (services/worker/watchdog.py)
             self.assigner.touch(request.worker_id)
@@ -359,7 +363,7 @@ def serve(
     Heartbeats have a listener of their own, ``cluster_port``, and client calls are
     admitted under ``admission`` (services/controller/cluster_port.py)."""
     store = open_service_store(store_url)
-    lease_store = open_service_store(store_url)  # the lease's own connection (ControllerService)
+    lease_store = open_service_store(lease_store_url(store_url, lease_ttl_s))  # its own connection
     sensors = PrometheusSensors("controller")
     service = ControllerService(store, heartbeat_timeout_s=heartbeat_timeout_s,
                                 max_value_bytes=max_value_bytes, sensors=sensors,
