@@ -59,7 +59,7 @@ class StatusWatch:
     def longest_gap_s(self) -> float:
         """The longest time between two answers (a call that hangs shows here)."""
         times = [t for t, _ in self.seen]
-        return max((b - a for a, b in zip(times, times[1:])), default=float("inf"))
+        return max((b - a for a, b in zip(times, times[1:], strict=False)), default=float("inf"))
 
     def not_alive(self) -> list[tuple[float, list[str]]]:
         return [(t, [w for w, alive in workers.items() if not alive]) for t, workers in self.seen
