@@ -47,11 +47,13 @@ from .assign import Assigner
 from .leader import Elector
 from .registry import REGISTRY_KEY, Registry
 from .store_work import StoreWork
+from .watermarks import Watermarks
 
 log = logging.getLogger("millwheel.controller")
 
 FORWARDED_METADATA = "millwheel-forwarded"  # set on a request a standby forwards: never forwarded again
 STANDBY_REFRESH_S = 0.5  # how often a standby re-reads the registry version and the assignment
+TAKEOVER_READ_S = 10.0  # how long a new leader waits for the stored watermarks before it leads
 FORWARD_KEEPALIVE_S = 2.0  # a forward to a leader that stops answering pings fails after ~2x this
 
 
@@ -89,6 +91,7 @@ class Replicated:
     assigner: Assigner
     lock: threading.RLock
     work: StoreWork
+    wms: Watermarks
     elector: Elector
     allow_code: AllowList
     heartbeat_timeout_s: float
@@ -137,6 +140,7 @@ class Replicated:
         assigner = Assigner(self.store, self.heartbeat_timeout_s,
                             grace_s=max(self.takeover_grace_s, self.heartbeat_timeout_s),
                             work=self.work, lock=self.lock)
+        self.wms.refresh_now(registry.nodes(), TAKEOVER_READ_S)  # serve nothing below the store
         with self.lock:
             self.registry, self.assigner = registry, assigner
             self._registry_changed()  # units for every registered node; moves only orphans

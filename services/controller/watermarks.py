@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from concurrent.futures import Future
+from concurrent.futures import Future, wait
 from functools import partial
 from typing import Callable
 
@@ -75,6 +75,15 @@ class Watermarks:
                 del self.known[gone]
         for node in nodes:
             self.work.submit(("wm-read", node), partial(self._read, node), replace=True)
+
+    def refresh_now(self, nodes: dict[str, int], timeout_s: float) -> None:
+        """Read every node's stored watermarks and wait (up to ``timeout_s``; never under
+        the lock): what a controller taking over, or a standby answering a watermark
+        query, must know so that it never serves less than the store already holds
+        (a watermark another controller served)."""
+        futures = [self.work.submit(("wm-read", node), partial(self._read, node), replace=True)
+                   for node in nodes]
+        wait(futures, timeout=timeout_s)
 
     def _read(self, node: str) -> None:
         try:
