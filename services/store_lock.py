@@ -9,6 +9,11 @@ sleeping while the lock had long been free again. Taking an ``flock`` on
 ``PATH.writers`` around each write transaction makes waiters block in the kernel and
 wake the moment the holder is done. The store's transactions are unchanged (SQLite
 still checks the sequencer token inside each one); this only decides who goes next.
+
+A call of many transactions (``expire_ids``: a long record-ID cleanup) takes the lock
+around each of its transactions, not around the whole call (the store's ``txn_guard``):
+held for a whole cleanup it kept a controller's lease renewal waiting past the lease's
+time to live on a loaded machine (issue 21, item 4).
 """
 
 from __future__ import annotations
@@ -16,12 +21,13 @@ from __future__ import annotations
 import fcntl
 import os
 import threading
-from typing import Any, Callable
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
 
 from millwheel.state.protocol import StateStore
 
 WRITES = frozenset({
-    "acquire", "checkpoint", "ack", "expire_ids", "append_log", "trim_log", "report_watermark", "put_meta",
+    "acquire", "checkpoint", "ack", "append_log", "trim_log", "report_watermark", "put_meta",
     "claim_lease", "renew_lease", "release_lease",
 })
 
@@ -34,6 +40,18 @@ class WriterLockedStore:
         self._fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)  # the store's owner alone, as the store
         self._thread_lock = threading.Lock()  # flock is per process: threads take turns first
         self._wrapped: dict[str, Callable[..., Any]] = {}
+        if hasattr(store, "txn_guard"):  # per transaction of a multi-transaction call
+            store.txn_guard = self.exclusive
+
+    @contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """This process's turn as the file's writer."""
+        with self._thread_lock:
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self._store, name)
@@ -42,12 +60,8 @@ class WriterLockedStore:
         wrapped = self._wrapped.get(name)
         if wrapped is None:
             def wrapped(*args: Any, **kwargs: Any) -> Any:
-                with self._thread_lock:
-                    fcntl.flock(self._fd, fcntl.LOCK_EX)
-                    try:
-                        return attr(*args, **kwargs)
-                    finally:
-                        fcntl.flock(self._fd, fcntl.LOCK_UN)
+                with self.exclusive():
+                    return attr(*args, **kwargs)
 
             self._wrapped[name] = wrapped
         return wrapped

@@ -18,8 +18,9 @@ acks, the reads for recovery). Its mixins hold the rest: the error policy's tabl
 from __future__ import annotations
 
 import json
+from contextlib import AbstractContextManager, nullcontext
 from functools import partial
-from typing import Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from millwheel.errors import CorruptDataError
 from millwheel.record import Record, TimeDomain, Timer
@@ -36,6 +37,12 @@ EXPIRE_IDS_PER_TXN = 5000
 
 class SQLiteStore(SQLiteLease, SQLiteErrors, SQLiteShared, SQLiteFile):
     """A :class:`~millwheel.state.protocol.StateStore` in one SQLite file."""
+
+    #: Taken around each transaction of a long cleanup (``expire_ids``), not around the
+    #: whole call: a service process's cross-process writer lock (services/store_lock.py)
+    #: is handed to the others between its transactions, so a controller's lease
+    #: renewal waits for one transaction at most, not for the whole cleanup.
+    txn_guard: Callable[[], AbstractContextManager[Any]] = nullcontext
     # -- ownership -----------------------------------------------------------
     def acquire(self, computation: str, range_id: int, epoch: int | None = None) -> int:
         def txn() -> int:
@@ -249,7 +256,8 @@ class SQLiteStore(SQLiteLease, SQLiteErrors, SQLiteShared, SQLiteFile):
         growing it (the checkpointer thread cannot catch up with back-to-back deletes)."""
         removed = 0
         while True:
-            n, more = self._write(partial(self._expire_some, computation, range_id, token, older_than_us))
+            with self.txn_guard() if not self._grouped else nullcontext():
+                n, more = self._write(partial(self._expire_some, computation, range_id, token, older_than_us))
             removed += n
             if not more:
                 return removed

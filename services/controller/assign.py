@@ -6,6 +6,13 @@ it, so the previous owner (dead, draining, or a zombie that was only paused) has
 later write fenced. Assignments and worker addresses are persisted in the store's
 metadata, so a restarted controller keeps the current owners (and gives them one
 heartbeat timeout to check in) instead of moving everything.
+
+Decisions are taken under the controller's lock, store calls are not (issue 21, item 4):
+with ``work`` (services/controller/store_work.py) a move is *planned* (``moving``), its
+token acquired on a store-work thread, and the decision re-checked under the lock
+before it is applied; records of workers and assignments are written the same way. A
+move whose shard is away delays that range alone. Without ``work`` (a unit test, a
+standby's read-only view) every store call is made at once, in the caller.
 """
 
 from __future__ import annotations
@@ -14,10 +21,15 @@ import bisect
 import json
 import logging
 import random
+import threading
 import time
 from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, Callable
 
 from millwheel.state.protocol import StateStore
+
+from .store_work import StoreWork
 
 log = logging.getLogger("millwheel.controller")
 
@@ -58,13 +70,18 @@ def _unit_key(unit: Unit) -> str:
 
 class Assigner:
     def __init__(self, store: StateStore, timeout_s: float, grace_s: float = 0.0,
-                 check_tokens: bool = True) -> None:
-        """Load the assignment from the store (reads only). The workers found there get
-        ``max(timeout_s, grace_s)`` to heartbeat before they are declared dead: a new
-        leader keeps the assignment its workers report instead of moving every range.
-        ``check_tokens`` False: a standby's read-only view (no token read per range)."""
+                 check_tokens: bool = True, work: StoreWork | None = None,
+                 lock: threading.RLock | None = None) -> None:
+        """Load the assignment from the store (reads only: call it outside the lock). The
+        workers found there get ``max(timeout_s, grace_s)`` to heartbeat before they are
+        declared dead: a new leader keeps the assignment its workers report instead of
+        moving every range. ``check_tokens`` False: a standby's read-only view (no token
+        read per range). ``work`` and ``lock``: store calls made off the controller's
+        ``lock`` (the module docstring)."""
         self.store = store
         self.timeout_s = timeout_s
+        self.work = work
+        self.lock = lock or threading.RLock()
         self.workers: dict[str, WorkerState] = {}
         self.units: dict[Unit, Owner] = {}
         # The owners table's versions (what incremental heartbeats are answered against):
@@ -74,6 +91,8 @@ class Assigner:
         self.version = 0
         self._log: list[Unit] = []  # the unit changed at version _log_base + 1 + index
         self._log_base = 0
+        self.moving: dict[Unit, str | None] = {}  # planned moves whose token is being acquired
+        self.due = False  # a move failed or no longer held: rebalance at the reaper's next pass
         grace_until = time.monotonic() + grace_s
         for name, value in store.list_meta(WORKER_PREFIX).items():
             data = json.loads(value)
@@ -100,8 +119,8 @@ class Assigner:
                 for unit in self.owned_by(worker_id):
                     self._changed(unit)
             w = self.workers[worker_id] = WorkerState(worker_id, address, metrics)
-            self.store.put_meta(WORKER_PREFIX + worker_id, json.dumps(
-                {"id": worker_id, "address": address, "metrics": metrics}).encode())
+            record = json.dumps({"id": worker_id, "address": address, "metrics": metrics}).encode()
+            self._later(("worker", worker_id), lambda: self.store.put_meta(WORKER_PREFIX + worker_id, record))
             changed = True
         if not w.alive or w.draining != draining or w.refuses != refuses:
             changed = True
@@ -133,22 +152,25 @@ class Assigner:
                     if not w.alive and now - w.last_seen > older_than_s
                     and not any(o.worker_id == w.worker_id for o in self.units.values())]:
             del self.workers[wid]
-            self.store.put_meta(WORKER_PREFIX + wid, None)
+            self._later(("worker", wid), partial(self.store.put_meta, WORKER_PREFIX + wid, None))
 
     # -- units -----------------------------------------------------------------------
     def sync_units(self, nodes: dict[str, int], tokens: dict[Unit, int] | None = None) -> None:
         """Make the unit set match the registry: one unit per range of every node.
-        ``tokens``: current tokens of new units, read beforehand (outside the lock)."""
+        ``tokens``: current tokens of new units, read beforehand (outside the lock);
+        a new unit without one has it read next, off the lock."""
         wanted = {(node, r) for node, count in nodes.items() for r in range(count)}
         for unit in [u for u in self.units if u not in wanted]:
-            self.store.acquire(*unit)  # fence whoever still runs it
             del self.units[unit]
-            self.store.put_meta(_unit_key(unit), None)
+            self.moving.pop(unit, None)
             self._changed(unit)
+            self._later(("unit", unit), partial(self._drop, unit))
         for unit in sorted(wanted - set(self.units)):
             token = tokens.get(unit) if tokens else None
-            self.units[unit] = Owner(None, self.store.current_token(*unit) if token is None else token)
+            self.units[unit] = Owner(None, token or 0)
             self._changed(unit)
+            if token is None:  # its store token is read (or it is moved) next
+                self._later(("unit", unit), partial(self._learn_token, unit))
 
     def owned_by(self, worker_id: str) -> list[Unit]:
         return [u for u, o in self.units.items() if o.worker_id == worker_id]
@@ -156,8 +178,10 @@ class Assigner:
     def rebalance(self, limit: int | None = None) -> int:
         """Move units off dead and draining workers, and off workers that refuse to run
         their computation, and even out the rest; returns moves. A unit no live worker
-        may run stays where it is. With ``limit``, stop after that many moves (the caller
-        releases the controller's lock in between, and calls again)."""
+        may run stays where it is. A unit being moved counts for its target. With
+        ``limit``, stop after that many moves (the caller releases the controller's lock
+        in between, and calls again)."""
+        self.due = False
         live = sorted(w.worker_id for w in self.workers.values() if w.alive and not w.draining)
         counts = {wid: 0 for wid in live}
         orphans: list[Unit] = []
@@ -167,6 +191,11 @@ class Assigner:
             return unit[0] not in self.workers[wid].refuses
 
         for unit in sorted(self.units):
+            if unit in self.moving:  # counts for where it is going
+                target = self.moving[unit]
+                if target in counts:
+                    counts[target] += 1
+                continue
             owner = self.units[unit].worker_id
             if owner in counts:
                 counts[owner] += 1
@@ -185,6 +214,7 @@ class Assigner:
             return moves
         for unit in orphans:
             if limit is not None and moves >= limit:
+                self.due = True
                 return moves
             able = [w for w in live if may_run(w, unit)] or live
             target = min(able, key=lambda wid: (counts[wid], wid))
@@ -194,7 +224,7 @@ class Assigner:
             counts[target] += 1
         owned: dict[str, list[Unit]] = {}  # sorted once per worker, kept up to date
         for unit, o in sorted(self.units.items()):
-            if o.worker_id in counts:
+            if o.worker_id in counts and unit not in self.moving:
                 owned.setdefault(o.worker_id, []).append(unit)
         while limit is None or moves < limit:
             hi = max(live, key=lambda wid: (counts[wid], wid))
@@ -211,20 +241,89 @@ class Assigner:
             counts[hi] -= 1
             counts[lo] += 1
             moves += 1
+        if self.moving:  # moves still under way were left alone: look again once they land
+            self.due = True
         return moves
 
     def reissue(self, unit: Unit) -> None:
         """A fresh token for the same owner (its old one was fenced by someone else)."""
-        if unit in self.units:
+        if unit in self.units and unit not in self.moving:
             self._move(unit, self.units[unit].worker_id)
 
-    def _move(self, unit: Unit, worker_id: str | None) -> None:
+    def reissue_now(self, unit: Unit) -> int:
+        """A fresh token for the same owner, acquired here and now, the caller holding the
+        lock; returns it. For the rare operations whose next step needs the new token
+        in force (an update's window drop, a savepoint's cut): every write under the old
+        one is fenced from here on. A move of the unit under way lands later, with a
+        token newer still."""
         token = self.store.acquire(*unit)
-        old = self.units[unit].worker_id
-        self.units[unit] = Owner(worker_id, token)
+        owner = self.units[unit].worker_id
+        self.units[unit] = Owner(owner, token)
         self._changed(unit)
+        self.store.put_meta(_unit_key(unit), json.dumps({"worker": owner, "token": token}).encode())
+        return token
+
+    # -- store calls, made off the lock ----------------------------------------------
+    def _later(self, key: tuple[str, Any], call: Callable[[], None]) -> None:
+        """``call()`` now without ``work``; else on a store-work thread (after the key's
+        earlier calls), its failure logged."""
+        if self.work is None:
+            call()
+            return
+
+        def logged() -> None:
+            try:
+                call()
+            except Exception as exc:
+                log.warning("store call for %s failed: %s", key, exc)
+        self.work.submit(key, logged)
+
+    def _move(self, unit: Unit, worker_id: str | None) -> None:
+        """Plan a move; its token is acquired (and the decision applied) by :meth:`_acquire`."""
+        self.moving[unit] = worker_id
+        self._later(("unit", unit), lambda: self._acquire(unit, worker_id))
+
+    def _acquire(self, unit: Unit, worker_id: str | None) -> None:
+        """The store half of a move (outside the lock): acquire the fresh token, then under
+        the lock check the decision still holds and apply it; the assignment record last."""
+        try:
+            token = self.store.acquire(*unit)
+        except BaseException:
+            with self.lock:
+                if self.moving.get(unit, "") == worker_id:
+                    del self.moving[unit]
+                    self.due = True  # planned again at the reaper's next pass
+            raise
+        with self.lock:
+            if self.moving.get(unit, "") == worker_id:
+                del self.moving[unit]
+            if unit not in self.units:  # unregistered meanwhile: the fresh token fences all
+                return
+            w = self.workers.get(worker_id or "")
+            if worker_id is not None and (w is None or not w.alive or w.draining):
+                log.info("range %s/%d: %s left before its move completed; placed again",
+                         unit[0], unit[1], worker_id)
+                worker_id, self.due = None, True
+            old = self.units[unit].worker_id
+            self.units[unit] = Owner(worker_id, token)
+            self._changed(unit)
         self.store.put_meta(_unit_key(unit), json.dumps({"worker": worker_id, "token": token}).encode())
         log.info("range %s/%d: %s -> %s (token %d)", unit[0], unit[1], old, worker_id, token)
+
+    def _drop(self, unit: Unit) -> None:
+        """The store half of removing a unit: fence whoever still runs it, forget its owner."""
+        self.store.acquire(*unit)
+        self.store.put_meta(_unit_key(unit), None)
+
+    def _learn_token(self, unit: Unit) -> None:
+        """A new unit's current token (shown while no worker owns it), unless moved meanwhile."""
+        token = self.store.current_token(*unit)
+        with self.lock:
+            owner = self.units.get(unit)
+            if owner is not None and owner.worker_id is None and unit not in self.moving \
+                    and token > owner.token:
+                owner.token = token
+                self._changed(unit)
 
     def owns(self, worker_id: str, unit: Unit, token: int) -> bool:
         owner = self.units.get(unit)
@@ -232,6 +331,7 @@ class Assigner:
 
     # -- versions of the owners table ------------------------------------------------
     def _changed(self, unit: Unit) -> None:
+        """Call under the lock: one version of the owners table, ``unit`` changed in it."""
         self.version += 1
         self._log.append(unit)
         keep = max(4096, 2 * len(self.units))  # a few rebalances' worth; older: the whole table

@@ -46,11 +46,14 @@ from ..rpc.status import NotLeaderError, UnavailableError
 from .assign import Assigner
 from .leader import Elector
 from .registry import REGISTRY_KEY, Registry
+from .store_work import StoreWork
+from .watermarks import Watermarks
 
 log = logging.getLogger("millwheel.controller")
 
 FORWARDED_METADATA = "millwheel-forwarded"  # set on a request a standby forwards: never forwarded again
 STANDBY_REFRESH_S = 0.5  # how often a standby re-reads the registry version and the assignment
+TAKEOVER_READ_S = 10.0  # how long a new leader waits for the stored watermarks before it leads
 FORWARD_KEEPALIVE_S = 2.0  # a forward to a leader that stops answering pings fails after ~2x this
 
 
@@ -87,6 +90,8 @@ class Replicated:
     registry: Registry
     assigner: Assigner
     lock: threading.RLock
+    work: StoreWork
+    wms: Watermarks
     elector: Elector
     allow_code: AllowList
     heartbeat_timeout_s: float
@@ -129,10 +134,15 @@ class Replicated:
     def _on_elected(self, epoch: int) -> None:
         """Take over: the registry and the assignment as stored, workers given a grace."""
         started = time.monotonic()
+        # Read outside the lock (a standby's queries go on meanwhile); the moves it
+        # decides run off the lock too (services/controller/assign.py).
+        registry = Registry(self.store, self.allow_code)
+        assigner = Assigner(self.store, self.heartbeat_timeout_s,
+                            grace_s=max(self.takeover_grace_s, self.heartbeat_timeout_s),
+                            work=self.work, lock=self.lock)
+        self.wms.refresh_now(registry.nodes(), TAKEOVER_READ_S)  # serve nothing below the store
         with self.lock:
-            self.registry = Registry(self.store, self.allow_code)
-            self.assigner = Assigner(self.store, self.heartbeat_timeout_s,
-                                     grace_s=max(self.takeover_grace_s, self.heartbeat_timeout_s))
+            self.registry, self.assigner = registry, assigner
             self._registry_changed()  # units for every registered node; moves only orphans
             self._led_epoch = epoch
         log.warning("leader %s (epoch %d) took over in %.3f s: registry version %d, %d ranges, "

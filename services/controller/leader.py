@@ -21,6 +21,7 @@ import secrets
 import threading
 import time
 from typing import Any, Callable
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from millwheel.errors import InvalidSpecError, MillWheelError
 from millwheel.state.lease import LeadershipLostError
@@ -30,6 +31,32 @@ log = logging.getLogger("millwheel.controller")
 
 SAFETY = 0.75  # of the TTL: how long after a renewal was SENT a leader trusts it
 MIN_TTL_S, MAX_TTL_S = 0.1, 3600.0  # renewed every quarter of it; the store takes 1 ms..1 h
+
+
+def lease_store_url(url: str, ttl_s: float) -> str:
+    """The store URL the lease is renewed through (its own connection): on Redis, every
+    call bounded by the lease's validity (``SAFETY * ttl_s``: socket and connect timeouts
+    of half of it, retries until all of it), lower values given in the URL kept. A
+    renewal that cannot answer in time is useless anyway; waiting on, it kept the next
+    one from being sent: on Redis Cluster a stopped master held the client's topology
+    refresh for the whole socket timeout (10 s) and the leader's lease lapsed although
+    the lease's own shard was healthy. SQLite URLs are returned unchanged."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("redis", "rediss"):
+        return url
+    query = dict(parse_qsl(parts.query, keep_blank_values=True))
+    valid = max(MIN_TTL_S, ttl_s * SAFETY)
+
+    def bound(name: str, limit: float) -> None:
+        try:
+            given = float(query[name]) if name in query else limit
+        except ValueError:
+            return  # the store's own parsing says what is wrong with it
+        query[name] = f"{min(given, limit):g}" if given > 0 else f"{limit:g}"
+    bound("socket_timeout", valid / 2)
+    bound("connect_timeout", valid / 2)
+    bound("retry_deadline", valid)
+    return urlunsplit(parts._replace(query=urlencode(query)))
 
 
 class Elector:

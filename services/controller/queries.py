@@ -34,9 +34,11 @@ from ..rpc.status import UnavailableError, rpc, rpc_stream
 from .assign import Assigner
 from .leader import Elector
 from .registry import Registry
+from .watermarks import Watermarks
 
 log = logging.getLogger("millwheel.controller")
 T = TypeVar("T")
+STANDBY_READ_S = 10.0  # how long a standby's GetWatermark waits for the store's values
 Ctx = grpc.ServicerContext
 
 
@@ -48,6 +50,7 @@ class Queries:
     registry: Registry
     assigner: Assigner
     lock: threading.RLock
+    wms: Watermarks
     elector: Elector
     clock: SystemClock
     _stop: threading.Event
@@ -76,6 +79,8 @@ class Queries:
         check(request)
 
         def answer() -> pb.GetWatermarkResponse:
+            if not self.leading():  # a standby's copy may lag what the leader served: the store's now
+                self.wms.refresh_now(self.registry.nodes(), STANDBY_READ_S)
             with self.lock:
                 out, inputs = self.watermarks()
                 if request.computation:

@@ -14,6 +14,14 @@ Parts live in modules of their own: the Inject path in :mod:`services.controller
 (changed in place by :mod:`services.controller.update`),
 failing user code in :mod:`services.controller.errors`, the replay of dead letters in
 :mod:`services.controller.replay`.
+
+The controller's lock is never held across a store call on the paths of heartbeats,
+range moves and the reaper: it decides under the lock and makes its store calls on
+store-work threads (:mod:`services.controller.store_work`), fenced by tokens as
+always; watermarks are answered from the copy kept by
+:mod:`services.controller.watermarks`. A Redis shard that is away (a failover, a
+stopped master) delays the ranges whose keys live on it, not the heartbeats of every
+worker (issue 21, item 4).
 """
 
 from __future__ import annotations
@@ -25,7 +33,7 @@ from typing import Any, cast
 import grpc
 
 from millwheel.clock import SystemClock
-from millwheel.errors import FencedError, InvalidSpecError
+from millwheel.errors import InvalidSpecError
 from millwheel.importing import AllowList
 from millwheel.record import MAX_TIMESTAMP, MIN_TIMESTAMP
 from millwheel.state.lease import LeadershipLostError
@@ -47,15 +55,18 @@ from .cluster_port import advertised_host, start_servers
 from .errors import error_info
 from .failing import FailingRanges
 from .ha import Replicated, leader_only
-from .heartbeat import OwnerTables, TopologyJson, input_watermarks
+from .heartbeat import OwnerTables, TopologyJson
+from .heartbeat_rpc import Heartbeats
 from .inject import INJECT_BATCH, Injecting
-from .leader import Elector, LeaderStore
+from .leader import Elector, LeaderStore, lease_store_url
 from .limits import InjectLimits
 from .queries import Queries
 from .registry import Registry
 from .replay import Replayer
 from .retention import RetentionThread
+from .store_work import StoreWork
 from .update import Updating
+from .watermarks import Watermarks
 
 log = logging.getLogger("millwheel.controller")
 Ctx = grpc.ServicerContext
@@ -64,16 +75,18 @@ DEFAULT_MAX_VALUE_BYTES = 1024 * 1024
 REBALANCE_CHUNK = 256  # range moves (two store writes each) per hold of the lock after a registration
 
 
-class ControllerService(Queries, Replicated, Injecting, Updating):
+class ControllerService(Queries, Replicated, Injecting, Updating, Heartbeats):
     def __init__(
         self, store: StateStore, *, heartbeat_timeout_s: float = 3.0,
         max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES, sensors: PrometheusSensors | None = None,
         inject_timeout_s: float = 15.0, inject_wait_s: float = 10.0, inject_batch: int = INJECT_BATCH,
         limits: InjectLimits | None = None, allow_code: AllowList | None = None,
-        lease_ttl_s: float = 2.0, takeover_grace_s: float = 10.0,
+        lease_ttl_s: float = 2.0, takeover_grace_s: float = 10.0, lease_store: StateStore | None = None,
     ) -> None:
         """Nothing runs until :meth:`start`: it leads if it wins the store's lease, else
-        stands by (services/controller/ha.py)."""
+        stands by (services/controller/ha.py). ``lease_store``: the same store opened
+        apart, used for the lease alone, so renewals never queue behind data-plane calls
+        on the main store's connections (its pool, a SQLite connection's lock)."""
         self.limits = limits or InjectLimits(max_value_bytes=max_value_bytes)
         self.inject_batch = inject_batch
         self.inject_timeout_s = inject_timeout_s
@@ -85,12 +98,14 @@ class ControllerService(Queries, Replicated, Injecting, Updating):
         self.takeover_grace_s = takeover_grace_s
         self.allow_code = allow_code or AllowList()
         self.lock = threading.RLock()
-        self.elector = Elector(store, "", lease_ttl_s, self._on_elected, self._on_deposed)
+        self._lease_store = lease_store
+        self.elector = Elector(lease_store or store, "", lease_ttl_s, self._on_elected, self._on_deposed)
         # Every write the controller makes carries the leader epoch (services/controller/leader.py).
         self.store = cast(StateStore, LeaderStore(store, self.elector))
+        self.work = StoreWork()  # store calls decided under the lock, made outside it
+        self.wms = Watermarks(self.store, self.work, self.lock)
         self.registry = Registry(self.store, self.allow_code)
         self.assigner = Assigner(self.store, heartbeat_timeout_s, check_tokens=False)  # a view until elected
-        self._served: dict[str, int] = {}
         self._pending: dict[tuple[str, int], int] = {}  # outbox entries per range, as last reported
         self.failing = FailingRanges()  # ranges their owners cannot run, as last reported
         self.topology_json = TopologyJson()  # heartbeats' registry JSON, once per version
@@ -119,6 +134,9 @@ class ControllerService(Queries, Replicated, Injecting, Updating):
         self._stop.set()
         self.retention.stop()  # saves its marks while still leading
         self.elector.stop(release=True)
+        self.work.close()
+        if self._lease_store is not None:
+            self._lease_store.close()
         for ch in self._leader_channels.values():
             ch.close()
         if self.health_monitor is not None:
@@ -131,12 +149,14 @@ class ControllerService(Queries, Replicated, Injecting, Updating):
                 self.cancel_stale_forwards()
                 if not self.leading():
                     self._standby_pass()
-                    self._publish_watermarks()
-                    continue
+                else:
+                    with self.lock:  # decisions only: the store calls they need run on store-work threads
+                        a = self.assigner
+                        if a.reap() or a.due:
+                            a.rebalance()
+                        a.forget_dead()
+                self.wms.refresh(self.registry.nodes())
                 with self.lock:
-                    if self.assigner.reap():
-                        self.assigner.rebalance()
-                    self.assigner.forget_dead()
                     self._publish_watermarks()
             except LeadershipLostError as exc:
                 log.warning("reaper: %s", exc)
@@ -163,19 +183,11 @@ class ControllerService(Queries, Replicated, Injecting, Updating):
                 if self.assigner.rebalance(limit=REBALANCE_CHUNK) < REBALANCE_CHUNK:
                     return
 
-    def _node_watermark(self, node: str, ranges: int) -> int:
-        stored = self.store.read_watermarks(node)
-        value = MIN_TIMESTAMP
-        if all(r in stored for r in range(ranges)):
-            value = min(stored[r] for r in range(ranges))
-        served = max(self._served.get(node, MIN_TIMESTAMP), value)  # never backwards
-        self._served[node] = served
-        return served
-
     def watermarks(self) -> tuple[dict[str, int], dict[str, int]]:
-        """(output watermark of every node, input watermark of every computation)."""
+        """(output watermark of every node, input watermark of every computation), from
+        the controller's copy (services/controller/watermarks.py): no store call."""
         nodes = self.registry.nodes()
-        out = {node: self._node_watermark(node, count) for node, count in nodes.items()}
+        out = {node: self.wms.node(node, count) for node, count in nodes.items()}
         topo = self.registry.topology
         inputs = {
             c.name: min((out.get(u, MIN_TIMESTAMP) for u in topo.upstream(c.name)),
@@ -208,7 +220,7 @@ class ControllerService(Queries, Replicated, Injecting, Updating):
             if node is not None and n != node:
                 continue
             if n not in wms:
-                wms[n] = self.store.read_watermarks(n)
+                wms[n] = self.wms.of(n)
             w = self.assigner.workers.get(owner.worker_id or "")
             out.append(pb.RangeInfo(
                 node=n, range_id=r, worker_id=owner.worker_id or "",
@@ -303,62 +315,6 @@ class ControllerService(Queries, Replicated, Injecting, Updating):
         check(request)
         return self.replayer.replay(request.computation, context)
 
-    # -- workers ---------------------------------------------------------------------
-    @rpc
-    def Heartbeat(self, request: Any, context: Ctx) -> pb.HeartbeatResponse:
-        check(request)
-        if not request.worker_id or not request.address:
-            raise InvalidSpecError("Heartbeat: worker_id and address are required")
-        if not self.leading():
-            raise self.redirect(context)  # workers heartbeat to the leader alone
-        if request.liveness_only:  # a busy worker's watchdog: last-seen only (services/worker/watchdog.py)
-            self.assigner.touch(request.worker_id)
-            return pb.HeartbeatResponse()
-        # Heard: alive as of now, whatever the wait for the lock below (a registration or
-        # a rebalance may hold it; the reaper must not declare this worker dead meanwhile).
-        self.assigner.touch(request.worker_id)
-        fenced = []
-        snap: Any = None
-        full_items = None
-        with self.lock:
-            a = self.assigner
-            if a.heartbeat(request.worker_id, request.address, request.metrics_address,
-                           request.draining, frozenset(request.refused)):
-                a.rebalance()
-            self.failing.heard(request.worker_id, request.failing, a.workers)
-            for rep in request.reports:
-                unit = (rep.node, rep.range_id)
-                if not a.owns(request.worker_id, unit, rep.token):
-                    fenced.append(rep)
-                    continue
-                self._pending[unit] = rep.pending
-                try:
-                    self.store.report_watermark(rep.node, rep.range_id, rep.token, rep.watermark)
-                except FencedError:
-                    # The store moved on without us (a move cut short by a controller
-                    # crash): issue a fresh token to the same worker.
-                    fenced.append(rep)
-                    a.reissue(unit)
-            if request.incremental:  # the owners table as a delta (services/controller/heartbeat.py)
-                snap = self.owner_tables.snapshot(
-                    a, request.known_assignments_epoch, request.known_assignments_version)
-                if snap[2] and self.owner_tables.cached_full(snap[0], snap[1]) is None:
-                    full_items = self.owner_tables.full_items(a)
-                inputs = input_watermarks(self.registry, self.owner_tables.assigned_nodes(a, request.worker_id),
-                                          self._node_watermark)
-                resp = pb.HeartbeatResponse(input_watermarks=inputs, fenced=fenced, assignments_epoch=snap[0],
-                                            assignments_version=snap[1], assignments_full=snap[2])
-            else:  # an older worker: every range, every time
-                out, inputs = self.watermarks()
-                resp = pb.HeartbeatResponse(assignments=self._ranges(), input_watermarks=inputs, fenced=fenced)
-        if snap is not None:
-            resp.owners.extend(self.owner_tables.build(snap, full_items))
-        version, text = self.topology_json.get(self.registry)  # serialized once per version
-        resp.topology_version = version
-        if request.known_topology_version != version:
-            resp.topology_json = text
-        return resp
-
 
 def serve(
     store_url: str, host: str = "127.0.0.1", port: int = 7070, metrics_port: int | None = 0,
@@ -373,12 +329,13 @@ def serve(
     Heartbeats have a listener of their own, ``cluster_port``, and client calls are
     admitted under ``admission`` (services/controller/cluster_port.py)."""
     store = open_service_store(store_url)
+    lease_store = open_service_store(lease_store_url(store_url, lease_ttl_s))  # its own connection
     sensors = PrometheusSensors("controller")
     service = ControllerService(store, heartbeat_timeout_s=heartbeat_timeout_s,
                                 max_value_bytes=max_value_bytes, sensors=sensors,
                                 inject_wait_s=inject_wait_s, inject_batch=inject_batch, limits=limits,
                                 allow_code=AllowList.parse(allow_code), lease_ttl_s=lease_ttl_s,
-                                takeover_grace_s=takeover_grace_s)
+                                takeover_grace_s=takeover_grace_s, lease_store=lease_store)
     advertise = advertised_host(host, advertise)
     server, bound, cluster_bound, health = start_servers(
         service, {"Controller": service}, host, port, cluster_port, advertise, admission or AdmissionLimits(),

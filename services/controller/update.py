@@ -4,7 +4,8 @@ How the switch is exactly once. Under the controller's lock (no heartbeat is ans
 meanwhile), after every check has passed (services/controller/compat.py):
 
 1. every key range of the computation gets a fresh sequencer token, for the same owner
-   (:meth:`~services.controller.assign.Assigner.reissue`). From that store write on, a
+   (:meth:`~services.controller.assign.Assigner.reissue_now`: acquired at once, under
+   the lock, where range moves acquire theirs off it). From that store write on, a
    batch the old code is still running on that range fails its checkpoint (fenced) and
    is not acked: its records are sent again;
 2. under "drop", the open windows of each range are deleted (state and timers) in one
@@ -102,7 +103,7 @@ class Updating:
         refuse_open_windows(self.store, old, new, directive)  # early, before anything changes
         units = [(old.name, r) for r in range(old.options.key_ranges)]
         for unit in units:
-            self.assigner.reissue(unit)  # 1: the old code's later checkpoints are fenced
+            self.assigner.reissue_now(unit)  # 1: the old code's later checkpoints are fenced
         # Again with every range fenced: a window opened since the first look counts.
         change = refuse_open_windows(self.store, old, new, directive)
         dropped = self._drop_windows(old, units) if change is not None else 0

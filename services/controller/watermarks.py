@@ -1,0 +1,113 @@
+"""Per-range watermarks as the controller knows them, kept without waiting on the store.
+
+The store holds each range's watermark durably (raised only, by the range's owner's
+reports, fenced by its token). The controller answers heartbeats and queries from
+``known``, its copy: a report enters it once the store has it (never before, so no
+served watermark is ahead of the store), and every node's stored values are read into
+it every :data:`REFRESH_S` (what a standby, or a new leader, learns from the store).
+Both store calls run on store-work threads (services/controller/store_work.py), one at
+a time per range or node: a shard that is away holds back the watermarks of the ranges
+whose keys live on it, and nothing else (issue 21, item 4). Stored watermarks only
+rise, so the copy takes the larger of what it has and what it reads.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from concurrent.futures import Future, wait
+from functools import partial
+from typing import Callable
+
+from millwheel.errors import FencedError
+from millwheel.record import MIN_TIMESTAMP
+from millwheel.state.protocol import StateStore
+
+from .store_work import StoreWork
+
+log = logging.getLogger("millwheel.controller")
+
+REFRESH_S = 0.2  #: between reads of every node's stored watermarks
+Unit = tuple[str, int]
+
+
+class Watermarks:
+    def __init__(self, store: StateStore, work: StoreWork, lock: threading.RLock) -> None:
+        self.store = store
+        self.work = work
+        self.lock = lock
+        self.known: dict[str, dict[int, int]] = {}
+        self._served: dict[str, int] = {}
+        self._read_at = 0.0
+
+    # -- answers (under the controller's lock; no store call) --------------------------
+    def of(self, node: str) -> dict[int, int]:
+        return self.known.get(node, {})
+
+    def node(self, node: str, ranges: int) -> int:
+        """The node's watermark: the least of its ranges' once every range has one; never
+        backwards from what was served before."""
+        stored = self.known.get(node, {})
+        value = MIN_TIMESTAMP
+        if all(r in stored for r in range(ranges)):
+            value = min(stored[r] for r in range(ranges))
+        served = max(self._served.get(node, MIN_TIMESTAMP), value)
+        self._served[node] = served
+        return served
+
+    def _learn(self, node: str, values: dict[int, int]) -> None:
+        with self.lock:
+            mine = self.known.setdefault(node, {})
+            for r, wm in values.items():
+                mine[r] = max(mine.get(r, MIN_TIMESTAMP), wm)
+
+    # -- store calls (submitted; never waited for under the lock) ----------------------
+    def refresh(self, nodes: dict[str, int], force: bool = False) -> None:
+        """Read every registered node's stored watermarks (at most every REFRESH_S); a
+        node whose read is still under way gets one more read queued, not a backlog."""
+        now = time.monotonic()
+        if not force and now - self._read_at < REFRESH_S:
+            return
+        self._read_at = now
+        with self.lock:
+            for gone in [n for n in self.known if n not in nodes]:
+                del self.known[gone]
+        for node in nodes:
+            self.work.submit(("wm-read", node), partial(self._read, node), replace=True)
+
+    def refresh_now(self, nodes: dict[str, int], timeout_s: float) -> None:
+        """Read every node's stored watermarks and wait (up to ``timeout_s``; never under
+        the lock): what a controller taking over, or a standby answering a watermark
+        query, must know so that it never serves less than the store already holds
+        (a watermark another controller served)."""
+        futures = [self.work.submit(("wm-read", node), partial(self._read, node), replace=True)
+                   for node in nodes]
+        wait(futures, timeout=timeout_s)
+
+    def _read(self, node: str) -> None:
+        try:
+            values = self.store.read_watermarks(node)
+        except Exception as exc:
+            log.info("watermarks of %r not read: %s", node, exc)
+            return
+        self._learn(node, values)
+
+    def report(self, node: str, range_id: int, token: int, watermark: int,
+               on_fenced: Callable[[], None]) -> Future[int]:
+        """Write an owner's report (fenced by its token in the store); on FencedError
+        ``on_fenced()`` is called (under the lock) and the error stays in the future. A
+        report that fails otherwise is dropped: its worker reports again next heartbeat."""
+        def write() -> int:
+            try:
+                stored = self.store.report_watermark(node, range_id, token, watermark)
+            except FencedError:
+                with self.lock:
+                    on_fenced()
+                raise
+            except Exception as exc:
+                log.warning("watermark report of %s/%d not written: %s", node, range_id, exc)
+                raise
+            self._learn(node, {range_id: stored})
+            return stored
+        return self.work.submit(("wm", node, range_id), write, replace=True)
