@@ -68,6 +68,11 @@ class StoreWork:
         with self._lock:
             return key in self._running
 
+    def idle(self) -> bool:
+        """Whether no task of any key is running or waiting (tests wait for moves to land)."""
+        with self._lock:
+            return not self._running
+
     def _drain(self, key: Hashable) -> None:
         """Run the key's tasks one after another until none is left."""
         while True:

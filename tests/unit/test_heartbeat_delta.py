@@ -9,6 +9,7 @@ equals the full one at every step, and an answer in a steady cluster carries no 
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from millwheel.state.url import open_store
@@ -48,6 +49,18 @@ class Worker:
         return resp
 
 
+def settle(c: ControllerService) -> None:
+    """Wait for the moves decided so far to land: range moves acquire their tokens off
+    the controller's lock, on store-work threads (services/controller/assign.py)."""
+    deadline = time.monotonic() + 30
+    while True:
+        with c.lock:
+            if not c.assigner.moving and c.work.idle():
+                return
+        assert time.monotonic() < deadline, "moves never landed"
+        time.sleep(0.01)
+
+
 def full_table(legacy: Worker) -> dict[tuple[str, int], OwnerInfo]:
     resp = legacy.beat(draining=True, incremental=False)
     return {u: o for u, o in merged_owners({}, resp).items() if o.worker_id}  # type: ignore[union-attr]
@@ -66,6 +79,7 @@ def test_owners_from_deltas_equal_the_whole_table_through_changes(tmp_path: Path
         c.RegisterTopology(pb.RegisterTopologyRequest(
             computations=[comp("x", 300), comp("y", 7)], injectors=[pb.InjectorSpec(name="ev", stream="events")]),
             None)
+        settle(c)
         resp = a.beat()
         assert not resp.assignments_full and len(resp.owners) == 308  # every new range, as a delta
         assert {u for u, o in a.owners.items() if o.worker_id == "a"} == set(a.owners)
@@ -73,6 +87,7 @@ def test_owners_from_deltas_equal_the_whole_table_through_changes(tmp_path: Path
         steady = a.beat()
         assert not steady.owners and not steady.topology_json and not steady.assignments_full
         b.beat()  # joins: half the ranges move to it
+        settle(c)
         a.beat()
         b.beat()
         assert a.owners == b.owners == full_table(legacy)
@@ -81,7 +96,9 @@ def test_owners_from_deltas_equal_the_whole_table_through_changes(tmp_path: Path
         assert set(a.last.input_watermarks) == {u[0] for u, o in a.owners.items()  # type: ignore[union-attr]
                                                 if o.worker_id == "a" and not u[0].startswith("injector:")}
         c.UnregisterComputation(pb.UnregisterComputationRequest(name="y"), None)
+        settle(c)
         b.beat(draining=True)  # leaving: everything back to a
+        settle(c)
         a.beat()
         assert a.owners == full_table(legacy) and not any(u[0] == "y" for u in a.owners)
         assert all(o.worker_id == "a" for o in a.owners.values()) and len(a.owners) == 301
