@@ -21,6 +21,8 @@ log = logging.getLogger("millwheel.controller")
 
 ASSIGN_PREFIX = "assign/"
 WORKER_PREFIX = "worker/"
+#: Set by a stop with savepoint (services/controller/savepoint.py): no range is assigned any more.
+STOPPED_KEY = "savepoint/stopped"
 Unit = tuple[str, int]
 
 
@@ -65,6 +67,7 @@ class Assigner:
         self.timeout_s = timeout_s
         self.workers: dict[str, WorkerState] = {}
         self.units: dict[Unit, Owner] = {}
+        self.stopped = store.get_meta(STOPPED_KEY) is not None
         grace_until = time.monotonic() + grace_s
         for name, value in store.list_meta(WORKER_PREFIX).items():
             data = json.loads(value)
@@ -140,7 +143,9 @@ class Assigner:
     def rebalance(self) -> int:
         """Move units off dead and draining workers, and off workers that refuse to run
         their computation, and even out the rest; returns moves. A unit no live worker
-        may run stays where it is."""
+        may run stays where it is. A service stopped with a savepoint runs nothing."""
+        if self.stopped:
+            return 0
         live = sorted(w.worker_id for w in self.workers.values() if w.alive and not w.draining)
         counts = {wid: 0 for wid in live}
         orphans: list[Unit] = []

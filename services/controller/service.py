@@ -11,7 +11,8 @@ minimum per node and never lets a served value go backwards.
 Parts live in modules of their own: the Inject path in :mod:`services.controller.inject`
 (a mixin of :class:`ControllerService`), range assignment in
 :mod:`services.controller.assign`, the registry in :mod:`services.controller.registry`
-(changed in place by :mod:`services.controller.update`),
+(changed in place by :mod:`services.controller.update`; savepoints in
+:mod:`services.controller.savepoint`),
 failing user code in :mod:`services.controller.errors`, the replay of dead letters in
 :mod:`services.controller.replay`.
 """
@@ -54,6 +55,7 @@ from .queries import Queries
 from .registry import Registry
 from .replay import Replayer
 from .retention import RetentionThread
+from .savepoint import Savepoints
 from .update import Updating
 
 log = logging.getLogger("millwheel.controller")
@@ -62,7 +64,7 @@ Ctx = grpc.ServicerContext
 DEFAULT_MAX_VALUE_BYTES = 1024 * 1024
 
 
-class ControllerService(Queries, Replicated, Injecting, Updating):
+class ControllerService(Queries, Replicated, Injecting, Updating, Savepoints):
     def __init__(
         self, store: StateStore, *, heartbeat_timeout_s: float = 3.0,
         max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES, sensors: PrometheusSensors | None = None,
