@@ -12,7 +12,8 @@ import sys
 from millwheel import __version__
 from millwheel.errors import MillWheelError
 
-COMMAND_MODULES = tuple(f"{__package__}.{m}" for m in ("local", "service", "remote", "update", "errors", "spark"))
+COMMAND_MODULES = tuple(f"{__package__}.{m}" for m in (
+    "local", "service", "remote", "update", "savepoint", "errors", "spark"))
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -35,6 +35,8 @@ log = logging.getLogger("millwheel.controller")
 
 ASSIGN_PREFIX = "assign/"
 WORKER_PREFIX = "worker/"
+#: Set by a stop with savepoint (services/controller/savepoint.py): no range is assigned any more.
+STOPPED_KEY = "savepoint/stopped"
 Unit = tuple[str, int]
 
 
@@ -93,6 +95,7 @@ class Assigner:
         self._log_base = 0
         self.moving: dict[Unit, str | None] = {}  # planned moves whose token is being acquired
         self.due = False  # a move failed or no longer held: rebalance at the reaper's next pass
+        self.stopped = store.get_meta(STOPPED_KEY) is not None
         grace_until = time.monotonic() + grace_s
         for name, value in store.list_meta(WORKER_PREFIX).items():
             data = json.loads(value)
@@ -180,8 +183,10 @@ class Assigner:
         their computation, and even out the rest; returns moves. A unit no live worker
         may run stays where it is. A unit being moved counts for its target. With
         ``limit``, stop after that many moves (the caller releases the controller's lock
-        in between, and calls again)."""
+        in between, and calls again). A service stopped with a savepoint runs nothing."""
         self.due = False
+        if self.stopped:
+            return 0
         live = sorted(w.worker_id for w in self.workers.values() if w.alive and not w.draining)
         counts = {wid: 0 for wid in live}
         orphans: list[Unit] = []
@@ -256,8 +261,12 @@ class Assigner:
         in force (an update's window drop, a savepoint's cut): every write under the old
         one is fenced from here on. A move of the unit under way lands later, with a
         token newer still."""
+        return self.move_now(unit, self.units[unit].worker_id)
+
+    def move_now(self, unit: Unit, owner: str | None) -> int:
+        """As :meth:`reissue_now`, to ``owner`` (None: nobody runs it, as a stop with a
+        savepoint wants)."""
         token = self.store.acquire(*unit)
-        owner = self.units[unit].worker_id
         self.units[unit] = Owner(owner, token)
         self._changed(unit)
         self.store.put_meta(_unit_key(unit), json.dumps({"worker": owner, "token": token}).encode())
@@ -300,7 +309,9 @@ class Assigner:
             if unit not in self.units:  # unregistered meanwhile: the fresh token fences all
                 return
             w = self.workers.get(worker_id or "")
-            if worker_id is not None and (w is None or not w.alive or w.draining):
+            if worker_id is not None and self.stopped:  # stopped with a savepoint meanwhile
+                worker_id = None
+            elif worker_id is not None and (w is None or not w.alive or w.draining):
                 log.info("range %s/%d: %s left before its move completed; placed again",
                          unit[0], unit[1], worker_id)
                 worker_id, self.due = None, True

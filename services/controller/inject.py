@@ -221,6 +221,9 @@ class Injecting:
             for index, msg in enumerate(request_iterator):
                 check(msg)
                 self.limits.check_names(msg, index)
+                if self.assigner.stopped:  # services/controller/savepoint.py
+                    raise PreconditionError(f"inject message {index}: this service was stopped with a savepoint "
+                                            "and takes no more records; restore the savepoint elsewhere")
                 spec = self._injector_for(msg, index)
                 self._check_open(spec, msg, index)
                 call.send(injector_node(spec.name), self._inject_batch(spec, msg, index, call.session))

@@ -11,7 +11,8 @@ minimum per node and never lets a served value go backwards.
 Parts live in modules of their own: the Inject path in :mod:`services.controller.inject`
 (a mixin of :class:`ControllerService`), range assignment in
 :mod:`services.controller.assign`, the registry in :mod:`services.controller.registry`
-(changed in place by :mod:`services.controller.update`),
+(changed in place by :mod:`services.controller.update`; savepoints in
+:mod:`services.controller.savepoint`),
 failing user code in :mod:`services.controller.errors`, the replay of dead letters in
 :mod:`services.controller.replay`.
 
@@ -64,6 +65,7 @@ from .queries import Queries
 from .registry import Registry
 from .replay import Replayer
 from .retention import RetentionThread
+from .savepoint import Savepoints
 from .store_work import StoreWork
 from .update import Updating
 from .watermarks import Watermarks
@@ -75,7 +77,7 @@ DEFAULT_MAX_VALUE_BYTES = 1024 * 1024
 REBALANCE_CHUNK = 256  # range moves (two store writes each) per hold of the lock after a registration
 
 
-class ControllerService(Queries, Replicated, Injecting, Updating, Heartbeats):
+class ControllerService(Queries, Replicated, Injecting, Updating, Heartbeats, Savepoints):
     def __init__(
         self, store: StateStore, *, heartbeat_timeout_s: float = 3.0,
         max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES, sensors: PrometheusSensors | None = None,

@@ -1,0 +1,143 @@
+"""Reading a whole deployment's store into savepoint frames (through the store protocol
+only, so any backend writes the same file).
+
+The caller makes the cut consistent (services/controller/savepoint.py: every key range
+fenced with a fresh token nobody writes under until the capture ends); this module only
+reads. Per node (computation, or an injector's one range) and range, in this order:
+``range`` (watermark, error counters and attempts), ``state``, ``timers``, ``outbox``
+(pending productions, in checkpoint order), ``ids`` (retained consumed record IDs);
+then per stream with a log: ``log`` frames (the retained entries) and a ``stream``
+frame (its positions in the source). Items are cut into frames of about
+:data:`FRAME_TARGET` bytes, so no frame (and no gRPC message) holds a whole range.
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any, Callable, Iterable
+
+from millwheel.keys import key_range
+from millwheel.state.protocol import ID_PAGE, StateStore
+from millwheel.topology import injector_node
+
+from .format import Writer
+
+FRAME_TARGET = 1 << 20
+KEY_PAGE = 1000
+LOG_PAGE = 2000
+
+Progress = Callable[[str, int], None]
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+class _Batcher:
+    """Items of one frame type, flushed as a frame near :data:`FRAME_TARGET` bytes."""
+
+    def __init__(self, writer: Writer, head: dict[str, Any], counts: dict[str, int], progress: Progress) -> None:
+        self.writer, self.head, self.counts, self.progress = writer, head, counts, progress
+        self.items: list[Any] = []
+        self.size = 0
+
+    def add(self, item: Any, size: int) -> None:
+        self.items.append(item)
+        self.size += size + 16
+        if self.size >= FRAME_TARGET or len(self.items) >= ID_PAGE:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.items:
+            self.writer.frame({**self.head, "items": self.items})
+            kind = self.head["t"]
+            self.counts[kind] = self.counts.get(kind, 0) + len(self.items)
+            self.progress(kind, len(self.items))
+            self.items, self.size = [], 0
+
+
+def capture_nodes(store: StateStore, nodes: dict[str, int], writer: Writer, counts: dict[str, int],
+                  progress: Progress) -> None:
+    """Every range of every node in ``nodes`` (node -> range count)."""
+    for node, ranges in nodes.items():
+        by_range = _state_ranges(store, node, ranges)
+        watermarks = store.read_watermarks(node)
+        for r in range(ranges):
+            errors = store.read_errors(node, r)
+            writer.frame({"t": "range", "node": node, "range": r, "watermark": watermarks.get(r),
+                          "counters": errors.counters, "recent": [b64(e) for e in errors.recent],
+                          "attempts": [[i, n, b64(e)] for i, (n, e) in sorted(errors.attempts.items())]})
+            counts["ranges"] = counts.get("ranges", 0) + 1
+            head = {"node": node, "range": r}
+            state = _Batcher(writer, {"t": "state", **head}, counts, progress)
+            keys = by_range.get(r, [])
+            for i in range(0, len(keys), KEY_PAGE):
+                page = keys[i:i + KEY_PAGE]
+                values = store.read_state(node, page, r)
+                for k in page:
+                    if k in values:
+                        state.add([k, b64(values[k])], len(k) + len(values[k]) * 4 // 3)
+            state.flush()
+            timers = _Batcher(writer, {"t": "timers", **head}, counts, progress)
+            for t in store.read_timers(node, r):
+                timers.add([t.key, t.tag, t.time, str(t.domain), t.hold], len(t.key) + len(t.tag) + 40)
+            timers.flush()
+            outbox = _Batcher(writer, {"t": "outbox", **head}, counts, progress)
+            for p in store.read_outbox(node, r):
+                rec = p.record
+                outbox.add([p.consumer, p.stream, rec.key, b64(rec.value), rec.timestamp, rec.record_id],
+                           len(p.consumer) + len(p.stream) + len(rec.key) + len(rec.value) * 4 // 3
+                           + len(rec.record_id) + 30)
+            outbox.flush()
+            ids = _Batcher(writer, {"t": "ids", **head}, counts, progress)
+            for rid in store.iter_ids(node, r):
+                ids.add(rid, len(rid) + 3)
+            ids.flush()
+
+
+def _state_ranges(store: StateStore, node: str, ranges: int) -> dict[int, list[str]]:
+    """The node's keys with state, by the range that owns them (an injector's, range 0)."""
+    out: dict[int, list[str]] = {}
+    after: str | None = None
+    while True:
+        page = store.list_keys(node, after, KEY_PAGE)
+        for k in page:
+            out.setdefault(0 if node.startswith("injector:") else key_range(k, ranges), []).append(k)
+        if len(page) < KEY_PAGE:
+            return out
+        after = page[-1]
+
+
+def capture_logs(store: StateStore, streams: Iterable[str], writer: Writer, counts: dict[str, int],
+                 progress: Progress) -> dict[str, tuple[int, int]]:
+    """The retained entries of every stream's log; returns stream -> (start, last) of
+    the logs that have any entry (or ever had)."""
+    out: dict[str, tuple[int, int]] = {}
+    for stream in streams:
+        start = store.log_start(stream)
+        last, count = store.log_end(stream, start)
+        if last == 0 and start == 0:
+            continue
+        batch = _Batcher(writer, {"t": "log", "stream": stream}, counts, progress)
+        after = start
+        while after < last:
+            entries = store.read_log(stream, after, LOG_PAGE)
+            if not entries:
+                break
+            for seq, rec in entries:
+                if seq > last:
+                    break
+                batch.add([seq, rec.key, b64(rec.value), rec.timestamp, rec.record_id],
+                          len(rec.key) + len(rec.value) * 4 // 3 + len(rec.record_id) + 40)
+            after = entries[-1][0]
+        batch.flush()
+        writer.frame({"t": "stream", "stream": stream, "start": start, "last": last, "count": count})
+        out[stream] = (start, last)
+    return out
+
+
+def node_ranges(computations: Iterable[tuple[str, int]], injectors: Iterable[str]) -> dict[str, int]:
+    """node -> range count, the injectors' nodes (one range each) first."""
+    out = {injector_node(name): 1 for name in injectors}
+    out.update(dict(computations))
+    return out

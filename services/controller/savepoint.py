@@ -1,0 +1,235 @@
+"""CreateSavepoint and RestoreSavepoint: a consistent cut of the whole service as one
+file (millwheel/savepoint/), and that file restored into an empty service on any store.
+
+**The cut** (:meth:`Savepoints._cut`), under the controller's lock (no heartbeat is
+answered meanwhile): every key range (computations' and injectors') gets a fresh
+sequencer token from the store, for the same owner (with ``stop``: for no owner), as an
+update does (services/controller/update.py). From that store write on, no worker can
+write anything of any range: a checkpoint, an ack, a watermark, an attempt count under
+the old token is fenced, and the new token reaches the owner only in a heartbeat answer,
+after the lock is released. Everything is read then, from the store, under the lock:
+the store is the cut. What a batch checkpointed just before is in it whole (its state,
+timers, productions, consumed IDs); what it had not is not, and its records are still
+pending in their producers' outboxes (their acks were fenced), so the restored service
+delivers them again and the consumer's consumed IDs drop what was already taken. Log
+appends are not fenced, but every entry appended late is still in the outbox it came
+from, and appending it again in the restored service is a no-op (by record ID).
+
+The file is written to a temporary file during the cut, and sent after the lock is
+released: processing is paused for the fence and the reads, not for the transfer.
+
+**Restore** (:meth:`Savepoints.RestoreSavepoint`): the file is spooled to disk (at most
+MAX_FILE_BYTES), its checksum and every frame checked, its registry admitted as a
+registration (nothing imported), and only then, in an empty service (nothing ever
+registered, no state under the file's names), written range by range under fresh
+tokens; the registry last, in one write, so workers see nothing before it is complete.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import tempfile
+import threading
+import time
+from typing import IO, Any, Callable, Iterator
+
+import grpc
+
+from millwheel.clock import SystemClock
+from millwheel.errors import ResourceLimitError
+from millwheel.importing import AllowList
+from millwheel.savepoint import capture, restore
+from millwheel.savepoint.format import MAX_FILE_BYTES, SavepointFileError, Writer, frames, verify
+from millwheel.state.protocol import StateStore
+
+from ..generated import millwheel_pb2 as pb
+from ..rpc.status import NotLeaderError, PreconditionError, rpc, rpc_stream
+from .assign import STOPPED_KEY, Assigner
+from .registry import Registry
+from .savepoint_registry import CarriedRegistry, admit, registry_dict
+
+log = logging.getLogger("millwheel.controller")
+
+RESTORING_KEY = "savepoint/restoring"  # sha256 of a restore under way (a retry of it may go on)
+CHUNK = 1 << 20
+PROGRESS_EVERY_S = 0.5
+
+
+class Savepoints:
+    """The savepoint RPCs (a mixin of ControllerService)."""
+
+    store: StateStore
+    registry: Registry
+    assigner: Assigner
+    lock: threading.RLock
+    allow_code: AllowList
+    clock: SystemClock
+    _registry_changed: Callable[[], None]
+    leading: Callable[[], bool]
+    redirect: Callable[[grpc.ServicerContext], NotLeaderError]
+
+    # -- create ----------------------------------------------------------------------------
+    @rpc_stream
+    def CreateSavepoint(self, request: Any, context: grpc.ServicerContext) -> Iterator[pb.CreateSavepointResponse]:
+        if not self.leading():
+            raise self.redirect(context)
+        spool = tempfile.TemporaryFile(prefix="millwheel-savepoint-")  # noqa: SIM115 (closed below)
+        updates: queue.Queue[tuple[str, int] | BaseException | pb.SavepointSummary] = queue.Queue()
+        worker = threading.Thread(target=self._cut_thread, args=(bool(request.stop), spool, updates),
+                                  name="savepoint", daemon=True)
+        worker.start()
+        try:
+            while True:
+                try:
+                    item = updates.get(timeout=PROGRESS_EVERY_S)
+                except queue.Empty:
+                    continue
+                if isinstance(item, BaseException):
+                    raise item
+                if isinstance(item, pb.SavepointSummary):
+                    summary = item
+                    break
+                yield pb.CreateSavepointResponse(phase=item[0], items=item[1])
+            spool.seek(0)
+            while context.is_active():
+                data = spool.read(CHUNK)
+                if not data:
+                    break
+                yield pb.CreateSavepointResponse(phase="sending", chunk=data)
+            yield pb.CreateSavepointResponse(phase="done", summary=summary)
+        finally:
+            worker.join()
+            spool.close()
+
+    def _cut_thread(self, stop: bool, spool: IO[bytes], updates: queue.Queue[Any]) -> None:
+        try:
+            updates.put(self._cut(stop, spool, lambda phase, n: updates.put((phase, n))))
+        except BaseException as exc:  # handed to the RPC's thread, which raises it
+            updates.put(exc)
+
+    def _cut(self, stop: bool, spool: IO[bytes], report: Callable[[str, int], None]) -> pb.SavepointSummary:
+        """Fence every range, read everything into ``spool``, let the workers go on."""
+        items = 0
+        last = [0.0]
+
+        def progress(_kind: str, n: int) -> None:
+            nonlocal items
+            items += n
+            if time.monotonic() - last[0] >= PROGRESS_EVERY_S:
+                last[0] = time.monotonic()
+                report("reading", items)
+
+        with self.lock:
+            started = time.monotonic()
+            report("fencing", 0)
+            if stop:
+                self.store.put_meta(STOPPED_KEY, json.dumps({"at_us": self.clock.now_us()}).encode())
+                self.assigner.stopped = True
+            # Tokens taken here and now, under the lock (range moves take theirs off it):
+            # from each acquire on, the range's old owner can write nothing, so what is
+            # read below is the cut.
+            for unit in sorted(self.assigner.units):
+                if stop:
+                    self.assigner.move_now(unit, None)  # nobody runs it any more
+                else:
+                    self.assigner.reissue_now(unit)  # the owner goes on after the cut, from the store
+            created = self.clock.now_us()
+            writer = Writer(spool)
+            reg = registry_dict(self.registry)
+            writer.frame({"t": "header", "created_us": created, "stopped": stop, "registry": reg,
+                          "source_store": self.store.url.split(":", 1)[0]})
+            counts: dict[str, int] = {}
+            carried = CarriedRegistry(self.registry.topology, {}, {})
+            capture.capture_nodes(self.store, carried.nodes(), writer, counts, progress)
+            logs = capture.capture_logs(self.store, sorted(carried.streams()), writer, counts, progress)
+            digest = writer.finish()
+            spool.flush()
+            for w in self.assigner.workers.values():
+                self.assigner.touch(w.worker_id)  # the lock held their heartbeats, not them
+            pause_us = int((time.monotonic() - started) * 1e6)
+        topo = self.registry.topology
+        log.warning("savepoint taken%s: %d bytes, %d ranges, cut paused processing %.3f s", " (service stopped)"
+                    if stop else "", writer.bytes, counts.get("ranges", 0), pause_us / 1e6)
+        return pb.SavepointSummary(sha256=digest, bytes=writer.bytes, created_us=created, pause_us=pause_us,
+                                   stopped=stop, counts=counts, computations=len(topo.computations),
+                                   injectors=len(topo.injectors),
+                                   log_last={s: last_seq for s, (_start, last_seq) in logs.items()})
+
+    # -- restore ---------------------------------------------------------------------------
+    @rpc
+    def RestoreSavepoint(self, request_iterator: Iterator[Any], context: grpc.ServicerContext
+                         ) -> pb.RestoreSavepointResponse:
+        if not self.leading():
+            raise self.redirect(context)
+        with tempfile.TemporaryFile(prefix="millwheel-restore-") as spool:
+            size = 0
+            for msg in request_iterator:
+                size += len(msg.chunk)
+                if size > MAX_FILE_BYTES:
+                    raise ResourceLimitError(f"savepoint file: over the limit of {MAX_FILE_BYTES} bytes "
+                                             "(nothing was written)")
+                spool.write(msg.chunk)
+            spool.flush()
+            spool.seek(0)
+            return self._restore(spool, size)
+
+    def _restore(self, spool: IO[bytes], size: int) -> pb.RestoreSavepointResponse:
+        """Check everything (nothing written), then write it into this empty service."""
+        started = time.monotonic()
+        digest = verify(spool, size)
+        header = next(frames(spool), None)
+        if header is None or header.get("t") != "header" or not isinstance(header.get("created_us"), int):
+            raise SavepointFileError("savepoint file: its first frame is not a header")
+        carried = admit(header.get("registry"), self.allow_code)
+        nodes, streams = carried.nodes(), carried.streams()
+        summary = restore.check(spool, nodes, streams)
+        missing = sorted(set((n, r) for n, c in nodes.items() for r in range(c)) - summary.ranges)
+        if missing:
+            raise SavepointFileError(f"savepoint file: {len(missing)} key ranges of its registry are missing "
+                                     f"from it (first: {missing[0][0][:200]}/{missing[0][1]})")
+        with self.lock:
+            self._check_empty(carried, digest)
+            self.store.put_meta(RESTORING_KEY, digest.encode())
+            restore.apply(self.store, spool, nodes, streams, int(header["created_us"]),
+                          self.store.acquire, lambda _k, _n: None)
+            self.registry._commit(carried.topology, carried.versions, carried.previous)  # one write: it appears
+            self._registry_changed()
+            self.store.put_meta(RESTORING_KEY, None)
+            for w in self.assigner.workers.values():
+                self.assigner.touch(w.worker_id)
+        took = int((time.monotonic() - started) * 1e6)
+        log.warning("savepoint %s restored: %d bytes, %d computations, %d ranges, in %.3f s", digest[:16], size,
+                    len(carried.topology.computations), len(summary.ranges), took / 1e6)
+        counts = {**summary.counts, "ranges": len(summary.ranges)}
+        counts.pop("range", None)
+        return pb.RestoreSavepointResponse(
+            summary=pb.SavepointSummary(sha256=digest, bytes=size, created_us=int(header["created_us"]),
+                                        pause_us=took, stopped=bool(header.get("stopped")), counts=counts,
+                                        computations=len(carried.topology.computations),
+                                        injectors=len(carried.topology.injectors),
+                                        log_last={s: v[1] for s, v in summary.streams.items()}),
+            log_last={s: self.store.log_end(s)[0] for s in summary.streams})
+
+    def _check_empty(self, carried: CarriedRegistry, digest: str) -> None:
+        """FAILED_PRECONDITION unless nothing was ever registered here and nothing is
+        stored under the savepoint's names (a restore of the same file cut short may
+        go on: it writes the same again)."""
+        topo = self.registry.topology
+        if self.registry.version != 0 or topo.computations or topo.injectors:
+            raise PreconditionError(
+                f"restore needs an empty service: this one has {len(topo.computations)} computations and "
+                f"{len(topo.injectors)} injectors registered (registry version {self.registry.version}); "
+                "start a controller on a new store (nothing was written)")
+        if self.store.get_meta(RESTORING_KEY) == digest.encode():
+            return
+        for node in carried.nodes():
+            if self.store.list_keys(node, None, 1) or self.store.current_token(node, 0):
+                raise PreconditionError(f"restore needs an empty service: the store already holds key range "
+                                        f"data of {node[:200]!r} (nothing was written)")
+        for stream in carried.streams():
+            if self.store.log_end(stream)[0]:
+                raise PreconditionError(f"restore needs an empty service: the store already has a log of "
+                                        f"stream {stream[:200]!r} (nothing was written)")
+

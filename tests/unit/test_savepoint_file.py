@@ -1,0 +1,114 @@
+"""The savepoint file and its store round trip (millwheel/savepoint/), without a service.
+
+Every flipped byte, every truncation and any trailing byte must be refused before a
+frame is believed; what a store holds (state, timers, pending productions, consumed
+IDs, watermarks, error counts, logs) must come back equal in another store.
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+
+from millwheel.keys import key_range
+from millwheel.record import Record, TimeDomain, Timer
+from millwheel.savepoint import capture, restore
+from millwheel.savepoint.format import SavepointFileError, Writer, frames, verify
+from millwheel.state import open_store
+from millwheel.state.protocol import Checkpoint, Production, StateStore
+
+
+def small_file() -> bytes:
+    buf = io.BytesIO()
+    w = Writer(buf)
+    w.frame({"t": "header", "created_us": 5, "registry": {}})
+    w.frame({"t": "ids", "node": "c", "range": 0, "items": ["a", "b"]})
+    w.finish()
+    return buf.getvalue()
+
+
+def check(data: bytes) -> str:
+    return verify(io.BytesIO(data), len(data))
+
+
+def test_a_good_file_reads_back() -> None:
+    data = small_file()
+    check(data)
+    assert [f["t"] for f in frames(io.BytesIO(data))] == ["header", "ids"]
+
+
+def test_every_flipped_byte_truncation_and_trailing_byte_is_refused() -> None:
+    data = small_file()
+    for i in range(len(data)):
+        flipped = data[:i] + bytes([data[i] ^ 0x40]) + data[i + 1:]
+        with pytest.raises(SavepointFileError):
+            check(flipped)
+    for n in range(len(data)):
+        with pytest.raises(SavepointFileError, match="truncated|corrupt|not a millwheel"):
+            check(data[:n])
+    with pytest.raises(SavepointFileError, match="unexpected bytes"):
+        check(data + b"\x00")
+
+
+def test_foreign_and_other_versions_say_so() -> None:
+    with pytest.raises(SavepointFileError, match="not a millwheel savepoint"):
+        check(b"\x89PNG\r\n\x1a\n" + bytes(100))
+    data = bytearray(small_file())
+    data[15] = 9  # format version 9
+    with pytest.raises(SavepointFileError, match="format version 9"):
+        check(bytes(data))
+
+
+def fill(store: StateStore) -> None:
+    keys = [f"k{i}" for i in range(40)]
+    for r in range(2):
+        token = store.acquire("c", r)
+        mine = [k for k in keys if key_range(k, 2) == r]
+        store.checkpoint(Checkpoint(
+            "c", r, token, 1_000, state_writes={k: f"s{k}".encode() for k in mine},
+            timer_sets=[Timer(k, "end:1", 77, TimeDomain.EVENT, True) for k in mine[:3]],
+            productions=[Production("log:out", "out", Record(k, b"v", 10, f"p{k}")) for k in mine[:2]],
+            consumed_ids=[f"id{r}-{j}" for j in range(25)], counters={"skipped": 2}, errors=[b'{"e":1}']))
+        store.bump_attempts("c", r, token, "item", b'{"e":2}')
+        store.report_watermark("c", r, token, 500 + r)
+    store.append_log("out", [Record("a", b"1", 1, "l1"), Record("b", b"2", 2, "l2")])
+
+
+def dump(store: StateStore) -> dict[str, object]:
+    out: dict[str, object] = {"keys": store.list_keys("c", None, 1000), "log": store.read_log("out", 0, 100)}
+    out["log"] = [(r.key, r.value, r.record_id) for _s, r in store.read_log("out", 0, 100)]
+    out["state"] = store.read_state("c", store.list_keys("c", None, 1000))
+    for r in range(2):
+        errors = store.read_errors("c", r)
+        out[f"r{r}"] = (sorted(store.read_timers("c", r), key=lambda t: t.key), store.read_outbox("c", r),
+                        sorted(store.iter_ids("c", r)), errors.counters, errors.recent,
+                        {k: n for k, (n, _e) in errors.attempts.items()})
+    out["wm"] = store.read_watermarks("c")
+    return out
+
+
+def test_store_round_trip(tmp_path: Path) -> None:
+    src, dst = open_store(f"sqlite:///{tmp_path}/a.db"), open_store(f"sqlite:///{tmp_path}/b.db")
+    try:
+        fill(src)
+        buf = io.BytesIO()
+        w = Writer(buf)
+        w.frame({"t": "header", "created_us": 1_000, "registry": {}})
+        counts: dict[str, int] = {}
+        capture.capture_nodes(src, {"c": 2}, w, counts, lambda _k, _n: None)
+        capture.capture_logs(src, ["out", "none"], w, counts, lambda _k, _n: None)
+        w.finish()
+        data = buf.getvalue()
+        check(data)
+        f = io.BytesIO(data)
+        summary = restore.check(f, {"c": 2}, {"out"})
+        assert summary.ranges == {("c", 0), ("c", 1)} and summary.counts["ids"] == 50
+        with pytest.raises(SavepointFileError, match="not in the savepoint's registry"):
+            restore.check(f, {"d": 2}, {"out"})
+        restore.apply(dst, f, {"c": 2}, {"out"}, 1_000, dst.acquire, lambda _k, _n: None)
+        assert dump(dst) == dump(src)
+    finally:
+        src.close()
+        dst.close()
