@@ -80,6 +80,7 @@ class Plan:
     sample_s: float = 60.0
     state_ttl_s: float = 60.0
     id_retention_s: float = 300.0
+    log_retention_s: float = 300.0
     users: int = 500
     turnover_s: float = 300.0
     batch: int = 100
@@ -90,11 +91,13 @@ class Plan:
 
 def topology(plan: Plan) -> Topology:
     """The three-stage pipeline, the count stage with the state TTL, every stage keeping
-    consumed IDs for ``id_retention_s``."""
+    consumed IDs for ``id_retention_s`` and its logged streams for ``log_retention_s``
+    (the default of 7 days would have the sink's log grow through any run of hours)."""
     base = pipelines.topology("three", state_ttl_us=int(plan.state_ttl_s * SECOND))
     retention = int(plan.id_retention_s * SECOND)
-    comps = tuple(dataclasses.replace(c, options=dataclasses.replace(c.options, record_id_retention_us=retention))
-                  for c in base.computations)
+    logs = int(plan.log_retention_s * SECOND)
+    comps = tuple(dataclasses.replace(c, options=dataclasses.replace(
+        c.options, record_id_retention_us=retention, log_retention_us=logs)) for c in base.computations)
     return dataclasses.replace(base, computations=comps)
 
 
@@ -504,6 +507,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--state-ttl-s", type=float, default=60.0, help="the count stage's state TTL (default 60)")
     ap.add_argument("--id-retention-s", type=float, default=300.0,
                     help="record-ID retention of every stage (default 300)")
+    ap.add_argument("--log-retention-s", type=float, default=300.0,
+                    help="retention of every stage's logged streams, the sink's included (default 300)")
     ap.add_argument("--users", type=int, default=500, help="users active at a time (default 500)")
     ap.add_argument("--turnover-s", type=float, default=300.0,
                     help="the user population is replaced over this many seconds (default 300)")
@@ -516,8 +521,11 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.minutes <= 0 or a.sample_s <= 0 or (a.rate is not None and a.rate <= 0) or a.users < 1:
         ap.error("--minutes, --sample-s, --rate and --users must be positive")
+    if a.log_retention_s < 1:
+        ap.error("--log-retention-s must be at least 1 (the store's smallest log retention)")
     plan = Plan(minutes=a.minutes, rate=a.rate, store=a.store, sample_s=a.sample_s, state_ttl_s=a.state_ttl_s,
-                id_retention_s=a.id_retention_s, users=a.users, turnover_s=a.turnover_s, batch=a.batch,
+                id_retention_s=a.id_retention_s, log_retention_s=a.log_retention_s, users=a.users,
+                turnover_s=a.turnover_s, batch=a.batch,
                 capacity_records=a.capacity_records, tracemalloc_s=a.tracemalloc_s, out=a.out)
     result = run(plan)
     print("\n".join(table(result)))
