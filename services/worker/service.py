@@ -61,7 +61,7 @@ from .progress import NoProgress, ProgressBlock
 from .receive import DeliverServicer, Receiver
 from .send import Sender
 from .taker import Taker
-from .units import OwnedRange, OwnerInfo, merged_owners
+from .units import OwnedRange, OwnerInfo, merged_owners, share_cache
 
 log = logging.getLogger("millwheel.worker")
 Unit = tuple[str, int]
@@ -308,6 +308,7 @@ class WorkerProcess(Receiver, Sender):
                     and self.failures.due(unit):
                 self.taker.want(unit, token)  # built on a taker thread (services/worker/taker.py)
         self.sensors.owned_ranges(len(self.units))
+        share_cache(self.units)  # the worker's state-cache budget over its ranges (units.py)
         self._wake.set()
 
     def _set_topology(self, topology: Topology, version: int) -> None:

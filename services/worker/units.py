@@ -86,6 +86,22 @@ class Slice:
         return [(p.consumer, p.record.record_id) for p in self.entries]
 
 
+#: Keys whose state a worker keeps decoded in memory, over all its ranges: each range's
+#: cache is cleared past its share (a range alone used to keep up to 200,000, so a
+#: worker owning 64 ranges could hold 12.8 million). At least 10,000 per range.
+WORKER_CACHED_KEYS = 1_000_000
+MIN_RANGE_CACHED_KEYS = 10_000
+
+
+def share_cache(units: dict[Unit, OwnedRange], budget: int = WORKER_CACHED_KEYS) -> int:
+    """Give each owned computation range its share of ``budget``; returns the share."""
+    ranges = [o.worker for o in list(units.values()) if o.worker is not None]
+    share = max(MIN_RANGE_CACHED_KEYS, budget // max(1, len(ranges)))
+    for rw in ranges:
+        rw.max_cached_keys = share
+    return share
+
+
 @dataclass
 class OwnedRange:
     node: str
