@@ -52,6 +52,7 @@ from .savepoint_registry import CarriedRegistry, admit, registry_dict
 
 log = logging.getLogger("millwheel.controller")
 
+LAST_KEY = "savepoint/last"  # what the console shows of the last savepoint taken
 RESTORING_KEY = "savepoint/restoring"  # sha256 of a restore under way (a retry of it may go on)
 CHUNK = 1 << 20
 PROGRESS_EVERY_S = 0.5
@@ -150,6 +151,8 @@ class Savepoints:
                 self.assigner.touch(w.worker_id)  # the lock held their heartbeats, not them
             pause_us = int((time.monotonic() - started) * 1e6)
         topo = self.registry.topology
+        self.store.put_meta(LAST_KEY, json.dumps({"created_us": created, "bytes": writer.bytes, "sha256": digest,
+                                                  "stopped": stop, "pause_us": pause_us}).encode())
         log.warning("savepoint taken%s: %d bytes, %d ranges, cut paused processing %.3f s", " (service stopped)"
                     if stop else "", writer.bytes, counts.get("ranges", 0), pause_us / 1e6)
         return pb.SavepointSummary(sha256=digest, bytes=writer.bytes, created_us=created, pause_us=pause_us,

@@ -22,6 +22,7 @@ Health of a computation, worst first:
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -57,6 +58,15 @@ def _lag_s(wm: int, now_us: int) -> float | None:
 
 
 _NO_USAGE: dict[str, float | None] = {"rss_mb": None, "cpu_pct": None}
+
+
+def _last_savepoint(store: Any) -> dict[str, Any] | None:
+    """The last savepoint taken (services/controller/savepoint.py), None if none."""
+    raw = store.get_meta("savepoint/last")
+    try:
+        return dict(json.loads(raw)) if raw else None
+    except (ValueError, TypeError):
+        return None
 
 
 def _wm(wm: int) -> int | str:
@@ -194,6 +204,7 @@ class Snapshotter:
             "leader": c.elector.leader_address or "", "leading": leading,
             "computations": comps, "injectors": injectors, "workers": worker_rows,
             "logged_streams": logged, "graph": _graph(topo, comps, injectors),
+            "last_savepoint": _last_savepoint(c.store),
         }
 
     def _scrape(self, targets: list[tuple[str, str]]) -> dict[str, Samples]:

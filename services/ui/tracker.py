@@ -108,9 +108,10 @@ class Tracker:
             "graph": s.get("graph", {"nodes": [], "edges": []}),
             "computations": [{k: c[k] for k in (
                 "name", "health", "health_reason", "low_watermark", "input_low_watermark", "lag_s",
-                "input_lag_s", "in_per_s", "out_per_s", "dead_lettered")} for c in comps.values()],
+                "input_lag_s", "in_per_s", "out_per_s", "dead_lettered", "version")} for c in comps.values()],
             "injectors": list(s.get("injectors", {}).values()),
             "logged_streams": s.get("logged_streams", []),
+            "last_savepoint": s.get("last_savepoint"),
             "workers": {"alive": sum(w["state"] == "alive" for w in s.get("workers", [])),
                         "total": len(s.get("workers", []))},
         }

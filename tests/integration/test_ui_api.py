@@ -355,3 +355,26 @@ def test_under_tls_the_console_is_https_with_a_secure_cookie(tmp_path: Path) -> 
             plain.getresponse()
     finally:
         c.stop()
+
+
+def test_the_overview_shows_versions_and_the_last_savepoint(tmp_path: Path) -> None:
+    """Issue 22 item 5: each computation's version, and the last savepoint taken (when,
+    how big, whether the service was stopped with it)."""
+    from tests.integration.ui_cluster import start_console
+
+    con = start_console(tmp_path, workers=1)
+    try:
+        over = con.api("/api/v1/overview")
+        assert over["last_savepoint"] is None
+        assert {c["version"] for c in over["computations"]} == {1}
+        path = tmp_path / "cut.mwsp"
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "MILLWHEEL_AUTH_TOKEN": TOKEN}
+        done = subprocess.run([sys.executable, "-m", "services.cli", "savepoint", "create", str(path),
+                               "--controller", con.cluster.address], env=env, capture_output=True, text=True,
+                              timeout=120)
+        assert done.returncode == 0, done.stderr
+        last = wait_for(lambda: con.api("/api/v1/overview")["last_savepoint"], 10, "the savepoint in the console")
+        assert last["bytes"] == path.stat().st_size and last["stopped"] is False
+        assert abs(last["created_us"] / 1e6 - path.stat().st_mtime) < 120
+    finally:
+        con.cluster.stop()
