@@ -12,6 +12,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from millwheel.connectors.spec import ConnectorSpec, SinkSpec
 from millwheel.errors import InvalidSpecError
 from millwheel.keys import KeyExtractor
 from millwheel.limits import (
@@ -167,10 +168,20 @@ class ComputationSpec:
 
 @dataclass(frozen=True)
 class InjectorSpec:
-    """A source of records: an injector writes to one stream and reports a watermark."""
+    """A source of records: an injector writes to one stream and reports a watermark.
+    With a ``source`` it pulls from an external system (millwheel.connectors) and
+    writes entries that are not records to its dead-letter stream."""
 
     name: str
     stream: str
+    source: ConnectorSpec | None = None
+
+    @property
+    def dead_letter_stream(self) -> str:
+        return f"{self.name}.dead_letters"
+
+    def written_streams(self) -> tuple[str, ...]:
+        return (self.stream, self.dead_letter_stream) if self.source is not None else (self.stream,)
 
 
 @dataclass(frozen=True)
@@ -180,6 +191,8 @@ class Topology:
     #: Streams also written to the durable stream log although a computation consumes
     #: them (a Spark stage's input, for backfill). Sink streams are always logged.
     log_streams: tuple[str, ...] = ()
+    #: Streams written to external systems (millwheel.runtime.sink_runner); logged.
+    sinks: tuple[SinkSpec, ...] = ()
 
     def computation(self, name: str) -> ComputationSpec:
         for spec in self.computations:
@@ -195,7 +208,7 @@ class Topology:
     def producers(self, stream: str) -> list[str]:
         """Names of computations and injectors (``injector:NAME``) writing ``stream``."""
         names = [spec.name for spec in self.computations if stream in spec.written_streams()]
-        names += [injector_node(inj.name) for inj in self.injectors if inj.stream == stream]
+        names += [injector_node(inj.name) for inj in self.injectors if stream in inj.written_streams()]
         return names
 
     def upstream(self, name: str) -> list[str]:
@@ -210,17 +223,17 @@ class Topology:
 
     def logged_streams(self) -> list[str]:
         """Every stream written to the durable stream log: sinks plus ``log_streams``."""
-        return sorted(set(self.sink_streams()) | set(self.log_streams))
+        return sorted(set(self.sink_streams()) | set(self.log_streams) | {s.stream for s in self.sinks})
 
     def sink_streams(self) -> list[str]:
         """Streams produced but consumed by no computation: written to the stream log."""
         produced = [s for spec in self.computations for s in spec.written_streams()]
-        produced += [inj.stream for inj in self.injectors]
+        produced += [s for inj in self.injectors for s in inj.written_streams()]
         consumed = {inp.stream for spec in self.computations for inp in spec.inputs}
         return sorted({s for s in produced if s not in consumed})
 
     def with_computation(self, spec: ComputationSpec) -> Topology:
-        return Topology((*self.computations, spec), self.injectors, self.log_streams)
+        return Topology((*self.computations, spec), self.injectors, self.log_streams, self.sinks)
 
     def validate(self) -> None:
         self._check_names()
@@ -241,7 +254,15 @@ class Topology:
                 raise InvalidSpecError(f"injector {inj.name!r}: defined twice")
             injector_names.add(inj.name)
         produced = {s for spec in self.computations for s in spec.written_streams()}
-        produced |= {inj.stream for inj in self.injectors}
+        produced |= {s for inj in self.injectors for s in inj.written_streams()}
+        sink_names: set[str] = set()
+        for sink in self.sinks:
+            if sink.name in sink_names:
+                raise InvalidSpecError(f"sink {sink.name!r}: defined twice")
+            sink_names.add(sink.name)
+            if sink.stream not in produced:
+                raise InvalidSpecError(f"sink {sink.name!r}: stream {sink.stream!r} is produced by no "
+                                       "computation or injector")
         for spec in self.computations:
             for inp in spec.inputs:
                 if inp.stream not in produced:

@@ -30,7 +30,6 @@ from millwheel.record import MAX_TIMESTAMP, MIN_TIMESTAMP
 from millwheel.state.lease import LeadershipLostError
 from millwheel.state.protocol import StateStore
 from millwheel.state.url_display import redact
-from millwheel.topology import InjectorSpec
 
 from ..generated import millwheel_pb2 as pb
 from ..metrics import PrometheusSensors
@@ -222,9 +221,10 @@ class ControllerService(Queries, Replicated, Injecting):
         """All of it or nothing: validated whole, stored in one write."""
         check(request)
         comps = [convert.spec_from_proto(s) for s in request.computations]
-        injectors = [InjectorSpec(i.name, i.stream) for i in request.injectors]
+        injectors = convert.injectors_from_proto(request.injectors)
+        sinks = convert.sinks_from_proto(request.sinks)
         with self.lock:
-            new_comps, new_injs = self.registry.register_topology(comps, injectors, request.log_streams)
+            new_comps, new_injs = self.registry.register_topology(comps, injectors, request.log_streams, sinks)
             self._registry_changed()
             log.info("registered %s", [*(c.name for c in new_comps), *(i.name for i in new_injs)] or "nothing new")
             return pb.RegisterTopologyResponse(
@@ -236,7 +236,7 @@ class ControllerService(Queries, Replicated, Injecting):
     @leader_only
     def RegisterInjector(self, request: Any, context: Ctx) -> pb.RegisterInjectorResponse:
         check(request)
-        spec = InjectorSpec(request.spec.name, request.spec.stream)
+        spec = convert.injectors_from_proto([request.spec])[0]
         with self.lock:
             if self.registry.register_injector(spec):
                 self._registry_changed()

@@ -1,0 +1,73 @@
+"""`millwheel run` with a Redis stream source and a PostgreSQL sink (real servers)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.support.connector_pipeline import entries, expected_sums, spec, table_sums
+from tests.support.postgres_server import PostgresServer
+from tests.support.redis_server import RedisServer
+
+pytest.importorskip("psycopg")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def servers() -> Any:
+    with RedisServer() as redis_server, PostgresServer() as pg:
+        yield redis_server, pg
+
+
+def run(spec_path: Path, store: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "services.cli", "run", str(spec_path), "--store", store,
+                           "--quiet", *extra], cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+def test_redis_stream_to_postgres_once_with_bad_entries_dead_lettered(servers: Any, tmp_path: Path) -> None:
+    import redis
+    redis_server, pg = servers
+    r = redis.Redis.from_url(redis_server.url)
+    items = entries(400)
+    for i, e in enumerate(items):
+        r.xadd("events", e)
+        if i == 100:
+            r.xadd("events", {"key": "x", "value": "1"})  # no timestamp
+        if i == 200:
+            r.xadd("events", {"key": "x", "value": "1", "timestamp": "soon"})
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec(redis_server.url, pg.url, until_end=True)))
+    store = f"sqlite:///{tmp_path}/store.db"
+    done = run(path, store, "--print", "ev.dead_letters")
+    assert done.returncode == 0, done.stderr
+    letters = [json.loads(json.loads(line)["value"]) for line in done.stdout.splitlines()]
+    assert sorted(m["message"].split(": ", 1)[1] for m in letters) == [
+        "missing field 'timestamp'", "timestamp must be integer microseconds, got 'soon'"]
+    assert table_sums(pg.rows("sums")) == expected_sums(items)
+    # Again on the same store: the source resumes after its checkpointed entry (there is
+    # none after it) and the sink after its position: the table is unchanged, none twice.
+    before = pg.rows("sums")
+    again = run(path, store)
+    assert again.returncode == 0, again.stderr
+    assert pg.rows("sums") == before
+
+
+def test_a_spec_with_a_bad_source_or_sink_is_refused_without_its_password(tmp_path: Path) -> None:
+    data = spec("redis://:hunter2@127.0.0.1:1/0", "postgresql://u:s3cret@127.0.0.1:1/db", until_end=True)
+    data["injectors"][0]["source"]["stream_typo"] = "x"
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(data))
+    done = run(path, f"sqlite:///{tmp_path}/s.db")
+    assert done.returncode != 0
+    assert "injectors[0].source: unknown fields ['stream_typo']" in done.stderr
+    data = spec("redis://127.0.0.1:1/0", "mysql://u:s3cret@127.0.0.1:1/db", until_end=True)
+    path.write_text(yaml.safe_dump(data))
+    done = run(path, f"sqlite:///{tmp_path}/s.db")
+    assert "sinks[0].url: a postgres URL starts with postgresql:// or postgres://" in done.stderr
+    assert "s3cret" not in done.stderr and "u:***@" in done.stderr
