@@ -1,7 +1,7 @@
 """PostgreSQL sink, exactly once (psycopg 3, imported only here).
 
 Each batch is one transaction: lock the sink's progress row for (sink, range) in
-``millwheel_sink_progress``, refuse it if it holds a newer sequencer token (a zombie's
+``millwheel_sink_progress`` (keyed ``SINK@TABLE``), refuse it if it holds a newer sequencer token (a zombie's
 transaction fails there and writes nothing), insert the rows past the stored position,
 store the new position and token, commit. A retry after any crash (ours, the
 database's) starts from the committed position, and ``record_id`` is the primary key,
@@ -59,6 +59,8 @@ class PostgresSink:
         if len(parts) > 2 or not all(parts):
             raise InvalidSpecError(f"postgres sink: table {table[:100]!r}: expected NAME or SCHEMA.NAME")
         self.table = sql.Identifier(*parts)
+        self.table_name = table
+        self.progress_key = ""
         self.conn: Any = None
         self.sink = ""
         self.range_id = 0
@@ -75,7 +77,10 @@ class PostgresSink:
         return self.conn
 
     def open(self, sink: str, range_id: int, token: int) -> int:
+        # The progress row is per (sink, table): another deployment's sink of the same
+        # name writing another table keeps its own position.
         self.sink, self.range_id = sink, range_id
+        self.progress_key = f"{sink}@{self.table_name}"
         conn = self._connect()
         try:
             with conn.transaction():
@@ -101,10 +106,10 @@ class PostgresSink:
                 conn.execute(sql.SQL(
                     "INSERT INTO {} (sink, range_id, token, position) VALUES (%s, %s, %s, 0) "
                     "ON CONFLICT (sink, range_id) DO NOTHING").format(sql.Identifier(PROGRESS_TABLE)),
-                    (self.sink, self.range_id, token))
+                    (self.progress_key, self.range_id, token))
                 row = conn.execute(sql.SQL(
                     "SELECT token, position FROM {} WHERE sink = %s AND range_id = %s FOR UPDATE"
-                ).format(sql.Identifier(PROGRESS_TABLE)), (self.sink, self.range_id)).fetchone()
+                ).format(sql.Identifier(PROGRESS_TABLE)), (self.progress_key, self.range_id)).fetchone()
                 stored_token, position = int(row[0]), int(row[1])
                 if stored_token > token:
                     raise FencedError(f"sink:{self.sink}", self.range_id, token, stored_token)
@@ -118,7 +123,7 @@ class PostgresSink:
                     position = max(position, records[-1][0])
                 conn.execute(sql.SQL("UPDATE {} SET token = %s, position = %s WHERE sink = %s AND range_id = %s"
                                      ).format(sql.Identifier(PROGRESS_TABLE)),
-                             (token, position, self.sink, self.range_id))
+                             (token, position, self.progress_key, self.range_id))
             return position
         except psycopg.Error as exc:
             self._reset()

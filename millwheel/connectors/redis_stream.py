@@ -6,7 +6,7 @@ restart resumes after the last entry the injector checkpointed; an entry without
 stream (MAXLEN) before they were read are lost to it: keep the stream long enough.
 
 Sink: one Lua script per batch (Redis runs it atomically, as MULTI/EXEC would) that
-checks the sink's per-range position key ``millwheel:sink:NAME:RANGE`` (a hash:
+checks the sink's per-range position key ``millwheel:sink:NAME@STREAM:RANGE`` (a hash:
 token, position) and refuses an older token, appends the entries past the stored
 position and stores the new position. So a retry appends nothing twice and a zombie
 appends nothing. Entries carry ``key``, ``value``, ``timestamp`` and ``id`` fields.
@@ -125,7 +125,7 @@ class RedisStreamSink:
     def open(self, sink: str, range_id: int, token: int) -> int:
         self.client = plain_client(self.url)
         self.sink, self.range_id = sink, range_id
-        self.key = f"millwheel:sink:{sink}:{range_id}"
+        self.key = f"millwheel:sink:{sink}@{self.stream}:{range_id}"
         return self.write_batch([], token)  # takes the sink over under this token
 
     def write_batch(self, records: Sequence[tuple[int, Record]], token: int) -> int:

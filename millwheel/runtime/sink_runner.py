@@ -50,6 +50,7 @@ class SinkRunner:
         self.written = 0
         self.down_since: float | None = None
         self.caught_up = False  # the last step found nothing new in the log
+        self.dropped = False  # no longer ours (service mode): closed, never written again
         self._retry_at = 0.0
         self._failures = 0
 

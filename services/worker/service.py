@@ -54,6 +54,7 @@ from ..rpc.server import start_server
 from ..rpc.worker_link import PeerLink
 from ..store_lock import open_service_store
 from . import watchdog
+from .connectors import Connectors
 from .failing import RangeFailures
 from .parking import UnitOf
 from .progress import NoProgress, ProgressBlock
@@ -146,6 +147,7 @@ class WorkerProcess(Receiver, Sender):
             threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True),
             threading.Thread(target=self._pump_loop, name="pump", daemon=True),
         ]
+        self.connectors = Connectors(self)  # pulled sources and sinks (services/worker/connectors.py)
         for t in self._threads:
             t.start()
         log.info("worker %s listening on %s (metrics %s)", self.worker_id, self.address,
@@ -167,7 +169,7 @@ class WorkerProcess(Receiver, Sender):
     def stop(self) -> None:
         self.stopped.set()
         self.server.stop(grace=1.0).wait(2.0)
-        for t in self._threads:
+        for t in [*self._threads, *self.connectors.threads]:
             t.join(timeout=2.0)
         for link in self.links.values():
             link.close()
@@ -284,6 +286,7 @@ class WorkerProcess(Receiver, Sender):
             if mine.get(unit) != owned.token or (unit[0], unit[1], owned.token) in fenced:
                 self._drop(owned, "moved to another worker")
         self.failures.keep(mine)
+        self.connectors.keep(mine, fenced)
         for unit, token in sorted(mine.items()):  # a range failing to build waits for its retry
             if unit not in self.units and (unit[0], unit[1], token) not in self._fenced_tokens \
                     and self.failures.due(unit):
@@ -319,6 +322,8 @@ class WorkerProcess(Receiver, Sender):
         try:
             if node.startswith("injector:"):
                 owned = OwnedRange(node, range_id, token, self.store)
+            elif node.startswith("sink:"):
+                return  # run by self.connectors (keep)
             elif any(c.name == node for c in self.topology.computations):
                 rw = self._new_range_worker(node, range_id, token)
                 owned = OwnedRange(node, range_id, token, self.store, worker=rw)
