@@ -110,7 +110,7 @@ return pos
 class RedisStreamSink:
     def __init__(self, settings: dict[str, Any]) -> None:
         self.url = settings["url"]
-        self.stream = settings["stream"]
+        self.stream = settings["redis_stream"]
         self.maxlen = int(settings.get("maxlen") or 0)
         self.client: Any = None
         self.key = ""

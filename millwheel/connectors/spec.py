@@ -28,8 +28,9 @@ SOURCE_TYPES: dict[str, tuple[tuple[str, ...], frozenset[str], frozenset[str]]] 
 #: type -> (URL schemes, required fields, optional fields) of each sink.
 SINK_TYPES: dict[str, tuple[tuple[str, ...], frozenset[str], frozenset[str]]] = {
     "postgres": (("postgresql", "postgres"), frozenset({"url", "table"}), frozenset()),
-    "redis-stream": (("redis", "rediss"), frozenset({"url", "stream"}), frozenset({"maxlen"})),
-    "nats-jetstream": (("nats", "tls"), frozenset({"url", "subject"}), frozenset({"stream"})),
+    # (`stream` of a sink entry is the millwheel stream it follows; the target is named apart)
+    "redis-stream": (("redis", "rediss"), frozenset({"url", "redis_stream"}), frozenset({"maxlen"})),
+    "nats-jetstream": (("nats", "tls"), frozenset({"url", "subject"}), frozenset({"jetstream"})),
 }
 RECORD_FIELDS = ("key", "value", "timestamp", "id")
 MAX_SETTING_CHARS = 2048  # a URL, a table or stream name, a glob

@@ -55,13 +55,14 @@ def test_postgres_sink_down_is_a_connector_error_without_the_password(pg: Postgr
 
 def test_redis_stream_sink_retry_and_zombie() -> None:
     import redis
+
     from millwheel.connectors.redis_stream import RedisStreamSink
     with RedisServer() as server:
-        old = RedisStreamSink({"url": server.url, "stream": "out"})
+        old = RedisStreamSink({"url": server.url, "redis_stream": "out"})
         assert old.open("s", 0, 1) == 0
         assert old.write_batch(batch(1, 4), 1) == 4
         assert old.write_batch(batch(3, 4), 1) == 6  # 3 and 4 again: skipped
-        new = RedisStreamSink({"url": server.url, "stream": "out"})
+        new = RedisStreamSink({"url": server.url, "redis_stream": "out"})
         assert new.open("s", 0, 2) == 6
         with pytest.raises(FencedError):
             old.write_batch(batch(7, 2), 1)
