@@ -111,6 +111,9 @@ def open_source(name: str, settings: dict[str, Any], clock: Clock, base: str = "
     if kind == "redis-stream":
         from millwheel.connectors.redis_stream import RedisStreamSource
         connector = RedisStreamSource(settings)
+    elif kind == "nats-jetstream":
+        from millwheel.connectors.nats_jetstream import JetStreamSource
+        connector = JetStreamSource(settings)
     else:
         raise InvalidSpecError(f"injector {name!r}: unknown source type {kind!r}")
     return PulledSource(name, connector, settings, clock)

@@ -35,6 +35,9 @@ def open_sink(settings: dict[str, Any]) -> SinkConnector:
     if kind == "redis-stream":
         from millwheel.connectors.redis_stream import RedisStreamSink
         return RedisStreamSink(settings)
+    if kind == "nats-jetstream":
+        from millwheel.connectors.nats_jetstream import JetStreamSink
+        return JetStreamSink(settings)
     raise InvalidSpecError(f"unknown sink type {kind!r}")
 
 

@@ -156,6 +156,9 @@ class Connectors:
                 except FencedError as exc:
                     with self._sinks_lock:
                         self.fenced.add((unit[0], unit[1], runner.token))
+                        # told to the controller with the next heartbeat, which issues a
+                        # fresh token if it still means us (as for any fenced range)
+                        self.host._fenced_unreported.append((unit[0], unit[1], runner.token))
                         if self.sinks.get(unit) is runner:
                             self._drop(unit, str(exc))
                 except Exception:

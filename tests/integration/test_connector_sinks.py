@@ -70,3 +70,23 @@ def test_redis_stream_sink_retry_and_zombie() -> None:
         assert [f[b"id"].decode() for _i, f in got] == [f"r{p}" for p in range(1, 7)]
         for sink in (old, new):
             sink.close()
+
+
+def test_nats_jetstream_sink_retry_and_zombie() -> None:
+    pytest.importorskip("nats")
+    from millwheel.connectors.nats_jetstream import JetStreamSink
+    from tests.support.nats_server import NatsServer
+    with NatsServer() as server:
+        settings = {"url": server.url, "subject": "out.sums", "jetstream": "OUT"}
+        old = JetStreamSink(settings)
+        assert old.open("s", 0, 1) == 0
+        assert old.write_batch(batch(1, 4), 1) == 4
+        assert old.write_batch(batch(3, 4), 1) == 6  # 3 and 4 again: skipped
+        new = JetStreamSink(settings)
+        assert new.open("s", 0, 2) == 6  # from the subject's last message
+        assert new.write_batch(batch(7, 1), 2) == 7
+        with pytest.raises(ConnectorError, match="another writer published"):
+            old.write_batch(batch(8, 2), 1)  # another writer published since: refused
+        assert [m["id"] for m in server.read("OUT", "out.sums")] == [f"r{p}" for p in range(1, 8)]
+        for sink in (old, new):
+            sink.close()

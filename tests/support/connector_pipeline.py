@@ -36,9 +36,12 @@ def expected_sums(items: list[dict[str, str]]) -> dict[tuple[str, int], tuple[fl
     return {k: (v[0], int(v[1])) for k, v in sums.items()}
 
 
-def spec(redis_url: str, pg_url: str, *, until_end: bool, key_ranges: int = 2) -> dict[str, Any]:
-    source: dict[str, Any] = {"type": "redis-stream", "url": redis_url, "stream": "events",
-                              "max_disorder_us": 0}
+def spec(redis_url: str, pg_url: str, *, until_end: bool, key_ranges: int = 2,
+         source: dict[str, Any] | None = None, sink: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The pipeline from a Redis stream to PostgreSQL, or from/to what ``source`` and
+    ``sink`` say."""
+    source = dict(source or {"type": "redis-stream", "url": redis_url, "stream": "events"})
+    source["max_disorder_us"] = 0
     if until_end:
         source["until"] = "end"
     opts = {"key_ranges": key_ranges}
@@ -53,8 +56,14 @@ def spec(redis_url: str, pg_url: str, *, until_end: bool, key_ranges: int = 2) -
              "code": {"name": "window_aggregate", "params": {"size_us": WINDOW_US, "aggregation": "sum"}},
              "options": opts},
         ],
-        "sinks": [{"stream": "sums", "type": "postgres", "url": pg_url, "table": "sums"}],
+        "sinks": [{"stream": "sums", **(sink or {"type": "postgres", "url": pg_url, "table": "sums"})}],
     }
+
+
+def message_sums(messages: list[dict[str, Any]]) -> dict[tuple[str, int], tuple[float, int]]:
+    """A sink's messages ({key, value, timestamp, id}) as :func:`table_sums` reads rows."""
+    return table_sums([(m["id"], m["key"], json.loads(m["value"])["start"], None, json.loads(m["value"]), 0)
+                       for m in messages])
 
 
 def table_sums(rows: list[tuple[Any, ...]]) -> dict[tuple[str, int], tuple[float, int]]:
