@@ -30,6 +30,7 @@ from millwheel.record import MAX_TIMESTAMP, MIN_TIMESTAMP
 from millwheel.state.lease import LeadershipLostError
 from millwheel.state.protocol import StateStore
 from millwheel.state.url_display import redact
+from millwheel.topology import CodeRef, ComputationSpec, Options
 
 from ..generated import millwheel_pb2 as pb
 from ..metrics import PrometheusSensors
@@ -195,10 +196,15 @@ class ControllerService(Queries, Replicated, Injecting):
         return out
 
     def _info(self, name: str) -> pb.ComputationInfo:
-        spec = self.registry.computation(name)
+        inj = self.registry.injector(name[len("injector:"):]) if name.startswith("injector:") else None
+        # An injector pulling a source is described as a one-range node whose dead letters
+        # are the entries that were not records (`millwheel errors injector:NAME`).
+        spec = self.registry.computation(name) if inj is None else ComputationSpec(
+            name, (), (inj.stream,), CodeRef("source"),
+            Options(key_ranges=1, dead_letter_stream=inj.dead_letter_stream))
         out, inputs = self.watermarks()
         return pb.ComputationInfo(spec=convert.spec_to_proto(spec), low_watermark=out[name],
-                                  input_low_watermark=inputs[name], ranges=self._ranges(name),
+                                  input_low_watermark=inputs.get(name, out[name]), ranges=self._ranges(name),
                                   **error_info(self.store, spec, self.failing.of_node(name, self.assigner.units)))
 
     # -- registry --------------------------------------------------------------------

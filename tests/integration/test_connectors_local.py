@@ -71,3 +71,26 @@ def test_a_spec_with_a_bad_source_or_sink_is_refused_without_its_password(tmp_pa
     done = run(path, f"sqlite:///{tmp_path}/s.db")
     assert "sinks[0].url: a postgres URL starts with postgresql:// or postgres://" in done.stderr
     assert "s3cret" not in done.stderr and "u:***@" in done.stderr
+
+
+def test_the_readme_example_runs(servers: Any, tmp_path: Path) -> None:
+    """README.md's Redis stream -> PostgreSQL spec, its URLs pointed at the test's servers."""
+    import re
+
+    import redis
+    redis_server, pg = servers
+    text = (ROOT / "README.md").read_text()
+    block = re.search(r"### From a Redis stream to a PostgreSQL table.*?```yaml\n(.*?)```", text, re.S)
+    assert block is not None
+    spec_text = block.group(1).replace("redis://localhost:6379/0", redis_server.url).replace(
+        "postgresql://app@localhost:5432/app", pg.url)
+    r = redis.Redis.from_url(redis_server.url)
+    for i in range(30):
+        r.xadd("events", {"key": f"k{i % 2}", "value": str(i), "timestamp": str(1_000_000 * i)})
+    path = tmp_path / "readme.yaml"
+    path.write_text(spec_text)
+    done = run(path, f"sqlite:///{tmp_path}/store.db")
+    assert done.returncode == 0, done.stderr
+    sums = {(row[1], row[2]): row[4]["value"] for row in pg.rows("sums")}
+    assert sums == {(f"k{k}", w * 10_000_000): float(sum(i for i in range(w * 10, w * 10 + 10) if i % 2 == k))
+                    for k in (0, 1) for w in range(3)}

@@ -140,6 +140,13 @@ def test_redis_to_postgres_through_kill9_of_worker_and_controller_and_a_postgres
         letters = [json.loads(rec.value) for _seq, rec in cluster.client.subscribe("ev.dead_letters")]
         assert [m["message"] for m in letters] == [
             f"entry {letters[0]['position']}: timestamp must be integer microseconds, got 'not-a-time'"]
+        shown = subprocess.run([sys.executable, "-m", "services.cli", "errors", "injector:ev", "--json",
+                                "--controller", cluster.address], cwd=ROOT, capture_output=True, text=True,
+                               timeout=60)
+        assert shown.returncode == 0, shown.stderr
+        errors = json.loads(shown.stdout)
+        assert errors["dead_lettered"] == 1 and errors["dead_letter_stream"] == "ev.dead_letters"
+        assert [e["exception_type"] for e in errors["recent_errors"]] == ["BadEntry"]
     finally:
         cluster.stop()
 
