@@ -114,6 +114,9 @@ def open_source(name: str, settings: dict[str, Any], clock: Clock, base: str = "
     elif kind == "nats-jetstream":
         from millwheel.connectors.nats_jetstream import JetStreamSource
         connector = JetStreamSource(settings)
+    elif kind == "files":
+        from millwheel.connectors.files import FilesSource
+        connector = FilesSource(settings, base)
     else:
         raise InvalidSpecError(f"injector {name!r}: unknown source type {kind!r}")
     return PulledSource(name, connector, settings, clock)

@@ -152,7 +152,11 @@ class Connectors:
                 owned = list(self.sinks.items())
             for unit, runner in owned:
                 try:
-                    moved += 0 if runner.dropped else runner.step()
+                    written = 0 if runner.dropped else runner.step()
+                    moved += written
+                    down = runner.down_since
+                    self.host.sensors.sink(runner.spec.name, 0.0 if down is None else time.monotonic() - down,
+                                           written)
                 except FencedError as exc:
                     with self._sinks_lock:
                         self.fenced.add((unit[0], unit[1], runner.token))
@@ -171,8 +175,3 @@ class Connectors:
             for runner in self.sinks.values():
                 runner.close()
             self.sinks.clear()
-
-    def down(self) -> dict[str, float]:
-        """Sinks failing now -> seconds since (for a metric)."""
-        now = time.monotonic()
-        return {r.spec.name: now - r.down_since for r in self.sinks.values() if r.down_since is not None}
