@@ -101,14 +101,17 @@ def injector_to_proto(spec: InjectorSpec) -> pb.InjectorSpec:
 
 
 def injectors_from_proto(msgs: Iterable[Any]) -> tuple[InjectorSpec, ...]:
-    """Injectors of a RegisterTopology request, their sources checked as a spec file's."""
-    items: list[dict[str, Any]] = []
+    """Injectors of a RegisterTopology request, their sources checked as a spec file's
+    (one without a source is checked by the registry, as before sources existed)."""
+    out: list[InjectorSpec] = []
     for m in msgs:
-        item: dict[str, Any] = {"name": m.name, "stream": m.stream}
-        if m.source_json:
-            item["source"] = _json_mapping(m.source_json, f"injector {m.name[:100]!r} source_json")
-        items.append(item)
-    return spec_parts({"injectors": items})[1]
+        if not m.source_json:
+            out.append(InjectorSpec(m.name, m.stream))
+            continue
+        item = {"name": m.name, "stream": m.stream,
+                "source": _json_mapping(m.source_json, f"injector {m.name[:100]!r} source_json")}
+        out.append(spec_parts({"injectors": [item]})[1][0])
+    return tuple(out)
 
 
 def sinks_from_proto(msgs: Iterable[Any]) -> tuple[SinkSpec, ...]:

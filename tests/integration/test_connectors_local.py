@@ -149,3 +149,39 @@ def test_files_source_reads_every_file_in_name_order_once(tmp_path: Path) -> Non
     # b's last line was never finished: given up once c appeared
     assert [m["message"].split(": ", 1)[1] for m in letters] == [
         "not valid JSON", "incomplete last line (a later file appeared)"]
+
+
+def test_redis_source_watermark_follows_event_time_then_idle_time_never_backwards() -> None:
+    """The pulled source's watermark: newest event time minus max_disorder_us; after
+    idle_timeout_us of silence, processing time minus idle_timeout_us; never back, also
+    when reopened from its checkpointed cursor."""
+    import redis
+
+    from millwheel.clock import ManualClock
+    from millwheel.connectors.pulled import open_source
+    with RedisServer() as server:
+        r = redis.Redis.from_url(server.url)
+        settings = {"type": "redis-stream", "url": server.url, "stream": "s", "max_disorder_us": 5,
+                    "idle_timeout_us": 1_000, "fields": {"timestamp": "ts"}, "until": "never"}
+        clock = ManualClock(10_000)
+        src = open_source("ev", settings, clock)
+        for ts in (100, 300, 200):
+            r.xadd("s", {"key": "k", "value": "v", "ts": str(ts)})
+        batch = src.read(None, 10)
+        assert [rec.timestamp for rec in batch.records] == [100, 300, 200]
+        assert batch.watermark == 295
+        assert batch.records[0].record_id.startswith("redis:s:")
+        clock.advance(999)
+        quiet = src.read(batch.cursor, 10)
+        assert quiet.watermark == 295 and not quiet.records  # not idle long enough yet
+        clock.advance(1)
+        idle = src.read(quiet.cursor, 10)
+        assert idle.watermark == 11_000 - 1_000  # processing time minus the idle timeout
+        r.xadd("s", {"key": "k", "value": "v", "ts": "500"})
+        late = src.read(idle.cursor, 10)
+        assert late.watermark == 10_000 and [x.timestamp for x in late.records] == [500]  # not back
+        src.close()
+        again = open_source("ev", settings, clock)  # a restart from the checkpointed cursor
+        resumed = again.read(late.cursor, 10)
+        assert resumed.records == [] and resumed.watermark == 10_000
+        again.close()
