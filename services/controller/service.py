@@ -88,6 +88,7 @@ class ControllerService(Queries, Replicated, Injecting):
         self.assigner = Assigner(self.store, heartbeat_timeout_s, check_tokens=False)  # a view until elected
         self._served: dict[str, int] = {}
         self._pending: dict[tuple[str, int], int] = {}  # outbox entries per range, as last reported
+        self._sinks_down: dict[str, dict[str, float]] = {}  # worker -> its failing sinks -> seconds
         self.failing = FailingRanges()  # ranges their owners cannot run, as last reported
         self._links: dict[str, PeerLink] = {}
         self._leader_channels = {}
@@ -298,6 +299,7 @@ class ControllerService(Queries, Replicated, Injecting):
                            request.draining, frozenset(request.refused)):
                 a.rebalance()
             self.failing.heard(request.worker_id, request.failing, a.workers)
+            self._sinks_down[request.worker_id] = dict(request.sinks_down)
             for rep in request.reports:
                 unit = (rep.node, rep.range_id)
                 if not a.owns(request.worker_id, unit, rep.token):

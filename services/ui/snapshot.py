@@ -107,6 +107,7 @@ class Snapshotter:
             owners = dict(c.assigner.units)
             units = {u: (o.worker_id, o.token) for u, o in owners.items()}
             pending = dict(c._pending)
+            sinks_down = {w: dict(v) for w, v in c._sinks_down.items()}
             workers = [(w.worker_id, w.address, w.metrics_address, w.alive, w.draining,
                         w.heartbeat_age_s()) for w in c.assigner.workers.values()]
         now_us = c.clock.now_us()
@@ -168,6 +169,12 @@ class Snapshotter:
                 "token": owner[1], "outbox": outbox, "backpressure_s_total": waited or 0.0,
                 **rates.get(node, _no_rates())}
             self.history.add("outbox", node, t, outbox)
+        sinks: dict[str, Any] = {}  # a connector sink: who runs it, failing since how long
+        for sink in topo.sinks:
+            owner = units.get((f"sink:{sink.name}", 0), (None, 0))
+            down = sinks_down.get(owner[0] or "", {}).get(sink.name)
+            sinks[sink.name] = {"name": sink.name, "stream": sink.stream, "type": sink.connector.type,
+                                "worker": owner[0] or "", "down_s": None if down is None else round(down, 1)}
         # Liveness first: a worker that drained and exited keeps its draining flag.
         worker_rows = [{"id": w[0], "address": w[1], "metrics": w[2],
                         "state": (("draining" if w[4] else "alive") if w[3]
@@ -182,8 +189,8 @@ class Snapshotter:
             "ready": True, "time_us": now_us, "version": version,
             "store": redact(c.store.url),  # never the password (as ClusterStatus)
             "leader": c.elector.leader_address or "", "leading": leading,
-            "computations": comps, "injectors": injectors, "workers": worker_rows,
-            "logged_streams": logged, "graph": _graph(topo, comps, injectors),
+            "computations": comps, "injectors": injectors, "workers": worker_rows, "sinks": sinks,
+            "logged_streams": logged, "graph": _graph(topo, comps, injectors, sinks),
         }
 
     def _scrape(self, targets: list[tuple[str, str]]) -> dict[str, Samples]:
@@ -293,9 +300,11 @@ def _failure(f: Any) -> dict[str, Any]:
             "retry_in_s": round(f.retry_in_s, 2)}
 
 
-def _graph(topo: Topology, comps: dict[str, Any], injectors: dict[str, Any]) -> dict[str, Any]:
+def _graph(topo: Topology, comps: dict[str, Any], injectors: dict[str, Any],
+           connectors: dict[str, Any] | None = None) -> dict[str, Any]:
     """Nodes (injectors, computations, streams; a stream no computation consumes is a
-    sink) in layers left to right, and edges with the records per second they carry."""
+    sink; a connector sink after its stream, failing while it cannot write) in layers
+    left to right, and edges with the records per second they carry."""
     nodes: list[dict[str, Any]] = []
     edges: list[dict[str, Any]] = []
     layer: dict[str, int] = {}
@@ -339,6 +348,10 @@ def _graph(topo: Topology, comps: dict[str, Any], injectors: dict[str, Any]) -> 
             continue
         nodes.append({"id": "s:" + s, "kind": "sink" if s in sinks else "stream", "name": s,
                       "layer": layer.get("s:" + s, 1), "health": "ok"})
+    for name, info in (connectors or {}).items():
+        nodes.append({"id": "k:" + name, "kind": "sink", "name": name, "layer": layer.get("s:" + info["stream"], 1) + 1,
+                      "health": "ok" if info["down_s"] is None else "failing"})
+        edges.append({"from": "s:" + info["stream"], "to": "k:" + name, "per_s": None})
     return {"nodes": nodes, "edges": edges}
 
 

@@ -175,3 +175,8 @@ class Connectors:
             for runner in self.sinks.values():
                 runner.close()
             self.sinks.clear()
+
+    def down(self) -> dict[str, float]:
+        """Sinks failing to write now -> seconds since (the heartbeat's ``sinks_down``)."""
+        now = time.monotonic()
+        return {r.spec.name: now - r.down_since for r in list(self.sinks.values()) if r.down_since is not None}

@@ -238,7 +238,8 @@ class WorkerProcess(Receiver, Sender):
             resp = link.stub(pb_grpc.ClusterStub, target).Heartbeat(pb.HeartbeatRequest(
                 worker_id=self.worker_id, address=self.address, metrics_address=self.metrics_address,
                 draining=draining, known_topology_version=self.version, reports=reports,
-                refused=sorted(self.refused), failing=self.failures.reports()), timeout=link.deadline_s)
+                refused=sorted(self.refused), failing=self.failures.reports(),
+                sinks_down=self.connectors.down()), timeout=link.deadline_s)
         except grpc.RpcError as exc:
             self._fenced_unreported = fenced + self._fenced_unreported  # report them next time
             self.cluster_routes.failed(address, target)

@@ -186,3 +186,52 @@ def test_a_zombie_sink_writer_writes_nothing(servers: Any, tmp_path: Path) -> No
         assert pg.rows("sums") == got == ref
     finally:
         cluster.stop()
+
+
+def test_a_sink_that_is_down_holds_its_stream_shows_in_the_console_and_resumes(
+        servers: Any, tmp_path: Path) -> None:
+    """PostgreSQL stopped mid-run: the sink's records wait in the log, the console names
+    the sink down (summary and graph node), and once PostgreSQL is back the table ends
+    equal to the failure-free run's."""
+    import http.client
+
+    import redis
+
+    from tests.support.redis_server import free_port
+    redis_server, pg = servers
+    items = entries(600)
+    ref = reference_rows(tmp_path, redis_server.url, pg, items)
+    ui_port = free_port()
+    cluster = Cluster(tmp_path, controller_args=["--ui-port", str(ui_port)])
+
+    def overview() -> Any:
+        conn = http.client.HTTPConnection("127.0.0.1", ui_port, timeout=10)
+        try:
+            conn.request("GET", "/api/v1/overview")
+            return json.loads(conn.getresponse().read())
+        finally:
+            conn.close()
+
+    try:
+        cluster.start_controller()
+        cluster.start_worker()
+        cluster.start_worker()
+        register(cluster, tmp_path, redis_server.url, pg.url)
+        r = redis.Redis.from_url(redis_server.url)
+        for e in items[:300]:
+            r.xadd("events", e)
+        wait_for(lambda: len(pg.rows("sums")) > 0, 60, "rows in the table")
+        pg.kill()
+        for e in [*items[300:], flush_entry()]:
+            r.xadd("events", e)
+        down = wait_for(lambda: (overview()["sinks"].get("sums.postgres") or {}).get("down_s") is not None
+                        and overview(), 60, "the console to show the sink down")
+        assert down["sinks"]["sums.postgres"]["type"] == "postgres"
+        assert {n["name"]: n["health"] for n in down["graph"]["nodes"] if n["id"].startswith("k:")} == {
+            "sums.postgres": "failing"}
+        pg.start()
+        got = wait_table(pg, len(ref))
+        assert got == ref
+        wait_for(lambda: overview()["sinks"]["sums.postgres"]["down_s"] is None, 30, "the sink back up")
+    finally:
+        cluster.stop()

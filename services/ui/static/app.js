@@ -222,6 +222,12 @@
     fillRows($("records"), r.records.slice().reverse().map((x) => [x.seq, fmtWm(x.timestamp), x.key, x.value]));
   }
 
+  // Connector sinks failing to write (their streams wait in the log): named in the summary.
+  function sinksDown(sinks) {
+    const down = Object.values(sinks).filter((k) => k.down_s !== null);
+    return down.length ? `, sink down: ${down.map((k) => `${k.name} (${Math.round(k.down_s)} s)`).join(", ")}` : "";
+  }
+
   async function refresh() {
     try {
       const o = await api("/api/v1/overview");
@@ -232,7 +238,7 @@
       $("summary").textContent = `${o.computations.length} computations, ${o.injectors.length} injectors, ` +
         (o.leading ? `${o.workers.alive}/${o.workers.total} workers alive`
           : `${o.workers.total} workers (liveness known to the leader ${o.leader || "(none elected)"}; this controller stands by)`) +
-        (bad ? `, ${bad} not ok` : "");
+        (bad ? `, ${bad} not ok` : "") + sinksDown(o.sinks || {});
       $("updated").textContent = "updated " + new Date().toISOString().slice(11, 19) + " UTC";  // as every time here
       drawGraph(o.graph);
       const names = o.computations.map((c) => c.name).sort();
