@@ -17,7 +17,12 @@ The table is created if missing::
     ts           BIGINT NOT NULL  -- the record timestamp, microseconds
     position     BIGINT NOT NULL  -- the stream log position it was written from
 
-An existing table with these columns is used as it is.
+An existing table with these columns is used as it is. With ``columns`` (record part
+-> column: ``{key: user_id, value: payload, ts: event_time}``) the sink writes an
+existing table instead (never creating it), only the parts named; with ``upsert_key``
+(columns of a unique index) a row whose key is already there is updated, so the table
+holds the latest value per key. Without ``record_id`` mapped and without an upsert key
+the position in the progress row alone keeps the rows once.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from typing import Any, Sequence
 import psycopg
 from psycopg import sql
 
+from millwheel.connectors.spec import ROW_PARTS
 from millwheel.errors import ConnectorError, FencedError, InvalidSpecError
 from millwheel.record import Record
 from millwheel.state.url_display import redact
@@ -60,6 +66,26 @@ class PostgresSink:
             raise InvalidSpecError(f"postgres sink: table {table[:100]!r}: expected NAME or SCHEMA.NAME")
         self.table = sql.Identifier(*parts)
         self.table_name = table
+        mapping = settings.get("columns")
+        self.create = mapping is None  # a mapped table must exist
+        columns: dict[str, str] = dict(mapping) if mapping else {p: p for p in ROW_PARTS}
+        self.parts = [ROW_PARTS.index(p) for p in ROW_PARTS if p in columns]
+        names = [columns[ROW_PARTS[i]] for i in self.parts]
+        values = [sql.SQL("%s::jsonb" if ROW_PARTS[i] == "value" else "%s") for i in self.parts]
+        upsert = settings.get("upsert_key")
+        conflict: sql.Composable
+        if upsert:
+            rest = [c for c in names if c not in upsert]
+            conflict = sql.SQL(" ON CONFLICT ({}) DO ").format(sql.SQL(", ").join(map(sql.Identifier, upsert)))
+            conflict += sql.SQL("UPDATE SET {}").format(sql.SQL(", ").join(
+                sql.SQL("{} = EXCLUDED.{}").format(sql.Identifier(c), sql.Identifier(c)) for c in rest)) \
+                if rest else sql.SQL("NOTHING")
+        elif "record_id" in columns:
+            conflict = sql.SQL(" ON CONFLICT ({}) DO NOTHING").format(sql.Identifier(columns["record_id"]))
+        else:
+            conflict = sql.SQL("")
+        self.insert = sql.SQL("INSERT INTO {} ({}) VALUES ({})").format(
+            self.table, sql.SQL(", ").join(map(sql.Identifier, names)), sql.SQL(", ").join(values)) + conflict
         self.progress_key = ""
         self.conn: Any = None
         self.sink = ""
@@ -84,10 +110,11 @@ class PostgresSink:
         conn = self._connect()
         try:
             with conn.transaction():
-                conn.execute(sql.SQL(
-                    "CREATE TABLE IF NOT EXISTS {} (record_id TEXT PRIMARY KEY, key TEXT NOT NULL, "
-                    "window_start BIGINT, window_end BIGINT, value JSONB NOT NULL, ts BIGINT NOT NULL, "
-                    "position BIGINT NOT NULL)").format(self.table))
+                if self.create:
+                    conn.execute(sql.SQL(
+                        "CREATE TABLE IF NOT EXISTS {} (record_id TEXT PRIMARY KEY, key TEXT NOT NULL, "
+                        "window_start BIGINT, window_end BIGINT, value JSONB NOT NULL, ts BIGINT NOT NULL, "
+                        "position BIGINT NOT NULL)").format(self.table))
                 conn.execute(sql.SQL(
                     "CREATE TABLE IF NOT EXISTS {} (sink TEXT NOT NULL, range_id INT NOT NULL, "
                     "token BIGINT NOT NULL, position BIGINT NOT NULL, PRIMARY KEY (sink, range_id))"
@@ -116,10 +143,7 @@ class PostgresSink:
                 rows = [row_values(p, r) for p, r in records if p > position]
                 if rows:
                     with conn.cursor() as cur:
-                        cur.executemany(sql.SQL(
-                            "INSERT INTO {} (record_id, key, window_start, window_end, value, ts, position) "
-                            "VALUES (%s, %s, %s, %s, %s::jsonb, %s, %s) ON CONFLICT (record_id) DO NOTHING"
-                        ).format(self.table), rows)
+                        cur.executemany(self.insert, [tuple(row[i] for i in self.parts) for row in rows])
                     position = max(position, records[-1][0])
                 conn.execute(sql.SQL("UPDATE {} SET token = %s, position = %s WHERE sink = %s AND range_id = %s"
                                      ).format(sql.Identifier(PROGRESS_TABLE)),

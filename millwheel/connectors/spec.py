@@ -27,12 +27,15 @@ SOURCE_TYPES: dict[str, tuple[tuple[str, ...], frozenset[str], frozenset[str]]] 
 }
 #: type -> (URL schemes, required fields, optional fields) of each sink.
 SINK_TYPES: dict[str, tuple[tuple[str, ...], frozenset[str], frozenset[str]]] = {
-    "postgres": (("postgresql", "postgres"), frozenset({"url", "table"}), frozenset()),
+    "postgres": (("postgresql", "postgres"), frozenset({"url", "table"}), frozenset({"columns", "upsert_key"})),
     # (`stream` of a sink entry is the millwheel stream it follows; the target is named apart)
     "redis-stream": (("redis", "rediss"), frozenset({"url", "redis_stream"}), frozenset({"maxlen"})),
     "nats-jetstream": (("nats", "tls"), frozenset({"url", "subject"}), frozenset({"jetstream"})),
 }
 RECORD_FIELDS = ("key", "value", "timestamp", "id")
+#: What a PostgreSQL sink writes of a record, each to a column (``columns:`` renames them).
+ROW_PARTS = ("record_id", "key", "window_start", "window_end", "value", "ts", "position")
+_STRUCTURED = {"maxlen", "columns", "upsert_key"}  # settings that are not one string
 MAX_SETTING_CHARS = 2048  # a URL, a table or stream name, a glob
 MAX_SINKS = 256
 
@@ -95,7 +98,7 @@ def _connector(data: Any, where: str, types: Mapping[str, tuple[tuple[str, ...],
         raise InvalidSpecError(f"{where}: unknown fields {unknown} (a {kind} has "
                                f"{sorted(required | optional | (common - {'type'}))})")
     for name in required | optional:
-        if name in data and name != "maxlen":
+        if name in data and name not in _STRUCTURED:
             _text(data[name], f"{where}.{name}")
     if "url" in data:
         url = data["url"]
@@ -142,12 +145,32 @@ def sinks_from_list(data: Any) -> tuple[SinkSpec, ...]:
         maxlen = settings.get("maxlen")
         if maxlen is not None and (isinstance(maxlen, bool) or not isinstance(maxlen, int) or maxlen < 1):
             raise InvalidSpecError(f"{where}.maxlen: must be a positive integer")
+        if connector.type == "postgres":
+            _columns(settings, where)
         name = item.get("name", f"{item['stream']}.{connector.type}")
         check_name(name, f"{where}.name")
         if any(s.name == name for s in sinks):
             raise InvalidSpecError(f"{where}: sink {name!r} defined twice (give each a 'name')")
         sinks.append(SinkSpec(str(name), item["stream"], connector))
     return tuple(sinks)
+
+
+def _columns(settings: Mapping[str, Any], where: str) -> None:
+    """A PostgreSQL sink's ``columns`` (record part -> an existing table's column) and
+    ``upsert_key`` (columns of a unique index: a row with the same key is updated)."""
+    columns = settings.get("columns")
+    if columns is not None:
+        if not isinstance(columns, Mapping) or not columns or set(columns) - set(ROW_PARTS):
+            raise InvalidSpecError(f"{where}.columns: maps some of {list(ROW_PARTS)} to column names")
+        for part, column in columns.items():
+            if not isinstance(column, str) or not 0 < len(column) <= 63:
+                raise InvalidSpecError(f"{where}.columns.{part}: a column name of 1..63 characters")
+    upsert = settings.get("upsert_key")
+    if upsert is not None:
+        mapped = set((columns or {}).values())
+        if columns is None or not isinstance(upsert, list) or not upsert or not all(
+                isinstance(c, str) and c in mapped for c in upsert):
+            raise InvalidSpecError(f"{where}.upsert_key: a list of columns named in 'columns'")
 
 
 def sink_to_dict(sink: SinkSpec) -> dict[str, Any]:

@@ -90,3 +90,29 @@ def test_nats_jetstream_sink_retry_and_zombie() -> None:
         assert [m["id"] for m in server.read("OUT", "out.sums")] == [f"r{p}" for p in range(1, 8)]
         for sink in (old, new):
             sink.close()
+
+
+def test_postgres_sink_upserts_onto_an_existing_table(pg: PostgresServer) -> None:
+    """``columns`` + ``upsert_key``: an existing table keeps the latest value per key;
+    a retried batch changes nothing; the table is not created by the sink."""
+    import psycopg
+
+    from millwheel.connectors.postgres import PostgresSink
+    with psycopg.connect(pg.url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE latest (user_id TEXT PRIMARY KEY, payload JSONB, event_time BIGINT)")
+    settings = {"url": pg.url, "table": "latest", "upsert_key": ["user_id"],
+                "columns": {"key": "user_id", "value": "payload", "ts": "event_time"}}
+    sink = PostgresSink(settings)
+    assert sink.open("u", 0, 1) == 0
+    first = [(p, Record(f"u{p % 2}", json.dumps({"n": p}).encode(), p, f"r{p}")) for p in range(1, 5)]
+    assert sink.write_batch(first, 1) == 4
+    assert sink.write_batch(first, 1) == 4  # a retry: nothing
+    with psycopg.connect(pg.url) as conn:
+        rows = conn.execute("SELECT user_id, payload, event_time FROM latest ORDER BY user_id").fetchall()
+    assert rows == [("u0", {"n": 4}, 4), ("u1", {"n": 3}, 3)]
+    missing = PostgresSink({**settings, "table": "absent"})
+    with pytest.raises(ConnectorError, match='relation "absent" does not exist'):
+        missing.open("m", 0, 1)
+        missing.write_batch(first, 1)
+    sink.close()
+    missing.close()
