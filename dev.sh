@@ -14,6 +14,9 @@ need_apt=()
 command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
 command -v java >/dev/null 2>&1 || need_apt+=(openjdk-17-jre-headless)
 command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)  # the console's browser tests
+# The connector tests start their own PostgreSQL (initdb into a temp dir) and nats-server -js.
+command -v initdb >/dev/null 2>&1 || compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || need_apt+=(postgresql)
+command -v nats-server >/dev/null 2>&1 || need_apt+=(nats-server)
 
 setup() {
   if ((${#need_apt[@]})); then

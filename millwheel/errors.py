@@ -55,6 +55,11 @@ class FencedError(MillWheelError):
         )
 
 
+class ConnectorError(MillWheelError):
+    """An external system a source or sink connects to is unreachable or refused a call
+    (millwheel.connectors); the runtime retries with backoff, losing nothing."""
+
+
 class StoreError(MillWheelError):
     """The state store failed or holds data millwheel cannot read."""
 

@@ -8,6 +8,7 @@ source's low watermark: a promise that every later record has timestamp >= it.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,9 @@ class SourceBatch:
     cursor: bytes
     watermark: int
     done: bool
+    #: Dead letters for entries that were not records (connector sources only): they
+    #: go to the injector's dead-letter stream in the same checkpoint.
+    rejected: list[Record] = dataclasses.field(default_factory=list)
 
 
 class Source(Protocol):

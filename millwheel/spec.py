@@ -19,6 +19,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any, Mapping
 
+from millwheel.connectors.spec import ConnectorSpec, SinkSpec, sink_to_dict, sinks_from_list, source_from_dict
 from millwheel.errors import InvalidSpecError
 from millwheel.keys import KeyExtractor
 from millwheel.limits import MAX_DURATION_US, MAX_PARAMS_DEPTH, check_name, check_params_depth
@@ -122,13 +123,13 @@ def computation_to_dict(spec: ComputationSpec) -> dict[str, Any]:
 
 
 #: The fields of a spec file's top level and of one of its injectors.
-SPEC_FIELDS = ("computations", "injectors", "log_streams")
-INJECTOR_FIELDS = ("name", "stream", "file", "max_disorder_us")
+SPEC_FIELDS = ("computations", "injectors", "log_streams", "sinks")
+INJECTOR_FIELDS = ("name", "stream", "file", "max_disorder_us", "source")
 
 
 def spec_parts(data: Mapping[str, Any]) -> tuple[tuple[ComputationSpec, ...], tuple[InjectorSpec, ...],
-                                                 tuple[str, ...]]:
-    """A spec file's computations, injectors and log streams, every field checked.
+                                                 tuple[str, ...], tuple[SinkSpec, ...]]:
+    """A spec file's computations, injectors, log streams and sinks, every field checked.
 
     ``millwheel run`` (through :func:`topology_from_dict`) and ``millwheel register``
     both read a spec file through here, so a field one refuses the other refuses too:
@@ -153,9 +154,29 @@ def spec_parts(data: Mapping[str, Any]) -> tuple[tuple[ComputationSpec, ...], tu
         if isinstance(disorder, bool) or not isinstance(disorder, int) or not 0 <= disorder <= MAX_DURATION_US:
             raise InvalidSpecError(f"injectors[{i}].max_disorder_us: must be an integer 0..{MAX_DURATION_US} "
                                    f"(microseconds: at most a century), got {disorder!r}")
-        injectors.append(InjectorSpec(str(inj["name"]), str(inj["stream"])))
+        source: ConnectorSpec | None = None
+        if "source" in inj:
+            if "file" in inj:
+                raise InvalidSpecError(f"injectors[{i}]: 'file' or 'source', not both")
+            source = source_from_dict(inj["source"], f"injectors[{i}].source", disorder)
+        injectors.append(InjectorSpec(str(inj["name"]), str(inj["stream"]), source))
     log_streams = tuple(str(s) for s in _list(data.get("log_streams", []), "log_streams"))
-    return comps, tuple(injectors), log_streams
+    return comps, tuple(injectors), log_streams, sinks_from_list(data.get("sinks", []))
+
+
+def injector_to_dict(spec: InjectorSpec) -> dict[str, Any]:
+    """An injector as a spec file (and the registry) writes it."""
+    out: dict[str, Any] = {"name": spec.name, "stream": spec.stream}
+    if spec.source is not None:
+        out["source"] = spec.source.settings
+    return out
+
+
+def topology_parts_to_dict(topology: Topology) -> dict[str, Any]:
+    """Injectors and sinks of a topology as spec-file fields (with their secrets: for the
+    registry and the workers, never for display)."""
+    return {"injectors": [injector_to_dict(i) for i in topology.injectors],
+            "sinks": [sink_to_dict(s) for s in topology.sinks]}
 
 
 def topology_from_dict(data: Mapping[str, Any]) -> Topology:
@@ -165,10 +186,16 @@ def topology_from_dict(data: Mapping[str, Any]) -> Topology:
 
 
 def sources_from_dict(data: Mapping[str, Any], base: Path) -> dict[str, Any]:
-    """JSON-lines file sources of a spec's injectors (``file``, ``max_disorder_us``)."""
+    """Sources of a spec's injectors: JSON-lines files (``file``, ``max_disorder_us``)
+    and connectors (``source``, millwheel.connectors.pulled)."""
+    from millwheel.clock import SystemClock
+    from millwheel.connectors.pulled import open_source
     from millwheel.sources import JsonLinesSource
 
     sources: dict[str, Any] = {}
+    for spec in spec_parts(data)[1]:
+        if spec.source is not None:
+            sources[spec.name] = open_source(spec.name, spec.source.settings, SystemClock(), str(base))
     for inj in data.get("injectors", []):
         if "file" in inj:
             path = Path(inj["file"])

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Mapping
 
+from millwheel.connectors.spec import ConnectorSpec, SinkSpec
 from millwheel.errors import InvalidSpecError
 from millwheel.keys import KeyExtractor
 from millwheel.limits import (
@@ -168,10 +169,20 @@ class ComputationSpec:
 
 @dataclass(frozen=True)
 class InjectorSpec:
-    """A source of records: an injector writes to one stream and reports a watermark."""
+    """A source of records: an injector writes to one stream and reports a watermark.
+    With a ``source`` it pulls from an external system (millwheel.connectors) and
+    writes entries that are not records to its dead-letter stream."""
 
     name: str
     stream: str
+    source: ConnectorSpec | None = None
+
+    @property
+    def dead_letter_stream(self) -> str:
+        return f"{self.name}.dead_letters"
+
+    def written_streams(self) -> tuple[str, ...]:
+        return (self.stream, self.dead_letter_stream) if self.source is not None else (self.stream,)
 
 
 @dataclass(frozen=True)
@@ -181,6 +192,8 @@ class Topology:
     #: Streams also written to the durable stream log although a computation consumes
     #: them (a Spark stage's input, for backfill). Sink streams are always logged.
     log_streams: tuple[str, ...] = ()
+    #: Streams written to external systems (millwheel.runtime.sink_runner); logged.
+    sinks: tuple[SinkSpec, ...] = ()
 
     @cached_property
     def _by_name(self) -> dict[str, ComputationSpec]:
@@ -198,7 +211,8 @@ class Topology:
             for stream in dict.fromkeys(spec.written_streams()):
                 out.setdefault(stream, []).append(spec.name)
         for inj in self.injectors:
-            out.setdefault(inj.stream, []).append(injector_node(inj.name))
+            for stream in dict.fromkeys(inj.written_streams()):  # a pulling source's dead letters too
+                out.setdefault(stream, []).append(injector_node(inj.name))
         return out
 
     def computation(self, name: str) -> ComputationSpec:
@@ -228,17 +242,17 @@ class Topology:
 
     def logged_streams(self) -> list[str]:
         """Every stream written to the durable stream log: sinks plus ``log_streams``."""
-        return sorted(set(self.sink_streams()) | set(self.log_streams))
+        return sorted(set(self.sink_streams()) | set(self.log_streams) | {s.stream for s in self.sinks})
 
     def sink_streams(self) -> list[str]:
         """Streams produced but consumed by no computation: written to the stream log."""
         produced = [s for spec in self.computations for s in spec.written_streams()]
-        produced += [inj.stream for inj in self.injectors]
+        produced += [s for inj in self.injectors for s in inj.written_streams()]
         consumed = {inp.stream for spec in self.computations for inp in spec.inputs}
         return sorted({s for s in produced if s not in consumed})
 
     def with_computation(self, spec: ComputationSpec) -> Topology:
-        return Topology((*self.computations, spec), self.injectors, self.log_streams)
+        return Topology((*self.computations, spec), self.injectors, self.log_streams, self.sinks)
 
     def validate(self) -> None:
         self._check_names()
@@ -259,7 +273,15 @@ class Topology:
                 raise InvalidSpecError(f"injector {inj.name!r}: defined twice")
             injector_names.add(inj.name)
         produced = {s for spec in self.computations for s in spec.written_streams()}
-        produced |= {inj.stream for inj in self.injectors}
+        produced |= {s for inj in self.injectors for s in inj.written_streams()}
+        sink_names: set[str] = set()
+        for sink in self.sinks:
+            if sink.name in sink_names:
+                raise InvalidSpecError(f"sink {sink.name!r}: defined twice")
+            sink_names.add(sink.name)
+            if sink.stream not in produced:
+                raise InvalidSpecError(f"sink {sink.name!r}: stream {sink.stream!r} is produced by no "
+                                       "computation or injector")
         for spec in self.computations:
             for inp in spec.inputs:
                 if inp.stream not in produced:

@@ -37,10 +37,11 @@ from typing import Any, Callable, Iterable, Iterator, TypeVar, cast
 
 import grpc
 
+from millwheel.connectors.spec import SinkSpec
 from millwheel.errors import MillWheelError, NotFoundError
 from millwheel.queries import KeyState, NodeWatermark
 from millwheel.record import MIN_TIMESTAMP, Record
-from millwheel.topology import Topology
+from millwheel.topology import InjectorSpec, Topology
 
 from .generated import millwheel_pb2 as pb
 from .generated import millwheel_pb2_grpc as pb_grpc
@@ -48,7 +49,7 @@ from .inject_feed import CallFeed
 from .inject_feed import inject_messages as inject_messages  # part of this module's API
 from .rpc.admission import ended_idle
 from .rpc.controller_link import SEVERAL_DEADLINE_S, ControllerLink, Tried, await_start, fails_over, leader_hint
-from .rpc.convert import key_state_from_proto, spec_to_proto, watermark_from_proto
+from .rpc.convert import key_state_from_proto, sink_to_proto, spec_to_proto, watermark_from_proto
 from .rpc.security import Security, client_security
 from .rpc.status import UnavailableError, error_class
 
@@ -184,8 +185,7 @@ class ControllerClient:
         """Register a :class:`~millwheel.topology.Topology` (computations, injectors and
         log streams) all or nothing."""
         return self.register_topology([spec_to_proto(c) for c in topology.computations],
-                                      [(i.name, i.stream) for i in topology.injectors],
-                                      topology.log_streams)
+                                      list(topology.injectors), topology.log_streams, topology.sinks)
 
     def inject_records(self, injector: str, records: Iterable[Record], *, stream: str = "",
                        batch: int = 500, max_disorder_us: int | None = 0, done: bool = False
@@ -202,12 +202,17 @@ class ControllerClient:
         return cast(pb.RegisterComputationResponse, self._unary("RegisterComputation", req, self.timeout_s))
 
     def register_topology(self, computations: Iterable[pb.ComputationSpec],
-                          injectors: Iterable[tuple[str, str]], log_streams: Iterable[str] = ()
-                          ) -> pb.RegisterTopologyResponse:
-        """Register all of it or nothing (``injectors`` as ``(name, stream)``)."""
+                          injectors: Iterable[tuple[str, str] | InjectorSpec], log_streams: Iterable[str] = (),
+                          sinks: Iterable[SinkSpec] = ()) -> pb.RegisterTopologyResponse:
+        """Register all of it or nothing (``injectors`` as ``(name, stream)`` or specs,
+        the latter with their sources)."""
+        injs = [pb.InjectorSpec(name=i[0], stream=i[1]) if isinstance(i, tuple) else
+                pb.InjectorSpec(name=i.name, stream=i.stream,
+                                source_json=i.source.settings_json if i.source is not None else "")
+                for i in injectors]
         req = pb.RegisterTopologyRequest(
-            computations=list(computations), log_streams=list(log_streams),
-            injectors=[pb.InjectorSpec(name=n, stream=s) for n, s in injectors])
+            computations=list(computations), log_streams=list(log_streams), injectors=injs,
+            sinks=[sink_to_proto(s) for s in sinks])
         return cast(pb.RegisterTopologyResponse, self._unary("RegisterTopology", req, self.timeout_s))
 
     def register_injector(self, name: str, stream: str) -> pb.RegisterInjectorResponse:

@@ -76,6 +76,11 @@ class PrometheusSensors:
                                 "Client calls refused with RESOURCE_EXHAUSTED by an admission limit "
                                 "(the limit's flag, the method)", ["limit", "method"], registry=r)
         self._ranges = Gauge("millwheel_owned_ranges", "Key ranges this process owns", registry=r)
+        self._sink_down = Gauge("millwheel_sink_down_seconds", "How long a sink this worker runs has "
+                                "been failing to write (0: writing); its stream waits in the log", ["sink"],
+                                registry=r)
+        self._sink_written = Counter("millwheel_sink_records_total", "Records a sink read from its stream's "
+                                     "log and wrote out (a retry's skipped ones included)", ["sink"], registry=r)
         self._up = Gauge("millwheel_process_info", "Which millwheel process this is", ["process"],
                          registry=r)
         self._up.labels(process).set(1)
@@ -130,6 +135,11 @@ class PrometheusSensors:
 
     def admission_refused(self, limit: str, method: str) -> None:
         self._refused.labels(limit, method).inc()
+
+    def sink(self, name: str, down_seconds: float, written: int) -> None:
+        self._sink_down.labels(name).set(down_seconds)
+        if written:
+            self._sink_written.labels(name).inc(written)
 
     def owned_ranges(self, count: int) -> None:
         self._ranges.set(count)

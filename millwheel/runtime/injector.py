@@ -8,8 +8,10 @@ consumers drop the repeats.
 
 from __future__ import annotations
 
+import json
+
 from millwheel.clock import Clock
-from millwheel.record import MIN_TIMESTAMP, well_formed
+from millwheel.record import MIN_TIMESTAMP, Record, well_formed
 from millwheel.runtime.outbox import Outbox
 from millwheel.runtime.range_worker import CrashHook, no_crash
 from millwheel.runtime.routing import Router
@@ -44,6 +46,8 @@ class InjectorWorker:
         if self.done or len(self.outbox) >= max_pending:
             return 0
         batch = self.source.read(self.cursor, max_records)
+        if not batch.records and not batch.rejected and batch.cursor == self.cursor and not batch.done:
+            return 0  # nothing new (a quiet pulled source): no checkpoint
         for i, record in enumerate(batch.records):
             if not well_formed(record.key, record.value, record.timestamp, record.record_id):
                 record.validate(f"injector {self.spec.name!r} record {i}")  # says what is wrong
@@ -52,8 +56,10 @@ class InjectorWorker:
             computation=self.node, range_id=0, token=self.token, now_us=self.clock.now_us(),
             state_writes={CURSOR_KEY: batch.cursor}, productions=productions,
         )
+        if batch.rejected:  # entries that are not records: dead letters, in the same checkpoint
+            dead_letters(cp, self.spec, self.router, batch.rejected)
         self.store.checkpoint(cp)
-        self.outbox.add(productions)
+        self.outbox.add(cp.productions)
         self.cursor = batch.cursor
         self.watermark = max(self.watermark, batch.watermark)
         self.done = batch.done
@@ -63,3 +69,18 @@ class InjectorWorker:
 
     def hold(self) -> int:
         return self.outbox.hold()
+
+
+def dead_letters(cp: Checkpoint, spec: InjectorSpec, router: Router, letters: list[Record]) -> None:
+    """Add a source's rejected entries to the injector's checkpoint: the letters to its
+    dead-letter stream, their errors to its recent errors, their count to its
+    ``dead_lettered`` counter (``millwheel errors injector:NAME``)."""
+    productions = router.fan_out_many(spec.dead_letter_stream, letters)
+    cp.productions.extend(productions)
+    for letter in letters:
+        body = json.loads(letter.value)
+        cp.errors.append(json.dumps({
+            "record_id": letter.record_id, "key": letter.key, "time": letter.timestamp,
+            "exception_type": "BadEntry", "message": body["message"], "traceback": [],
+            "attempts": 1, "outcome": "dead_letter", "range_id": 0}).encode())
+    cp.counters["dead_lettered"] = cp.counters.get("dead_lettered", 0) + len(letters)

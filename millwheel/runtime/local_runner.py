@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Callable, Mapping, cast
 
 from millwheel.clock import Clock, SystemClock
+from millwheel.connectors.spec import sink_node
 from millwheel.errors import FencedError, InvalidSpecError, UserCodeError
 from millwheel.keys import key_range
 from millwheel.operators import build_computation
@@ -40,6 +41,7 @@ from millwheel.runtime.outbox import Outbox
 from millwheel.runtime.range_worker import CrashHook, RangeWorker, no_crash
 from millwheel.runtime.retention import LogTrimmer, retention_of
 from millwheel.runtime.routing import LOG_PREFIX, Router
+from millwheel.runtime.sink_runner import SinkRunner
 from millwheel.runtime.writer_process import PipelinedStore, make_pipe
 from millwheel.sensors import NullSensors, Sensors
 from millwheel.sources import Source
@@ -130,6 +132,9 @@ class LocalRunner:
             )
             for inj in topology.injectors
         }
+        # Sinks follow their stream's log once each step's writes are applied.
+        self.sinks = [SinkRunner(s, self._pipe.inner, store.acquire(sink_node(s.name), 0), batch_size=batch_size)
+                      for s in topology.sinks]
         # Log retention between steps, on the store itself (not the step's group), a few
         # small batches at most once per RETENTION_EVERY_US of processing time.
         self.trimmer = LogTrimmer(self._pipe.inner, self.clock)
@@ -265,6 +270,10 @@ class LocalRunner:
         with self._pipe.deferring():
             moved = self._step()
         self._pipe.end_step()
+        if self.sinks:
+            self._pipe.flush()
+            for sink in self.sinks:
+                moved = sink.step() > 0 or moved
         return moved
 
     def flush(self) -> None:
@@ -303,6 +312,7 @@ class LocalRunner:
             all(inj.done and not len(inj.outbox) for inj in self.injectors.values())
             and all(not len(w.outbox) for ws in self.workers.values() for w in ws)
             and all(w.timers.hold() == MAX_TIMESTAMP for ws in self.workers.values() for w in ws)
+            and all(s.caught_up for s in self.sinks)
         )
 
     def run(
@@ -328,6 +338,8 @@ class LocalRunner:
                 time.sleep(idle_sleep_s)
         self._report_watermarks(force=True)
         self.trimmer.save(force=True)  # the next run resumes from these marks
+        for sink in self.sinks:
+            sink.close()
         return self.progress(time.monotonic() - started, True)
 
     def progress(self, elapsed_s: float, done: bool) -> Progress:

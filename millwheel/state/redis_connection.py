@@ -387,3 +387,14 @@ def _transient(exc: BaseException) -> bool:
     if "cannot be connected" in text:  # the cause says why: a refused connection, or a bug
         return isinstance(exc.__cause__, _RETRYABLE)
     return "not covered" in text or "could not agree" in text
+
+
+def plain_client(url: str, socket_timeout_s: float = 10.0) -> Any:
+    """A plain redis-py client for a connector (millwheel.connectors.redis_stream): this
+    module stays the one importer of redis-py. Its errors are :func:`redis_errors`."""
+    return redis.Redis.from_url(url, socket_timeout=socket_timeout_s, socket_connect_timeout=2.0)
+
+
+def redis_errors() -> tuple[type[BaseException], ...]:
+    """What a connector retries: the server gone or slow."""
+    return (redis.ConnectionError, redis.TimeoutError)

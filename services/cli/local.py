@@ -30,7 +30,8 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         help="run a topology in this process (local mode)",
         description=(
             "Run a topology to completion in one process, exactly-once over the store. "
-            "PATH_OR_MODULE is a YAML/JSON spec whose injectors name JSON-lines files, or a "
+            "PATH_OR_MODULE is a YAML/JSON spec (injectors reading JSON-lines files or pulling a "
+            "source, sinks; docs/connectors.md), or a "
             "Python file or module that defines `topology` (a millwheel.Topology) and "
             "`sources` (injector name -> Source). Re-running on the same store resumes."
         ),

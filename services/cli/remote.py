@@ -108,12 +108,11 @@ def cmd_register(args: argparse.Namespace) -> int:
     # One computation mapping, or a topology read exactly as `millwheel run` reads it
     # (spec_parts: an unknown field anywhere is refused), all checked before sending.
     if "name" in data and "computations" not in data:
-        comps, injectors, logged = spec_parts({"computations": [data]})
+        comps, injectors, logged, sinks = spec_parts({"computations": [data]})
     else:
-        comps, injectors, logged = spec_parts(data)
+        comps, injectors, logged, sinks = spec_parts(data)
     with client_for(args) as client:  # all or nothing: one RegisterTopology call
-        resp = client.register_topology([spec_to_proto(c) for c in comps],
-                                        [(i.name, i.stream) for i in injectors], logged)
+        resp = client.register_topology([spec_to_proto(c) for c in comps], list(injectors), logged, sinks)
     done: list[dict[str, Any]] = [{"injector": i.name, "stream": i.stream} for i in resp.injectors]
     done += [{"computation": c.spec.name, "ranges": len(c.ranges)} for c in resp.computations]
     text = "\n".join(

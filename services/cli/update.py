@@ -69,9 +69,9 @@ def _spec_from_file(path: str, computation: str | None) -> Any:
 
     data = load_spec_file(path)
     if "name" in data and "computations" not in data:
-        comps, _, _ = spec_parts({"computations": [data]})
+        comps, _, _, _ = spec_parts({"computations": [data]})
     else:
-        comps, _, _ = spec_parts(data)
+        comps, _, _, _ = spec_parts(data)
     if computation is not None:
         comps = tuple(c for c in comps if c.name == computation)
         if not comps:

@@ -49,6 +49,7 @@ class Heartbeats:
     owner_tables: OwnerTables
     topology_json: TopologyJson
     _pending: dict[tuple[str, int], int]
+    _sinks_down: dict[str, dict[str, float]]
     _led_epoch: int | None
     leading: Callable[[], bool]
     redirect: Callable[[Any], Exception]
@@ -79,6 +80,7 @@ class Heartbeats:
                            request.draining, frozenset(request.refused)):
                 a.rebalance()
             self.failing.heard(request.worker_id, request.failing, a.workers)
+            self._sinks_down[request.worker_id] = dict(request.sinks_down)  # docs/connectors.md
             for rep in request.reports:
                 unit = (rep.node, rep.range_id)
                 if not a.owns(request.worker_id, unit, rep.token):

@@ -15,17 +15,18 @@ import json
 import threading
 from typing import Sequence
 
+from millwheel.connectors.spec import SinkSpec, sink_node, sink_to_dict, sinks_from_list
 from millwheel.errors import AlreadyExistsError, InvalidSpecError, NotFoundError, ResourceLimitError
 from millwheel.importing import AllowList
 from millwheel.limits import MAX_LOG_STREAMS, MAX_NAME_CHARS, MAX_TOTAL_KEY_RANGES
 from millwheel.operators.schema import check_allowed, validate_spec
-from millwheel.spec import computation_from_dict, computation_to_dict
+from millwheel.spec import computation_from_dict, computation_to_dict, injector_to_dict, spec_parts
 from millwheel.state.protocol import StateStore
 from millwheel.topology import ComputationSpec, InjectorSpec, Topology, injector_node
 
 from ..rpc.status import PreconditionError
 
-# {"version", "computations", "injectors", "log_streams"[, "versions", "previous"]}
+# {"version", "computations", "injectors", "log_streams"[, "versions", "previous", "sinks"]}
 REGISTRY_KEY = "registry/v2"
 COMP_PREFIX = "registry/computation/"  # the older layout, read only
 INJ_PREFIX = "registry/injector/"
@@ -46,8 +47,8 @@ class Registry:
             data = json.loads(whole)
             self.topology = Topology(
                 tuple(computation_from_dict(c) for c in data["computations"]),
-                tuple(InjectorSpec(i["name"], i["stream"]) for i in data["injectors"]),
-                tuple(data["log_streams"]))
+                spec_parts({"injectors": data["injectors"]})[1],
+                tuple(data["log_streams"]), sinks_from_list(data.get("sinks", [])))
             self.version = int(data["version"])
             # Per-computation versions and rollback targets (services/controller/update.py);
             # a registry stored before updates existed has neither: every computation is at 1.
@@ -90,17 +91,17 @@ class Registry:
         self.register_topology((spec,), (), log_streams)
 
     def register_topology(self, computations: Sequence[ComputationSpec],
-                          injectors: Sequence[InjectorSpec], log_streams: Sequence[str]
-                          ) -> tuple[list[ComputationSpec], list[InjectorSpec]]:
+                          injectors: Sequence[InjectorSpec], log_streams: Sequence[str],
+                          sinks: Sequence[SinkSpec] = ()) -> tuple[list[ComputationSpec], list[InjectorSpec]]:
         """Register all of it or nothing: returns what was new. A computation or
         injector identical to a registered one is left as it is (so a spec file can be
         registered again); one that differs is ALREADY_EXISTS."""
         with self.changing:
-            return self._register_topology(computations, injectors, log_streams)
+            return self._register_topology(computations, injectors, log_streams, sinks)
 
     def _register_topology(self, computations: Sequence[ComputationSpec],
-                           injectors: Sequence[InjectorSpec], log_streams: Sequence[str]
-                           ) -> tuple[list[ComputationSpec], list[InjectorSpec]]:
+                           injectors: Sequence[InjectorSpec], log_streams: Sequence[str],
+                           sinks: Sequence[SinkSpec] = ()) -> tuple[list[ComputationSpec], list[InjectorSpec]]:
         topo = self.topology
         if len(log_streams) > MAX_LOG_STREAMS:
             raise InvalidSpecError(f"log_streams: {len(log_streams)} streams, over the limit of {MAX_LOG_STREAMS}")
@@ -124,20 +125,32 @@ class Registry:
                 if known.stream != inj.stream:
                     raise AlreadyExistsError(f"injector {inj.name!r} is already registered for "
                                              f"stream {known.stream!r}")
+                if known.source != inj.source and inj.source is not None:
+                    raise AlreadyExistsError(f"injector {inj.name!r} is already registered "
+                                             "(with a different source)")
                 continue
             new_injectors.append(inj)
+        new_sinks: list[SinkSpec] = []
+        for sink in sinks:
+            known_sink = next((s for s in (*topo.sinks, *new_sinks) if s.name == sink.name), None)
+            if known_sink is not None:
+                if known_sink != sink:
+                    raise AlreadyExistsError(f"sink {sink.name!r} is already registered (with other settings)")
+                continue
+            new_sinks.append(sink)
         outputs = {s for c in (*topo.computations, *new_comps) for s in c.all_outputs()}
         for stream in log_streams:
             if stream not in outputs:
                 raise InvalidSpecError(f"log stream {stream[:200]!r} is not an output of any computation")
         logged = tuple(dict.fromkeys((*topo.log_streams, *log_streams)))
-        candidate = Topology((*topo.computations, *new_comps), (*topo.injectors, *new_injectors), logged)
+        candidate = Topology((*topo.computations, *new_comps), (*topo.injectors, *new_injectors), logged,
+                             (*topo.sinks, *new_sinks))
         candidate.validate()
         total = sum(candidate_nodes(candidate).values())
         if total > MAX_TOTAL_KEY_RANGES and total > sum(self.nodes().values()):
             raise ResourceLimitError(f"registry: {total} key ranges in all, over the limit of "
                                      f"{MAX_TOTAL_KEY_RANGES}")
-        if new_comps or new_injectors or logged != topo.log_streams:
+        if new_comps or new_injectors or new_sinks or logged != topo.log_streams:
             self._commit(candidate)
         return new_comps, new_injectors
 
@@ -153,7 +166,7 @@ class Registry:
         spec = self.computation(name)
         candidate = Topology(
             tuple(c for c in self.topology.computations if c.name != name), self.topology.injectors,
-            tuple(s for s in self.topology.log_streams if s not in spec.all_outputs()),
+            tuple(s for s in self.topology.log_streams if s not in spec.all_outputs()), self.topology.sinks,
         )
         try:
             candidate.validate()
@@ -185,10 +198,11 @@ class Registry:
         self.store.put_meta(REGISTRY_KEY, json.dumps({
             "version": version,
             "computations": [computation_to_dict(c) for c in topology.computations],
-            "injectors": [{"name": i.name, "stream": i.stream} for i in topology.injectors],
+            "injectors": [injector_to_dict(i) for i in topology.injectors],
             "log_streams": list(topology.log_streams),
             "versions": versions,
             "previous": {name: computation_to_dict(c) for name, c in previous.items()},
+            "sinks": [sink_to_dict(s) for s in topology.sinks],
         }).encode())
         self.topology = topology
         self.version = version
@@ -199,6 +213,7 @@ class Registry:
 def candidate_nodes(topology: Topology) -> dict[str, int]:
     out = {injector_node(i.name): 1 for i in topology.injectors}
     out.update({c.name: c.options.key_ranges for c in topology.computations})
+    out.update({sink_node(s.name): 1 for s in topology.sinks})
     return out
 
 

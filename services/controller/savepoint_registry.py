@@ -9,13 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from millwheel.connectors.spec import sink_to_dict, sinks_from_list
 from millwheel.errors import InvalidSpecError, MillWheelError
 from millwheel.importing import AllowList
 from millwheel.limits import MAX_NAME_CHARS, MAX_TOTAL_KEY_RANGES
 from millwheel.operators.schema import check_allowed, validate_spec
 from millwheel.savepoint.format import SavepointFileError
-from millwheel.spec import computation_from_dict, computation_to_dict
-from millwheel.topology import ComputationSpec, InjectorSpec, Topology
+from millwheel.spec import computation_from_dict, computation_to_dict, injector_to_dict, spec_parts
+from millwheel.topology import ComputationSpec, Topology
 
 from .registry import Registry, candidate_nodes
 
@@ -44,8 +45,9 @@ def registry_dict(registry: Registry) -> dict[str, Any]:
     """The registry as the savepoint's header holds it (the store's own layout)."""
     topo = registry.topology
     return {"computations": [computation_to_dict(c) for c in topo.computations],
-            "injectors": [{"name": i.name, "stream": i.stream} for i in topo.injectors],
+            "injectors": [injector_to_dict(i) for i in topo.injectors],  # a pulled source's too
             "log_streams": list(topo.log_streams),
+            "sinks": [sink_to_dict(s) for s in topo.sinks],
             "versions": dict(registry.versions),
             "previous": {n: computation_to_dict(c) for n, c in registry.previous.items()}}
 
@@ -58,8 +60,11 @@ def admit(data: Any, allow: AllowList) -> CarriedRegistry:
         raise SavepointFileError(f"{where}: not an object")
     try:
         comps = tuple(computation_from_dict(c) for c in _list(data, "computations"))
-        injectors = tuple(InjectorSpec(_name(i["name"]), _name(i["stream"])) for i in _list(data, "injectors"))
+        injectors = spec_parts({"injectors": _list(data, "injectors")})[1]  # as a registration checks them
+        for inj in injectors:
+            _name(inj.name), _name(inj.stream)
         logged = tuple(_name(s) for s in _list(data, "log_streams"))
+        sinks = sinks_from_list(_list(data, "sinks"))
         versions = {_name(k): int(v) for k, v in _dict(data, "versions").items()}
         previous = {_name(k): computation_from_dict(v) for k, v in _dict(data, "previous").items()}
     except MillWheelError:
@@ -76,7 +81,7 @@ def admit(data: Any, allow: AllowList) -> CarriedRegistry:
     for name, spec in previous.items():
         if name not in names or spec.name != name:
             raise SavepointFileError(f"{where}: a previous version of {name[:200]!r}, which is not registered")
-    topology = Topology(comps, injectors, logged)
+    topology = Topology(comps, injectors, logged, sinks)
     topology.validate()
     total = sum(candidate_nodes(topology).values())
     if total > MAX_TOTAL_KEY_RANGES:

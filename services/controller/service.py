@@ -40,7 +40,7 @@ from millwheel.record import MAX_TIMESTAMP, MIN_TIMESTAMP
 from millwheel.state.lease import LeadershipLostError
 from millwheel.state.protocol import StateStore
 from millwheel.state.url_display import redact
-from millwheel.topology import InjectorSpec
+from millwheel.topology import CodeRef, ComputationSpec, Options
 
 from ..generated import millwheel_pb2 as pb
 from ..metrics import PrometheusSensors
@@ -109,6 +109,7 @@ class ControllerService(Queries, Replicated, Injecting, Updating, Heartbeats, Sa
         self.registry = Registry(self.store, self.allow_code)
         self.assigner = Assigner(self.store, heartbeat_timeout_s, check_tokens=False)  # a view until elected
         self._pending: dict[tuple[str, int], int] = {}  # outbox entries per range, as last reported
+        self._sinks_down: dict[str, dict[str, float]] = {}  # worker -> its failing sinks -> seconds
         self.failing = FailingRanges()  # ranges their owners cannot run, as last reported
         self.topology_json = TopologyJson()  # heartbeats' registry JSON, once per version
         self.owner_tables = OwnerTables()  # heartbeats' owners table (services/controller/heartbeat.py)
@@ -232,10 +233,15 @@ class ControllerService(Queries, Replicated, Injecting, Updating, Heartbeats, Sa
         return out
 
     def _info(self, name: str, wms: tuple[dict[str, int], dict[str, int]] | None = None) -> pb.ComputationInfo:
-        spec = self.registry.computation(name)
-        out, inputs = wms or self.watermarks()  # once for a whole list: a store read per node
+        inj = self.registry.injector(name[len("injector:"):]) if name.startswith("injector:") else None
+        # An injector pulling a source is described as a one-range node whose dead letters
+        # are the entries that were not records (`millwheel errors injector:NAME`).
+        spec = self.registry.computation(name) if inj is None else ComputationSpec(
+            name, (), (inj.stream,), CodeRef("source"),
+            Options(key_ranges=1, dead_letter_stream=inj.dead_letter_stream))
+        out, inputs = wms or self.watermarks()  # once for a whole list
         return pb.ComputationInfo(spec=convert.spec_to_proto(spec), low_watermark=out[name],
-                                  input_low_watermark=inputs[name], ranges=self._ranges(name),
+                                  input_low_watermark=inputs.get(name, out[name]), ranges=self._ranges(name),
                                   version=self.registry.version_of(name),
                                   has_previous=name in self.registry.previous,
                                   **error_info(self.store, spec, self.failing.of_node(name, self.assigner.units)))
@@ -261,10 +267,11 @@ class ControllerService(Queries, Replicated, Injecting, Updating, Heartbeats, Sa
         """All of it or nothing: validated whole, stored in one write."""
         check(request)
         comps = [convert.spec_from_proto(s) for s in request.computations]
-        injectors = [InjectorSpec(i.name, i.stream) for i in request.injectors]
+        injectors = convert.injectors_from_proto(request.injectors)
+        sinks = convert.sinks_from_proto(request.sinks)
         with self.registry.changing:  # validated and stored without the controller's lock
-            new_comps, new_injs = self.registry.register_topology(comps, injectors, request.log_streams)
-            if new_comps or new_injs:
+            new_comps, new_injs = self.registry.register_topology(comps, injectors, request.log_streams, sinks)
+            if new_comps or new_injs or sinks:
                 self._after_registration()
         log.info("registered %s", [*(c.name for c in new_comps), *(i.name for i in new_injs)] or "nothing new")
         with self.lock:
@@ -278,7 +285,7 @@ class ControllerService(Queries, Replicated, Injecting, Updating, Heartbeats, Sa
     @leader_only
     def RegisterInjector(self, request: Any, context: Ctx) -> pb.RegisterInjectorResponse:
         check(request)
-        spec = InjectorSpec(request.spec.name, request.spec.stream)
+        spec = convert.injectors_from_proto([request.spec])[0]
         with self.registry.changing:
             if self.registry.register_injector(spec):
                 self._after_registration()

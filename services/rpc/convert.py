@@ -10,12 +10,19 @@ from __future__ import annotations
 import json
 from typing import Any, Iterable, Mapping
 
+from millwheel.connectors.spec import SinkSpec, sinks_from_list
 from millwheel.errors import InvalidSpecError
 from millwheel.limits import MAX_NAME_CHARS, MAX_PARAMS_BYTES, check_name, check_params_depth, params_too_deep
 from millwheel.queries import KeyState, NodeWatermark
 from millwheel.record import Record, TimeDomain, Timer
 from millwheel.runtime.routing import record_of
-from millwheel.spec import computation_from_dict, computation_to_dict, topology_from_dict
+from millwheel.spec import (
+    computation_from_dict,
+    computation_to_dict,
+    spec_parts,
+    topology_from_dict,
+    topology_parts_to_dict,
+)
 from millwheel.topology import ComputationSpec, InjectorSpec, Topology
 
 from ..generated import millwheel_pb2 as pb
@@ -88,7 +95,50 @@ def spec_dict_to_proto(data: Mapping[str, Any]) -> pb.ComputationSpec:
 
 
 def injector_to_proto(spec: InjectorSpec) -> pb.InjectorSpec:
-    return pb.InjectorSpec(name=spec.name, stream=spec.stream)
+    """An injector for a response: its source's URL without the password."""
+    source = json.dumps(spec.source.public(), sort_keys=True) if spec.source is not None else ""
+    return pb.InjectorSpec(name=spec.name, stream=spec.stream, source_json=source)
+
+
+def injectors_from_proto(msgs: Iterable[Any]) -> tuple[InjectorSpec, ...]:
+    """Injectors of a RegisterTopology request, their sources checked as a spec file's
+    (one without a source is checked by the registry, as before sources existed)."""
+    out: list[InjectorSpec] = []
+    for m in msgs:
+        if not m.source_json:
+            out.append(InjectorSpec(m.name, m.stream))
+            continue
+        item = {"name": m.name, "stream": m.stream,
+                "source": _json_mapping(m.source_json, f"injector {m.name[:100]!r} source_json")}
+        out.append(spec_parts({"injectors": [item]})[1][0])
+    return tuple(out)
+
+
+def sinks_from_proto(msgs: Iterable[Any]) -> tuple[SinkSpec, ...]:
+    items = []
+    for i, m in enumerate(msgs):
+        item = _json_mapping(m.settings_json, f"sinks[{i}].settings_json")
+        item.update({"name": m.name or item.get("name"), "stream": m.stream})
+        if item["name"] is None:
+            del item["name"]
+        items.append(item)
+    return sinks_from_list(items)
+
+
+def sink_to_proto(sink: SinkSpec) -> pb.SinkSpec:
+    return pb.SinkSpec(name=sink.name, stream=sink.stream, settings_json=json.dumps(sink.connector.settings))
+
+
+def _json_mapping(text: str, where: str) -> dict[str, Any]:
+    if len(text) > 65536:
+        raise InvalidSpecError(f"{where}: over 65536 characters")
+    try:
+        value = json.loads(text)
+    except ValueError:
+        raise InvalidSpecError(f"{where}: not valid JSON") from None
+    if not isinstance(value, dict):
+        raise InvalidSpecError(f"{where}: must be a JSON object")
+    return value
 
 
 def unlogged_stream_message(topology: Topology, stream: str) -> str:
@@ -111,7 +161,7 @@ def topology_to_json(topology: Topology) -> str:
     return json.dumps({
         "log_streams": list(topology.log_streams),
         "computations": [computation_to_dict(c) for c in topology.computations],
-        "injectors": [{"name": i.name, "stream": i.stream} for i in topology.injectors],
+        **topology_parts_to_dict(topology),
     })
 
 

@@ -24,9 +24,11 @@ def quantile_ms(d: dict[str, float], q: float) -> float | None:
     return None
 
 
-def graph(topo: Topology, comps: dict[str, Any], injectors: dict[str, Any]) -> dict[str, Any]:
+def graph(topo: Topology, comps: dict[str, Any], injectors: dict[str, Any],
+          connectors: dict[str, Any] | None = None) -> dict[str, Any]:
     """Nodes (injectors, computations, streams; a stream no computation consumes is a
-    sink) in layers left to right, and edges with the records per second they carry and,
+    sink; a connector sink after its stream, failing while it cannot write) in layers
+    left to right, and edges with the records per second they carry and,
     out of a producer, the records it has checkpointed that its consumers have not
     acknowledged yet (``queued``: backpressure shows there first)."""
     nodes: list[dict[str, Any]] = []
@@ -74,6 +76,10 @@ def graph(topo: Topology, comps: dict[str, Any], injectors: dict[str, Any]) -> d
             continue
         nodes.append({"id": "s:" + s, "kind": "sink" if s in sinks else "stream", "name": s,
                       "layer": layer.get("s:" + s, 1), "health": "ok"})
+    for name, info in (connectors or {}).items():
+        nodes.append({"id": "k:" + name, "kind": "sink", "name": name, "layer": layer.get("s:" + info["stream"], 1) + 1,
+                      "health": "ok" if info["down_s"] is None else "failing"})
+        edges.append({"from": "s:" + info["stream"], "to": "k:" + name, "per_s": None})
     return {"nodes": nodes, "edges": edges}
 
 

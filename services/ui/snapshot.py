@@ -123,6 +123,7 @@ class Snapshotter:
             owners = dict(c.assigner.units)
             units = {u: (o.worker_id, o.token) for u, o in owners.items()}
             pending = dict(c._pending)
+            sinks_down = {w: dict(v) for w, v in c._sinks_down.items()}
             workers = [(w.worker_id, w.address, w.metrics_address, w.alive, w.draining,
                         w.heartbeat_age_s()) for w in c.assigner.workers.values()]
         now_us = c.clock.now_us()
@@ -188,6 +189,12 @@ class Snapshotter:
                 "token": owner[1], "outbox": outbox, "backpressure_s_total": waited or 0.0,
                 **rates.get(node, _no_rates())}
             self.history.add("outbox", node, t, outbox)
+        sinks: dict[str, Any] = {}  # a connector sink: who runs it, failing since how long
+        for sink in topo.sinks:
+            owner = units.get((f"sink:{sink.name}", 0), (None, 0))
+            down = sinks_down.get(owner[0] or "", {}).get(sink.name)
+            sinks[sink.name] = {"name": sink.name, "stream": sink.stream, "type": sink.connector.type,
+                                "worker": owner[0] or "", "down_s": None if down is None else round(down, 1)}
         # Liveness first: a worker that drained and exited keeps its draining flag.
         worker_rows = [{"id": w[0], "address": w[1], "metrics": w[2],
                         "state": (("draining" if w[4] else "alive") if w[3]
@@ -202,8 +209,8 @@ class Snapshotter:
             "ready": True, "time_us": now_us, "version": version,
             "store": redact(c.store.url),  # never the password (as ClusterStatus)
             "leader": c.elector.leader_address or "", "leading": leading,
-            "computations": comps, "injectors": injectors, "workers": worker_rows,
-            "logged_streams": logged, "graph": _graph(topo, comps, injectors),
+            "computations": comps, "injectors": injectors, "workers": worker_rows, "sinks": sinks,
+            "logged_streams": logged, "graph": _graph(topo, comps, injectors, sinks),
             "last_savepoint": _last_savepoint(c.store),
         }
 

@@ -110,6 +110,7 @@ class Tracker:
                 "name", "health", "health_reason", "low_watermark", "input_low_watermark", "lag_s",
                 "input_lag_s", "in_per_s", "out_per_s", "dead_lettered", "version")} for c in comps.values()],
             "injectors": list(s.get("injectors", {}).values()),
+            "sinks": s.get("sinks", {}),  # connector sinks: type, worker, down_s (None: writing)
             "logged_streams": s.get("logged_streams", []),
             "last_savepoint": s.get("last_savepoint"),
             "workers": {"alive": sum(w["state"] == "alive" for w in s.get("workers", [])),

@@ -55,21 +55,18 @@ from ..rpc.server import start_server
 from ..rpc.worker_link import PeerLink
 from ..store_lock import open_service_store
 from . import watchdog
+from .connectors import Connectors
 from .failing import RangeFailures
 from .parking import UnitOf
 from .progress import NoProgress, ProgressBlock
 from .receive import DeliverServicer, Receiver
+from .reports import REFRESH_RANGES_PER_S, REPORT_REFRESH_S, report_due
 from .send import Sender
 from .taker import Taker
 from .units import OwnedRange, OwnerInfo, merged_owners, share_cache
 
 log = logging.getLogger("millwheel.worker")
 Unit = tuple[str, int]
-REPORT_REFRESH_S = 1.0  # an unchanged range is reported again after this long
-REPORT_PENDING_S = 0.25  # a changed pending count (display only) waits this long
-# Unchanged ranges are re-reported at most this many per second (each is a store write on
-# the controller): with thousands of idle ranges the refresh stretches past REPORT_REFRESH_S.
-REFRESH_RANGES_PER_S = 500
 
 
 class WorkerProcess(Receiver, Sender):
@@ -155,6 +152,7 @@ class WorkerProcess(Receiver, Sender):
             threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True),
             threading.Thread(target=self._pump_loop, name="pump", daemon=True),
         ]
+        self.connectors = Connectors(self)  # pulled sources and sinks (services/worker/connectors.py)
         for t in self._threads:
             t.start()
         log.info("worker %s listening on %s (metrics %s)", self.worker_id, self.address,
@@ -176,7 +174,7 @@ class WorkerProcess(Receiver, Sender):
     def stop(self) -> None:
         self.stopped.set()
         self.server.stop(grace=1.0).wait(2.0)
-        for t in self._threads:
+        for t in [*self._threads, *self.connectors.threads]:
             t.join(timeout=2.0)
         self.taker.stop()
         for link in self.links.values():
@@ -232,7 +230,7 @@ class WorkerProcess(Receiver, Sender):
                 continue
             pending = len(owned.outbox) if owned.outbox is not None else 0
             unit = (owned.node, owned.range_id, owned.token)
-            if not self._report_due(unit, wm, pending, now, refresh):
+            if not report_due(self._reported.get(unit), wm, pending, now, refresh):
                 continue
             sent[unit] = (wm, pending, now)
             reports.append(pb.WatermarkReport(node=owned.node, range_id=owned.range_id,
@@ -249,7 +247,8 @@ class WorkerProcess(Receiver, Sender):
                 draining=draining, known_topology_version=self.version, reports=reports,
                 refused=sorted(self.refused), failing=self.failures.reports(), incremental=True,
                 known_assignments_epoch=self._known_assignments[0],
-                known_assignments_version=self._known_assignments[1]), timeout=link.deadline_s)
+                known_assignments_version=self._known_assignments[1],
+                sinks_down=self.connectors.down()), timeout=link.deadline_s)
         except grpc.RpcError as exc:
             self._fenced_unreported = fenced + self._fenced_unreported  # report them next time
             self.cluster_routes.failed(address, target)
@@ -264,23 +263,6 @@ class WorkerProcess(Receiver, Sender):
         if draining:
             self._drain_seen = True
         self._apply(resp)
-
-    def _report_due(self, unit: tuple[str, int, int], wm: int, pending: int, now: float,
-                    refresh: float = REPORT_REFRESH_S) -> bool:
-        """Whether a range's watermark report goes with this heartbeat. The controller
-        writes each report to the store (one write transaction each, taking the single
-        writer's turn from checkpoints), and under load heartbeats go every 25 ms: a
-        range is reported when its watermark moved, when its outbox emptied or became
-        non-empty, when its pending count changed and the last report is
-        ``REPORT_PENDING_S`` old, and at least every ``refresh`` (``REPORT_REFRESH_S``, longer
-        when so many ranges are owned that refreshing each every second would be
-        thousands of store writes a second: ``REFRESH_RANGES_PER_S``)."""
-        last = self._reported.get(unit)
-        if last is None or last[0] != wm or now - last[2] >= refresh:
-            return True
-        if last[1] != pending:
-            return (last[1] == 0) != (pending == 0) or now - last[2] >= REPORT_PENDING_S
-        return False
 
     def _apply(self, resp: pb.HeartbeatResponse) -> None:
         if resp.topology_json:
@@ -303,9 +285,10 @@ class WorkerProcess(Receiver, Sender):
             if mine.get(unit) != owned.token or (unit[0], unit[1], owned.token) in fenced:
                 self._drop(owned, "moved to another worker")
         self.failures.keep(mine)
+        self.connectors.keep(mine, fenced)
         for unit, token in sorted(mine.items()):  # a range failing to build waits for its retry
-            if unit not in self.units and (unit[0], unit[1], token) not in self._fenced_tokens \
-                    and self.failures.due(unit):
+            if unit not in self.units and not unit[0].startswith("sink:") \
+                    and (unit[0], unit[1], token) not in self._fenced_tokens and self.failures.due(unit):
                 self.taker.want(unit, token)  # built on a taker thread (services/worker/taker.py)
         self.sensors.owned_ranges(len(self.units))
         share_cache(self.units)  # the worker's state-cache budget over its ranges (units.py)
@@ -345,6 +328,8 @@ class WorkerProcess(Receiver, Sender):
         try:
             if node.startswith("injector:"):
                 owned = OwnedRange(node, range_id, token, self.store)
+            elif node.startswith("sink:"):
+                return  # run by self.connectors (keep)
             elif any(c.name == node for c in self.topology.computations):
                 rw = self._new_range_worker(node, range_id, token)
                 owned = OwnedRange(node, range_id, token, self.store, worker=rw)

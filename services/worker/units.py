@@ -112,6 +112,7 @@ class OwnedRange:
     lock: threading.RLock = field(default_factory=threading.RLock)
     outbox: Outbox | None = None
     injector_wm: int = MIN_TIMESTAMP
+    cursor: bytes | None = None  # a pulled source's position (services/worker/connectors.py); None: unread
     slices: list[Slice] = field(default_factory=list)
     inflight: set[Entry] = field(default_factory=set)
     retry_at: float = 0.0

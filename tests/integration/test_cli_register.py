@@ -26,9 +26,11 @@ log_streams: [kept]
 TYPOS = {
     # an injector's `source:` where `file:` was meant
     "injector field": (GOOD.replace("file: clicks.jsonl", "source: clicks.jsonl"),
-                       "injectors[0]: unknown fields ['source']"),
-    # a top-level `sinks:` (a sink is a stream nobody consumes; there is no such list)
-    "top-level field": (GOOD + "sinks: [kept]\n", "topology: unknown fields ['sinks']"),
+                       "injectors[0].source: must be a mapping with a 'type'"),
+    # a top-level `sink:` where `sinks:` (a list of {stream, type, ...}) was meant
+    "top-level field": (GOOD + "sink: [kept]\n", "topology: unknown fields ['sink']"),
+    # a sink given as a bare stream name
+    "sink entry": (GOOD + "sinks: [kept]\n", "sinks[0]: needs a 'stream'"),
     "computation field": (GOOD.replace("outputs: [kept]", "output: [kept]"),
                           "computation 'keep': unknown fields ['output']"),
     "option": (GOOD.replace("outputs: [kept]", "outputs: [kept]\n    options: {key_range: 2}"),

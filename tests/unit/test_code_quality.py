@@ -50,6 +50,8 @@ def test_the_core_never_imports_grpc_or_services() -> None:
     ("redis", "millwheel/state/redis_connection.py"),
     ("prometheus_client", "services/metrics.py"),
     ("pyspark", "millwheel/spark/session.py"),
+    ("psycopg", "millwheel/connectors/postgres.py"),
+    ("nats", "millwheel/connectors/nats_jetstream.py"),
 ])
 def test_heavy_libraries_live_in_one_module(library: str, home: str) -> None:
     assert importers(library) == [home]

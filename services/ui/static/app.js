@@ -244,6 +244,12 @@
     fillRows($("records"), r.records.slice().reverse().map((x) => [x.seq, fmtWm(x.timestamp), x.key, x.value]));
   }
 
+  // Connector sinks failing to write (their streams wait in the log): named in the summary.
+  function sinksDown(sinks) {
+    const down = Object.values(sinks).filter((k) => k.down_s !== null);
+    return down.length ? `, sink down: ${down.map((k) => `${k.name} (${Math.round(k.down_s)} s)`).join(", ")}` : "";
+  }
+
   async function refresh() {
     try {
       const o = await api("/api/v1/overview");
@@ -256,7 +262,8 @@
           : `${o.workers.total} workers (liveness known to the leader ${o.leader || "(none elected)"}; this controller stands by)`) +
         (bad ? `, ${bad} not ok` : "") +
         (o.last_savepoint ? `; last savepoint ${new Date(o.last_savepoint.created_us / 1000).toISOString().slice(0, 19).replace("T", " ")} UTC` +
-          ` (${(o.last_savepoint.bytes / 1048576).toFixed(1)} MB${o.last_savepoint.stopped ? ", service stopped" : ""})` : "");
+          ` (${(o.last_savepoint.bytes / 1048576).toFixed(1)} MB${o.last_savepoint.stopped ? ", service stopped" : ""})` : "") +
+        sinksDown(o.sinks || {});
       $("updated").textContent = "updated " + new Date().toISOString().slice(11, 19) + " UTC";  // as every time here
       drawGraph(o.graph);
       const names = o.computations.map((c) => c.name).sort();

@@ -1,0 +1,182 @@
+"""Connector settings in a spec: an injector's ``source:`` and the top-level ``sinks:``.
+
+Only the settings' text is checked here (type, URL scheme, required and known fields,
+bounds); no client library is imported and nothing is connected to, so ``register``
+refuses a typo at once and the controller never imports a client to validate. Errors
+name the injector or sink and the field, and show a URL only without its password
+(:func:`millwheel.state.url_display.redact`), as ClusterStatus does for the store.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from millwheel.errors import InvalidSpecError
+from millwheel.limits import MAX_DURATION_US, check_name
+from millwheel.state.url_display import redact
+
+#: Fields every source accepts besides its type's own.
+SOURCE_COMMON = {"type", "until", "max_disorder_us", "idle_timeout_us", "fields"}
+#: type -> (URL schemes, required fields, optional fields) of each source.
+SOURCE_TYPES: dict[str, tuple[tuple[str, ...], frozenset[str], frozenset[str]]] = {
+    "redis-stream": (("redis", "rediss"), frozenset({"url", "stream"}), frozenset()),
+    "nats-jetstream": (("nats", "tls"), frozenset({"url", "stream", "subject"}), frozenset()),
+    "files": ((), frozenset({"path"}), frozenset()),
+}
+#: type -> (URL schemes, required fields, optional fields) of each sink.
+SINK_TYPES: dict[str, tuple[tuple[str, ...], frozenset[str], frozenset[str]]] = {
+    "postgres": (("postgresql", "postgres"), frozenset({"url", "table"}), frozenset({"columns", "upsert_key"})),
+    # (`stream` of a sink entry is the millwheel stream it follows; the target is named apart)
+    "redis-stream": (("redis", "rediss"), frozenset({"url", "redis_stream"}), frozenset({"maxlen"})),
+    "nats-jetstream": (("nats", "tls"), frozenset({"url", "subject"}), frozenset({"jetstream"})),
+}
+RECORD_FIELDS = ("key", "value", "timestamp", "id")
+#: What a PostgreSQL sink writes of a record, each to a column (``columns:`` renames them).
+ROW_PARTS = ("record_id", "key", "window_start", "window_end", "value", "ts", "position")
+_STRUCTURED = {"maxlen", "columns", "upsert_key"}  # settings that are not one string
+MAX_SETTING_CHARS = 2048  # a URL, a table or stream name, a glob
+MAX_SINKS = 256
+
+
+@dataclass(frozen=True)
+class ConnectorSpec:
+    """A source's or sink's settings: its type and the whole mapping as canonical JSON
+    (hashable and comparable, so registering the same spec again is a no-op)."""
+
+    type: str
+    settings_json: str
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        return dict(json.loads(self.settings_json))
+
+    def public(self) -> dict[str, Any]:
+        """The settings as they may be shown: every URL without its password."""
+        out = self.settings
+        if isinstance(out.get("url"), str):
+            out["url"] = redact(out["url"])
+        return out
+
+
+@dataclass(frozen=True)
+class SinkSpec:
+    """A sink attached to a stream: it follows the stream's durable log and writes
+    every record to an external system (``millwheel.runtime.sink_runner``)."""
+
+    name: str
+    stream: str
+    connector: ConnectorSpec
+
+
+def _text(value: Any, where: str) -> str:
+    if not isinstance(value, str) or not value or len(value) > MAX_SETTING_CHARS:
+        raise InvalidSpecError(f"{where}: must be a non-empty string of at most {MAX_SETTING_CHARS} characters")
+    return value
+
+
+def _duration(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_DURATION_US:
+        raise InvalidSpecError(f"{where}: must be an integer 0..{MAX_DURATION_US} (microseconds), got {value!r}")
+    return value
+
+
+def _connector(data: Any, where: str, types: Mapping[str, tuple[tuple[str, ...], frozenset[str], frozenset[str]]],
+               common: set[str]) -> ConnectorSpec:
+    if not isinstance(data, Mapping):
+        raise InvalidSpecError(f"{where}: must be a mapping with a 'type'")
+    kind = data.get("type")
+    if kind not in types:
+        raise InvalidSpecError(f"{where}.type: must be one of {sorted(types)}, got {str(kind)[:100]!r}")
+    schemes, required, optional = types[str(kind)]
+    missing = sorted(required - set(data))
+    if missing:
+        raise InvalidSpecError(f"{where}: a {kind} needs {missing}")
+    unknown = sorted(str(k)[:100] for k in set(data) - required - optional - common)
+    if unknown:
+        raise InvalidSpecError(f"{where}: unknown fields {unknown} (a {kind} has "
+                               f"{sorted(required | optional | (common - {'type'}))})")
+    for name in required | optional:
+        if name in data and name not in _STRUCTURED:
+            _text(data[name], f"{where}.{name}")
+    if "url" in data:
+        url = data["url"]
+        scheme = url.split("://", 1)[0] if "://" in url else ""
+        if scheme not in schemes:
+            raise InvalidSpecError(f"{where}.url: a {kind} URL starts with "
+                                   f"{' or '.join(s + '://' for s in schemes)}, got {redact(url)[:200]!r}")
+    return ConnectorSpec(str(kind), json.dumps(dict(data), sort_keys=True))
+
+
+def source_from_dict(data: Any, where: str, max_disorder_us: int) -> ConnectorSpec:
+    """An injector's ``source:``; the injector's ``max_disorder_us`` is its default."""
+    spec = _connector(data, where, SOURCE_TYPES, SOURCE_COMMON)
+    settings = spec.settings
+    settings.setdefault("max_disorder_us", max_disorder_us)
+    _duration(settings["max_disorder_us"], f"{where}.max_disorder_us")
+    if "idle_timeout_us" in settings:
+        _duration(settings["idle_timeout_us"], f"{where}.idle_timeout_us")
+    if settings.setdefault("until", "never") not in ("never", "end"):
+        raise InvalidSpecError(f"{where}.until: 'end' (stop at what is there at start) or 'never'")
+    fields = settings.setdefault("fields", {})
+    if not isinstance(fields, Mapping) or set(fields) - set(RECORD_FIELDS):
+        raise InvalidSpecError(f"{where}.fields: maps {list(RECORD_FIELDS)} to the source's field names")
+    for name, value in fields.items():
+        _text(value, f"{where}.fields.{name}")
+    return ConnectorSpec(spec.type, json.dumps(settings, sort_keys=True))
+
+
+def sinks_from_list(data: Any) -> tuple[SinkSpec, ...]:
+    """The top-level ``sinks:``: each ``{stream, type, ...}`` with an optional ``name``
+    (default ``STREAM.TYPE``), names unique."""
+    if not isinstance(data, list):
+        raise InvalidSpecError("sinks: must be a list")
+    if len(data) > MAX_SINKS:
+        raise InvalidSpecError(f"sinks: {len(data)} sinks, over the limit of {MAX_SINKS}")
+    sinks: list[SinkSpec] = []
+    for i, item in enumerate(data):
+        where = f"sinks[{i}]"
+        if not isinstance(item, Mapping) or not isinstance(item.get("stream"), str):
+            raise InvalidSpecError(f"{where}: needs a 'stream'")
+        check_name(item["stream"], f"{where}.stream")
+        settings = {k: v for k, v in item.items() if k not in ("stream", "name")}
+        connector = _connector(settings, where, SINK_TYPES, {"type"})
+        maxlen = settings.get("maxlen")
+        if maxlen is not None and (isinstance(maxlen, bool) or not isinstance(maxlen, int) or maxlen < 1):
+            raise InvalidSpecError(f"{where}.maxlen: must be a positive integer")
+        if connector.type == "postgres":
+            _columns(settings, where)
+        name = item.get("name", f"{item['stream']}.{connector.type}")
+        check_name(name, f"{where}.name")
+        if any(s.name == name for s in sinks):
+            raise InvalidSpecError(f"{where}: sink {name!r} defined twice (give each a 'name')")
+        sinks.append(SinkSpec(str(name), item["stream"], connector))
+    return tuple(sinks)
+
+
+def _columns(settings: Mapping[str, Any], where: str) -> None:
+    """A PostgreSQL sink's ``columns`` (record part -> an existing table's column) and
+    ``upsert_key`` (columns of a unique index: a row with the same key is updated)."""
+    columns = settings.get("columns")
+    if columns is not None:
+        if not isinstance(columns, Mapping) or not columns or set(columns) - set(ROW_PARTS):
+            raise InvalidSpecError(f"{where}.columns: maps some of {list(ROW_PARTS)} to column names")
+        for part, column in columns.items():
+            if not isinstance(column, str) or not 0 < len(column) <= 63:
+                raise InvalidSpecError(f"{where}.columns.{part}: a column name of 1..63 characters")
+    upsert = settings.get("upsert_key")
+    if upsert is not None:
+        mapped = set((columns or {}).values())
+        if columns is None or not isinstance(upsert, list) or not upsert or not all(
+                isinstance(c, str) and c in mapped for c in upsert):
+            raise InvalidSpecError(f"{where}.upsert_key: a list of columns named in 'columns'")
+
+
+def sink_to_dict(sink: SinkSpec) -> dict[str, Any]:
+    return {"name": sink.name, "stream": sink.stream, **sink.connector.settings}
+
+
+def sink_node(name: str) -> str:
+    """The node (one key range) whose owner runs sink ``name``."""
+    return f"sink:{name}"

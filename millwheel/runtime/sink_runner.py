@@ -1,0 +1,90 @@
+"""A sink: follows one stream's durable log and writes it to an external system.
+
+The sink's node (``sink:NAME``, one range) is owned like any range: its owner holds a
+sequencer token and hands it to the connector with every batch, and the connector
+keeps the last position it wrote together with the rows (the external system's own
+transaction), so after a crash or a move the new owner resumes from there and a
+zombie's write is refused by the system itself (millwheel.connectors.postgres).
+
+A sink that is down holds its stream: the log keeps every record until the log's
+retention (docs/service.md), reads resume where the sink's position is, and
+:attr:`SinkRunner.down_since` says since when it fails (the worker's metric).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from typing import Any
+
+from millwheel.connectors import SinkConnector
+from millwheel.connectors.spec import SinkSpec
+from millwheel.errors import ConnectorError, InvalidSpecError, StoreError
+from millwheel.state.protocol import StateStore
+
+log = logging.getLogger("millwheel.sinks")
+
+
+def open_sink(settings: dict[str, Any]) -> SinkConnector:
+    """The connector a sink's settings name (its client library imported only now)."""
+    kind = settings["type"]
+    if kind == "postgres":
+        from millwheel.connectors.postgres import PostgresSink
+        return PostgresSink(settings)
+    if kind == "redis-stream":
+        from millwheel.connectors.redis_stream import RedisStreamSink
+        return RedisStreamSink(settings)
+    if kind == "nats-jetstream":
+        from millwheel.connectors.nats_jetstream import JetStreamSink
+        return JetStreamSink(settings)
+    raise InvalidSpecError(f"unknown sink type {kind!r}")
+
+
+class SinkRunner:
+    def __init__(self, spec: SinkSpec, store: StateStore, token: int, connector: SinkConnector | None = None,
+                 batch_size: int = 1000) -> None:
+        self.spec = spec
+        self.store = store
+        self.token = token
+        self.connector = connector or open_sink(spec.connector.settings)
+        self.batch_size = batch_size
+        self.position: int | None = None  # None until opened
+        self.written = 0
+        self.down_since: float | None = None
+        self.caught_up = False  # the last step found nothing new in the log
+        self.dropped = False  # no longer ours (service mode): closed, never written again
+        self._retry_at = 0.0
+        self._failures = 0
+
+    def step(self) -> int:
+        """Write the next batch of the log, if any; returns how many records were read.
+        A failing external system is retried with backoff (FencedError propagates)."""
+        if time.monotonic() < self._retry_at:
+            return 0
+        try:
+            if self.position is None:
+                self.position = self.connector.open(self.spec.name, 0, self.token)
+            got = self.store.read_log(self.spec.stream, self.position, self.batch_size)
+            if got:
+                self.position = self.connector.write_batch(got, self.token)
+                self.written += len(got)
+        except (ConnectorError, StoreError) as exc:
+            self._failed(exc)
+            return 0
+        self._failures, self.down_since = 0, None
+        self.caught_up = not got
+        return len(got)
+
+    def _failed(self, exc: Exception) -> None:
+        self._failures += 1
+        self.caught_up = False
+        if self.down_since is None:
+            self.down_since = time.monotonic()
+            log.warning("sink %r: %s; retrying", self.spec.name, exc)
+        delay = min(5.0, 0.05 * 2 ** min(self._failures, 10))
+        self._retry_at = time.monotonic() + delay * random.uniform(0.5, 1.5)
+        self.position = None  # reopen: the connection may be gone, the position moved
+
+    def close(self) -> None:
+        self.connector.close()

@@ -1,0 +1,182 @@
+"""Sources and sinks where their ranges are owned (docs/connectors.md).
+
+An injector whose spec names a ``source`` is pulled by the worker owning its range:
+each batch read is checkpointed into the injector's outbox together with the source
+position (the cursor) and the watermark, under the range's token, exactly as local
+mode's :class:`~millwheel.runtime.injector.InjectorWorker` does; the pump sends the
+outbox on. Reading pauses while the outbox holds ``--max-injector-outbox`` records
+(backpressure). A sink's range (``sink:NAME``) is run by a
+:class:`~millwheel.runtime.sink_runner.SinkRunner` under its token.
+
+Two threads (one pulling every owned source, one writing every owned sink), so a slow
+external system on one side never stalls the other, nor the worker's pump.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+from millwheel.clock import SystemClock
+from millwheel.connectors.pulled import PulledSource, open_source
+from millwheel.connectors.spec import SinkSpec
+from millwheel.errors import FencedError
+from millwheel.runtime.injector import CURSOR_KEY, dead_letters
+from millwheel.runtime.sink_runner import SinkRunner
+from millwheel.state.protocol import Checkpoint
+from millwheel.topology import InjectorSpec
+
+from .units import INJ_WM_KEY, OwnedRange
+
+log = logging.getLogger("millwheel.worker")
+Unit = tuple[str, int]
+IDLE_S = 0.02
+
+
+class Connectors:
+    """The two threads and what they own; ``host`` is the WorkerProcess (its store,
+    topology, router, units, limits, stop event and pump wake-up)."""
+
+    def __init__(self, host: Any) -> None:
+        self.host = host
+        self.clock = SystemClock()
+        self.sources: dict[Unit, tuple[int, PulledSource]] = {}
+        self.sinks: dict[Unit, SinkRunner] = {}
+        self._sinks_lock = threading.Lock()  # held briefly: never while a sink writes
+        self.fenced: set[tuple[str, int, int]] = set()  # (node, range, token) a sink was fenced under
+        self.threads = [threading.Thread(target=self._source_loop, name="sources", daemon=True),
+                        threading.Thread(target=self._sink_loop, name="sinks", daemon=True)]
+        for t in self.threads:
+            t.start()
+
+    # -- sources ---------------------------------------------------------------------
+    def _source_loop(self) -> None:
+        while not self.host.stopped.is_set():
+            moved = 0
+            try:
+                moved = self._pull_all()
+            except Exception:
+                log.exception("source pass failed")
+                time.sleep(0.5)
+            if not moved:
+                time.sleep(IDLE_S)
+        for _token, src in self.sources.values():
+            src.close()
+
+    def _pull_all(self) -> int:
+        host = self.host
+        wanted: dict[Unit, tuple[OwnedRange, InjectorSpec]] = {}
+        for unit, owned in list(host.units.items()):
+            if owned.is_injector and not owned.dropped:
+                spec = next((i for i in host.topology.injectors if f"injector:{i.name}" == owned.node), None)
+                if spec is not None and spec.source is not None:
+                    wanted[unit] = (owned, spec)
+        for unit in [u for u in self.sources if u not in wanted or wanted[u][0].token != self.sources[u][0]]:
+            self.sources.pop(unit)[1].close()
+        moved = 0
+        for unit, (owned, spec) in wanted.items():
+            if unit not in self.sources:
+                assert spec.source is not None
+                self.sources[unit] = (owned.token, open_source(spec.name, spec.source.settings, self.clock))
+            moved += self._pull(owned, spec, self.sources[unit][1])
+        return moved
+
+    def _pull(self, owned: OwnedRange, spec: InjectorSpec, source: PulledSource) -> int:
+        """Read and checkpoint one batch of ``source`` into ``owned``'s outbox (unless the
+        outbox is full: backpressure)."""
+        host = self.host
+        assert owned.outbox is not None
+        if owned.outbox.in_memory() >= host.max_injector_outbox:
+            return 0
+        if owned.cursor is None:
+            owned.cursor = host.store.read_state(owned.node, [CURSOR_KEY]).get(CURSOR_KEY) or b""
+        cursor = owned.cursor
+        batch = source.read(cursor, host.batch_size)
+        if not batch.records and not batch.rejected and batch.cursor == cursor \
+                and batch.watermark <= owned.injector_wm:
+            return 0
+        with owned.lock:
+            if owned.dropped:
+                return 0
+            wm = max(owned.injector_wm, batch.watermark)
+            cp = Checkpoint(computation=owned.node, range_id=0, token=owned.token, now_us=self.clock.now_us(),
+                            state_writes={CURSOR_KEY: batch.cursor, INJ_WM_KEY: str(wm).encode()},
+                            productions=host.router.fan_out_many(spec.stream, batch.records))
+            if batch.rejected:
+                dead_letters(cp, spec, host.router, batch.rejected)
+            try:
+                host.store.checkpoint(cp)
+            except FencedError as exc:
+                host._fenced(owned, exc)
+                return 0
+            owned.outbox.add(cp.productions)
+            owned.cursor = batch.cursor
+            owned.injector_wm = wm
+            owned.changed()
+        host._wake.set()
+        return len(batch.records) + len(batch.rejected)
+
+    # -- sinks -----------------------------------------------------------------------
+    def keep(self, mine: dict[Unit, int], fenced: set[tuple[str, int, int]]) -> None:
+        """Take the sink ranges assigned to us and drop those that are not (any more),
+        after a heartbeat answer."""
+        specs = {f"sink:{s.name}": s for s in self.host.topology.sinks}
+        with self._sinks_lock:
+            for unit, runner in list(self.sinks.items()):
+                if mine.get(unit) != runner.token or (unit[0], unit[1], runner.token) in fenced \
+                        or unit[0] not in specs:
+                    self._drop(unit, "moved to another worker")
+            for unit, token in mine.items():
+                if unit[0].startswith("sink:") and unit not in self.sinks and unit[0] in specs \
+                        and (unit[0], unit[1], token) not in fenced | self.fenced:
+                    self._take(unit, token, specs[unit[0]])
+
+    def _take(self, unit: Unit, token: int, spec: SinkSpec) -> None:
+        self.sinks[unit] = SinkRunner(spec, self.host.store, token, batch_size=self.host.batch_size)
+        log.info("took %s/%d (token %d)", unit[0], unit[1], token)
+
+    def _drop(self, unit: Unit, reason: str) -> None:
+        """Forget a sink range (under the lock); the sink thread closes it after any write
+        in progress (a write of ours racing the new owner is refused by the token)."""
+        runner = self.sinks.pop(unit, None)
+        if runner is not None:
+            runner.dropped = True
+            log.info("dropped %s/%d (token %d): %s", unit[0], unit[1], runner.token, reason)
+
+    def _sink_loop(self) -> None:
+        while not self.host.stopped.is_set():
+            moved = 0
+            with self._sinks_lock:
+                owned = list(self.sinks.items())
+            for unit, runner in owned:
+                try:
+                    written = 0 if runner.dropped else runner.step()
+                    moved += written
+                    down = runner.down_since
+                    self.host.sensors.sink(runner.spec.name, 0.0 if down is None else time.monotonic() - down,
+                                           written)
+                except FencedError as exc:
+                    with self._sinks_lock:
+                        self.fenced.add((unit[0], unit[1], runner.token))
+                        # told to the controller with the next heartbeat, which issues a
+                        # fresh token if it still means us (as for any fenced range)
+                        self.host._fenced_unreported.append((unit[0], unit[1], runner.token))
+                        if self.sinks.get(unit) is runner:
+                            self._drop(unit, str(exc))
+                except Exception:
+                    log.exception("sink %s failed", unit[0])
+                if runner.dropped:
+                    runner.close()
+            if not moved:
+                time.sleep(IDLE_S)
+        with self._sinks_lock:
+            for runner in self.sinks.values():
+                runner.close()
+            self.sinks.clear()
+
+    def down(self) -> dict[str, float]:
+        """Sinks failing to write now -> seconds since (the heartbeat's ``sinks_down``)."""
+        now = time.monotonic()
+        return {r.spec.name: now - r.down_since for r in list(self.sinks.values()) if r.down_since is not None}
