@@ -55,6 +55,7 @@ import grpc
 from millwheel.clock import SystemClock
 from millwheel.errors import InvalidSpecError, ResourceLimitError
 from millwheel.limits import MAX_KEY_RANGES, MAX_TOTAL_KEY_RANGES
+from millwheel.runtime.crash import crash_hook_from_env
 from millwheel.savepoint import repartition
 from millwheel.state.protocol import StateStore
 from millwheel.topology import ComputationSpec, Topology
@@ -71,6 +72,9 @@ log = logging.getLogger("millwheel.controller")
 JOURNAL = "rescale/"  #: metadata: rescale/NAME -> the rescale under way (JSON)
 STAGE = "rescale:"  #: the staging node's prefix (names never hold ':')
 MOVING_WAIT_S = 30.0  #: how long a rescale waits for moves of its ranges under way
+#: ``MILLWHEEL_CRASH_AT=rescale_staged|rescale_committed|rescale_copied``: the controller
+#: kills itself -9 there (the crash tests); nothing otherwise.
+crash = crash_hook_from_env()
 
 
 def _tokens(store: StateStore, known: dict[tuple[str, int], int]) -> Callable[[str, int], int]:
@@ -99,6 +103,7 @@ def apply(store: StateStore, registry: Registry, name: str, entry: dict[str, Any
     if entry["phase"] == "commit":
         repartition.clear(store, name, range(max(old, n)), (old, n), token, at_us)
         moved = repartition.copy(store, STAGE + name, n, name, n, token, at_us, spread_ids=False)
+        crash("rescale_copied")
         if entry.get("watermark") is not None:
             for r in range(old, n):
                 store.report_watermark(name, r, token(name, r), int(entry["watermark"]))
@@ -205,7 +210,9 @@ class Rescaling:
         wms = self.store.read_watermarks(name)
         floor = min(wms[r] for r in range(old)) if all(r in wms for r in range(old)) else None
         entry = {**entry, "phase": "commit", "watermark": floor}
+        crash("rescale_staged")
         _journal(self.store, name, entry)  # 3: the commit
+        crash("rescale_committed")
         apply(self.store, self.registry, name, entry, token)  # 4-5
         self._registry_changed()  # 6
         for w in self.assigner.workers.values():
