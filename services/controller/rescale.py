@@ -34,11 +34,16 @@ data, which stays whole until the registry names the new layout. Every range is
 assigned to nobody from 1 until the end (a new leader finds the tokens moved and places
 the ranges only after :func:`recover`), so no worker runs a mix.
 
-Watermarks: a range's stored watermark only rises, so the ranges that keep their number
-keep theirs; new numbers get the least of the old ranges' (what the computation's
-watermark was). The computation's watermark, the least over its ranges, therefore does
-not go back, and the controller never serves less than it served before anyway
-(services/controller/watermarks.py).
+Watermarks: a range's stored watermark only rises, so a range that keeps its number
+keeps its stored value, and new numbers get the least of the old ranges' (``W``, what
+the computation's watermark was). A key moved into a range whose value was above
+``W`` may bring pending work older than that value (a timer, a production), so the
+controller counts every range of the computation as ``W`` until its new owner's own
+report reaches what is stored (:meth:`~services.controller.watermarks.Watermarks.hold`).
+Every moved item is at least ``W`` (each old range's watermark bounded its pending
+work), so the computation's watermark neither goes back nor passes pending work. The
+hold is the leader's memory: a controller change in the seconds before the new owners
+report ends it early (stated in docs/service.md).
 """
 
 from __future__ import annotations
@@ -66,6 +71,7 @@ from ..rpc.status import PreconditionError, UnavailableError, rpc
 from .assign import Assigner
 from .ha import leader_only
 from .registry import Registry
+from .watermarks import Watermarks
 
 log = logging.getLogger("millwheel.controller")
 
@@ -122,7 +128,7 @@ def apply(store: StateStore, registry: Registry, name: str, entry: dict[str, Any
     return moved
 
 
-def recover(store: StateStore, registry: Registry) -> None:
+def recover(store: StateStore, registry: Registry, wms: Watermarks) -> None:
     """Finish or undo a rescale a dead controller left (before anything is assigned):
     a staged one is dropped (the old layout stands), a committed one is completed."""
     for key, raw in sorted(store.list_meta(JOURNAL).items()):
@@ -137,6 +143,8 @@ def recover(store: StateStore, registry: Registry) -> None:
                         name, entry["from"])
         else:
             apply(store, registry, name, entry, token)
+            if entry.get("watermark") is not None:
+                wms.hold(name, int(entry["watermark"]), int(entry["to"]))
             log.warning("rescale of %r cut short after its commit: completed (%s -> %s key ranges)",
                         name, entry["from"], entry["to"])
 
@@ -149,13 +157,14 @@ class Rescaling:
     assigner: Assigner
     lock: threading.RLock
     clock: SystemClock
+    wms: Watermarks
     _registry_changed: Callable[[], None]
     _info: Callable[[str], pb.ComputationInfo]
 
     def _finish_interrupted(self, registry: Registry) -> None:
         """On election, before anything is assigned (services/controller/ha.py)."""
         if self.store.list_meta(JOURNAL):
-            recover(self.store, registry)
+            recover(self.store, registry, self.wms)
 
     @rpc
     @leader_only
@@ -214,6 +223,8 @@ class Rescaling:
         _journal(self.store, name, entry)  # 3: the commit
         crash("rescale_committed")
         apply(self.store, self.registry, name, entry, token)  # 4-5
+        if floor is not None:
+            self.wms.hold(name, floor, n)
         self._registry_changed()  # 6
         for w in self.assigner.workers.values():
             self.assigner.touch(w.worker_id)  # the lock held their heartbeats, not them
