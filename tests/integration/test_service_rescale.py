@@ -17,7 +17,7 @@ import signal
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import pytest
 
@@ -50,7 +50,7 @@ def records() -> list[Record]:
 
 
 @pytest.fixture
-def cluster(tmp_path: Path):
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
     c = Cluster(tmp_path)
     try:
         c.start_controller()
@@ -184,10 +184,10 @@ def test_refused_rescales_change_nothing(cluster: Cluster) -> None:
     assert not same.changed and view(c) == before
     assert ranges_of(c, "counts") == [0, 1] and c.client.state("counts", "k1").state == state
 
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+    out, errs = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(errs):
         code = cli(["rescale", "counts", "--key-ranges", "5", "--controller", c.address])
-    assert code == 0 and "2 -> 5 key ranges" in out.getvalue(), err.getvalue()
+    assert code == 0 and "2 -> 5 key ranges" in out.getvalue(), errs.getvalue()
     assert c.client.state("counts", "k1").state == state  # the key's open windows went along
     assert view(c) == [(n, 5 if n == "counts" else k, v + (n == "counts")) for n, k, v in before]
     with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
