@@ -124,6 +124,12 @@ def copy_ids(store: StateStore, src: str, s: int, dst: str, r: int, tokens: Toke
 
 
 def _ids_everywhere(store: StateStore, dst: str, new: int, ids: list[str], tokens: Tokens, now_us: int) -> int:
+    """Write ``ids`` into every new range; those already written (from another old range:
+    after an earlier rescale every range held them all) are skipped, by one look at range
+    0, which holds every ID written here."""
+    if ids:
+        seen = store.contains_ids(dst, 0, ids)
+        ids = [i for i in ids if i not in seen] if seen else ids
     if not ids:
         return 0
     for r in range(new):
