@@ -189,40 +189,70 @@ class Rescaling:
             time.sleep(0.05)
 
     def _rescalable(self, name: str, n: int) -> ComputationSpec:
-        """The computation, or why it cannot be rescaled (nothing changed)."""
+        """The computation, or why it cannot be rescaled (nothing changed). A rescale of
+        it that failed after its commit (the store failing) is completed first."""
         if name.startswith("injector:") or self.registry.injector(name) is not None:
             raise PreconditionError(f"rescale of {name[:200]!r}: an injector has one key range (range 0) "
                                     "and cannot be rescaled; rescale the computations it feeds")
         spec = self.registry.computation(name)  # NOT_FOUND
-        if self.store.get_meta(JOURNAL + name) is not None:
-            raise PreconditionError(f"rescale of {name!r}: an earlier rescale is still being finished")
+        raw = self.store.get_meta(JOURNAL + name)
+        if raw is not None:
+            self._finish(name, json.loads(raw))
+            spec = self.registry.computation(name)
         total = sum(self.registry.nodes().values()) - spec.options.key_ranges + n
         if total > MAX_TOTAL_KEY_RANGES:
             raise ResourceLimitError(f"rescale of {name!r} to {n} key ranges: {total} in the registry in all, "
                                      f"over the limit of {MAX_TOTAL_KEY_RANGES} (nothing changed)")
         return spec
 
+    def _finish(self, name: str, entry: dict[str, Any]) -> None:
+        """Complete (committed) or undo (staged) a rescale of ``name`` cut short by a
+        store failure, then place its ranges again."""
+        token = _tokens(self.store, {})
+        if entry.get("phase") == "staging":
+            repartition.clear(self.store, STAGE + name, range(int(entry["to"])), (int(entry["to"]),),
+                              token, int(entry["at_us"]))
+            _journal(self.store, name, None)
+        else:
+            apply(self.store, self.registry, name, entry, token)
+        self.assigner.frozen.discard(name)
+        self._registry_changed()
+
     def _rescale(self, spec: ComputationSpec, n: int) -> pb.RescaleComputationResponse:
         """Steps 1-6 of the module docstring; the caller holds both locks."""
         started = time.monotonic()
         name, old = spec.name, spec.options.key_ranges
         known: dict[tuple[str, int], int] = {}
-        for r in range(old):  # 1: nobody runs any of its ranges from here on
-            known[(name, r)] = self.assigner.move_now((name, r), None)
-        token = _tokens(self.store, known)
-        at_us = self.clock.now_us()
-        entry: dict[str, Any] = {"phase": "staging", "from": old, "to": n, "at_us": at_us}
-        _journal(self.store, name, entry)
-        stage = STAGE + name
-        repartition.clear(self.store, stage, range(n), (n,), token, at_us)  # left by an earlier attempt
-        staged = repartition.copy(self.store, name, old, stage, n, token, at_us)  # 2
-        wms = self.store.read_watermarks(name)
-        floor = min(wms[r] for r in range(old)) if all(r in wms for r in range(old)) else None
+        self.assigner.frozen.add(name)  # placed nowhere until done (also if a store call fails)
+        entry: dict[str, Any] = {"phase": "staging", "from": old, "to": n, "at_us": self.clock.now_us()}
+        try:
+            for r in range(old):  # 1: nobody runs any of its ranges from here on
+                known[(name, r)] = self.assigner.move_now((name, r), None)
+            token = _tokens(self.store, known)
+            at_us = entry["at_us"]
+            _journal(self.store, name, entry)
+            stage = STAGE + name
+            repartition.clear(self.store, stage, range(n), (n,), token, at_us)  # left by an earlier attempt
+            staged = repartition.copy(self.store, name, old, stage, n, token, at_us)  # 2
+            wms = self.store.read_watermarks(name)
+            floor = min(wms[r] for r in range(old)) if all(r in wms for r in range(old)) else None
+            crash("rescale_staged")
+        except Exception as exc:  # the store failed before the commit: the old layout stands
+            try:
+                self._finish(name, entry)
+            except Exception as again:  # the journal stays: undone by the next call or leader
+                log.warning("rescale of %r failed (%s); its undo failed too (%s): its ranges wait", name, exc, again)
+            raise
         entry = {**entry, "phase": "commit", "watermark": floor}
-        crash("rescale_staged")
-        _journal(self.store, name, entry)  # 3: the commit
-        crash("rescale_committed")
-        apply(self.store, self.registry, name, entry, token)  # 4-5
+        try:
+            _journal(self.store, name, entry)  # 3: the commit
+            crash("rescale_committed")
+            apply(self.store, self.registry, name, entry, token)  # 4-5
+        except Exception as exc:  # the journal says how far it got; the next call or leader goes on
+            raise UnavailableError(f"rescale of {name!r} to {n} key ranges: the store failed at its commit or "
+                                   f"after it ({exc}); its ranges run again once it is finished: send the "
+                                   "rescale again (or the next controller finishes it at its election)") from exc
+        self.assigner.frozen.discard(name)
         if floor is not None:
             self.wms.hold(name, floor, n)
         self._registry_changed()  # 6

@@ -211,6 +211,11 @@ class Receiver:
             rw = owned.worker
             stray = misrouted(records, range_id, rw.spec.options.key_ranges)
             if stray is not None:  # routed under another key-range count (a rescale): not taken here
+                current = self.store.current_token(computation, range_id)
+                if current != owned.token:  # a zombie says so, as its checkpoint would
+                    self._fenced(owned, FencedError(computation, range_id, owned.token, current))
+                    return pb.DeliverAck(status=pb.DeliverAck.NOT_OWNER,
+                                         message=f"range moved{self._fenced_note(unit)}")
                 return pb.DeliverAck(status=pb.DeliverAck.FAILED, message=(
                     f"{computation}/{range_id}: {stray}; the sender's registry is older or newer than "
                     f"{self.worker_id}'s (version {self.version}): sent again once both have the same"))
