@@ -28,6 +28,7 @@ from millwheel.topology import CodeRef, ComputationSpec, InjectorSpec, InputSpec
 from services.cli import main as cli
 from services.rpc.status import PreconditionError, UnavailableError
 from tests.integration.service_cluster import Cluster, expected_outputs, wait_for
+from tests.support.redis_server import RedisServer
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 SECOND = 1_000_000
@@ -110,6 +111,20 @@ def test_rescale_2_8_3_mid_stream_exact(cluster: Cluster, tmp_path: Path) -> Non
     assert up.computation.version == 2 and down.computation.version == 3
     info = cluster.client.describe("counts")
     assert info.spec.options.key_ranges == 3 and len(info.ranges) == 3
+
+
+def test_rescale_on_redis_where_state_lives_per_range(tmp_path: Path) -> None:
+    """Redis keeps a key's state under its range: a key read or written in the wrong
+    range would be missing, so the exact output shows every key was moved."""
+    with RedisServer() as redis:
+        c = Cluster(tmp_path, store_url=redis.url)
+        try:
+            c.start_controller()
+            c.start_worker()
+            c.start_worker()
+            run(c, tmp_path, {12: lambda: rescale(c, 8), 25: lambda: rescale(c, 3)})
+        finally:
+            c.stop()
 
 
 def test_rescale_with_a_worker_killed_during_it(cluster: Cluster, tmp_path: Path) -> None:
