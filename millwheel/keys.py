@@ -25,6 +25,19 @@ def key_range(key: str, range_count: int) -> int:
     return zlib.crc32(key.encode()) % range_count
 
 
+def misrouted(records: list[Record], range_id: int, range_count: int) -> str | None:
+    """What is wrong if any record's key is not range ``range_id``'s under ``range_count``
+    ranges, else None. A sender routes by the registry it holds; across a rescale it may
+    hold the other key-range count, and a range must take only its own keys (their
+    state, timers and consumed IDs are there)."""
+    for rec in records:
+        r = key_range(rec.key, range_count)
+        if r != range_id:
+            return (f"record {rec.record_id[:200]!r}: its key belongs to range {r} of {range_count}, "
+                    f"not {range_id}")
+    return None
+
+
 @dataclass(frozen=True)
 class KeyExtractor:
     """How a consumer derives its key from a record.

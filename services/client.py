@@ -236,6 +236,12 @@ class ControllerClient:
             req.spec.CopyFrom(spec)
         return cast(pb.UpdateComputationResponse, self._unary("UpdateComputation", req, self.timeout_s))
 
+    def rescale(self, computation: str, key_ranges: int) -> pb.RescaleComputationResponse:
+        """Change ``computation``'s key-range count while it runs. Sending the same count
+        again changes nothing (a retry after a lost answer is safe)."""
+        req = pb.RescaleComputationRequest(computation=computation, key_ranges=key_ranges)
+        return cast(pb.RescaleComputationResponse, self._unary("RescaleComputation", req, self.timeout_s))
+
     def computations(self) -> pb.ListComputationsResponse:
         return cast(pb.ListComputationsResponse,
                     self._unary("ListComputations", pb.ListComputationsRequest(), self.timeout_s))

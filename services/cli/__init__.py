@@ -13,7 +13,7 @@ from millwheel import __version__
 from millwheel.errors import MillWheelError
 
 COMMAND_MODULES = tuple(f"{__package__}.{m}" for m in (
-    "local", "service", "remote", "update", "savepoint", "errors", "spark"))
+    "local", "service", "remote", "update", "rescale", "savepoint", "errors", "spark"))
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -31,7 +31,7 @@ is processed exactly once, by the old code or the new, never both and never neit
 What is refused, before anything changes (exit status 2, nothing changed):
   - a spec that cannot be built (built-ins are built as at registration; code named by
     import path is checked against the allow-list, never imported by the controller);
-  - a change of options.key_ranges (rescale is not built yet) or of the key extractor
+  - a change of options.key_ranges (use 'millwheel rescale') or of the key extractor
     of an input it keeps;
   - inputs/outputs that break the registry's rules (a consumer left without producer,
     a cycle, a logged stream no longer written);

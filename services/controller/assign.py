@@ -96,6 +96,7 @@ class Assigner:
         self.moving: dict[Unit, str | None] = {}  # planned moves whose token is being acquired
         self.due = False  # a move failed or no longer held: rebalance at the reaper's next pass
         self.stopped = store.get_meta(STOPPED_KEY) is not None
+        self.frozen: set[str] = set()  # computations being rescaled: their ranges are placed nowhere
         grace_until = time.monotonic() + grace_s
         for name, value in store.list_meta(WORKER_PREFIX).items():
             data = json.loads(value)
@@ -196,6 +197,8 @@ class Assigner:
             return unit[0] not in self.workers[wid].refuses
 
         for unit in sorted(self.units):
+            if unit[0] in self.frozen:  # a rescale's: assigned to nobody until it is done
+                continue
             if unit in self.moving:  # counts for where it is going
                 target = self.moving[unit]
                 if target in counts:

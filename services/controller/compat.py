@@ -60,7 +60,7 @@ def candidate(topology: Topology, new: ComputationSpec, allow: AllowList) -> Top
         raise PreconditionError(
             f"{where}: options.key_ranges {old.options.key_ranges} -> {new.options.key_ranges}: a "
             "computation's key-range count cannot change in an update (its keys' state lives in "
-            "their ranges; rescale is not built yet)")
+            "their ranges; use 'millwheel rescale NAME --key-ranges N')")
     old_keys = {i.stream: i.key_extractor for i in old.inputs}
     for inp in new.inputs:
         if inp.stream in old_keys and old_keys[inp.stream] != inp.key_extractor:

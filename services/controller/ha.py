@@ -97,6 +97,7 @@ class Replicated:
     heartbeat_timeout_s: float
     takeover_grace_s: float
     _registry_changed: Callable[[], None]
+    _finish_interrupted: Callable[[Registry], None]  # services/controller/rescale.py
 
     _view_at = 0.0
     _leader_channels: dict[str, grpc.Channel]
@@ -137,6 +138,7 @@ class Replicated:
         # Read outside the lock (a standby's queries go on meanwhile); the moves it
         # decides run off the lock too (services/controller/assign.py).
         registry = Registry(self.store, self.allow_code)
+        self._finish_interrupted(registry)  # a rescale cut short: one layout, before any assignment
         assigner = Assigner(self.store, self.heartbeat_timeout_s,
                             grace_s=max(self.takeover_grace_s, self.heartbeat_timeout_s),
                             work=self.work, lock=self.lock)

@@ -64,6 +64,7 @@ from .limits import InjectLimits
 from .queries import Queries
 from .registry import Registry
 from .replay import Replayer
+from .rescale import Rescaling
 from .retention import RetentionThread
 from .savepoint import Savepoints
 from .store_work import StoreWork
@@ -77,7 +78,7 @@ DEFAULT_MAX_VALUE_BYTES = 1024 * 1024
 REBALANCE_CHUNK = 256  # range moves (two store writes each) per hold of the lock after a registration
 
 
-class ControllerService(Queries, Replicated, Injecting, Updating, Heartbeats, Savepoints):
+class ControllerService(Queries, Replicated, Injecting, Updating, Rescaling, Heartbeats, Savepoints):
     def __init__(
         self, store: StateStore, *, heartbeat_timeout_s: float = 3.0,
         max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES, sensors: PrometheusSensors | None = None,

@@ -40,6 +40,10 @@ class Watermarks:
         self.known: dict[str, dict[int, int]] = {}
         self._served: dict[str, int] = {}
         self._read_at = 0.0
+        # Ranges a rescale refilled (services/controller/rescale.py): node -> range -> the
+        # value it counts as, its owner's own reports (not the stored value, which never
+        # goes below what the range held before the keys moved in) until one reaches it.
+        self.held: dict[str, dict[int, int]] = {}
 
     # -- answers (under the controller's lock; no store call) --------------------------
     def of(self, node: str) -> dict[int, int]:
@@ -51,10 +55,30 @@ class Watermarks:
         stored = self.known.get(node, {})
         value = MIN_TIMESTAMP
         if all(r in stored for r in range(ranges)):
-            value = min(stored[r] for r in range(ranges))
+            held = self.held.get(node, {})
+            value = min(min(stored[r], held.get(r, stored[r])) for r in range(ranges))
         served = max(self._served.get(node, MIN_TIMESTAMP), value)
         self._served[node] = served
         return served
+
+    def hold(self, node: str, floor: int, ranges: int) -> None:
+        """After a rescale (under the lock): count every range of ``node`` as ``floor``
+        (the least watermark of its old ranges) until its new owner reports as much as
+        is stored. A key moved into a range that had a higher watermark brings pending
+        work (timers, productions) older than it; the stored value cannot go back."""
+        self.held[node] = {r: floor for r in range(ranges)}
+
+    def _reported(self, node: str, range_id: int, watermark: int) -> None:
+        with self.lock:
+            held = self.held.get(node)
+            if held is None or range_id not in held:
+                return
+            if watermark >= self.known.get(node, {}).get(range_id, MIN_TIMESTAMP):
+                del held[range_id]  # caught up: the stored value is true again
+                if not held:
+                    del self.held[node]
+            else:
+                held[range_id] = max(held[range_id], watermark)
 
     def _learn(self, node: str, values: dict[int, int]) -> None:
         with self.lock:
@@ -73,6 +97,8 @@ class Watermarks:
         with self.lock:
             for gone in [n for n in self.known if n not in nodes]:
                 del self.known[gone]
+            for gone in [n for n in self.held if n not in nodes]:
+                del self.held[gone]
         for node in nodes:
             self.work.submit(("wm-read", node), partial(self._read, node), replace=True)
 
@@ -109,5 +135,6 @@ class Watermarks:
                 log.warning("watermark report of %s/%d not written: %s", node, range_id, exc)
                 raise
             self._learn(node, {range_id: stored})
+            self._reported(node, range_id, watermark)
             return stored
         return self.work.submit(("wm", node, range_id), write, replace=True)

@@ -19,6 +19,7 @@ import grpc
 
 from millwheel.clock import SystemClock
 from millwheel.errors import FencedError, UserCodeError
+from millwheel.keys import misrouted
 from millwheel.record import MIN_TIMESTAMP, Record
 from millwheel.runtime import poison
 from millwheel.runtime.context import RangeTransaction
@@ -208,6 +209,16 @@ class Receiver:
             if owned.dropped or owned.worker is None:
                 return pb.DeliverAck(status=pb.DeliverAck.NOT_OWNER, message=f"range moved{self._fenced_note(unit)}")
             rw = owned.worker
+            stray = misrouted(records, range_id, rw.spec.options.key_ranges)
+            if stray is not None:  # routed under another key-range count (a rescale): not taken here
+                current = self.store.current_token(computation, range_id)
+                if current != owned.token:  # a zombie says so, as its checkpoint would
+                    self._fenced(owned, FencedError(computation, range_id, owned.token, current))
+                    return pb.DeliverAck(status=pb.DeliverAck.NOT_OWNER,
+                                         message=f"range moved{self._fenced_note(unit)}")
+                return pb.DeliverAck(status=pb.DeliverAck.FAILED, message=(
+                    f"{computation}/{range_id}: {stray}; the sender's registry is older or newer than "
+                    f"{self.worker_id}'s (version {self.version}): sent again once both have the same"))
             try:
                 # Records that overran their deadline before run alone; see services/worker/overruns.py.
                 seen = owned.fresh_overruns() if self.watchdog else owned.overruns
