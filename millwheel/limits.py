@@ -24,7 +24,11 @@ NAME_CHARSET = "letters, digits and _ . - :"
 _NAME = re.compile(r"[A-Za-z0-9_.:-]+")
 
 MAX_KEY_RANGES = 4096  #: key ranges of one computation
-MAX_TOTAL_KEY_RANGES = 65_536  #: key ranges of all registered computations together
+#: Key ranges of all registered computations together. 65,536 did not work: with two
+#: workers on one machine the ranges were not all owned after 10 minutes and the workers
+#: reached 3-4 GB; 32,768 settled but a worker was declared dead once; 16,384 held,
+#: workers stable at 182 MB (bench/cases/registry_scale.py, docs/bench.md).
+MAX_TOTAL_KEY_RANGES = 16_384
 MAX_PARAMS_BYTES = 64 * 1024  #: a computation's code parameters, as JSON
 MAX_PARAMS_DEPTH = 32  #: levels of nested lists and mappings in them (the params mapping is one)
 MAX_STREAMS_PER_COMPUTATION = 256  #: inputs, and outputs, of one computation

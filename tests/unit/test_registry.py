@@ -65,8 +65,8 @@ def test_total_key_ranges_are_bounded(tmp_path: Path) -> None:
     reg = Registry(store)
     big = [computation_from_dict({"name": f"c{i}", "inputs": ["events"], "outputs": [f"o{i}"],
                                   "code": {"name": "filter", "params": {"expr": "True"}},
-                                  "options": {"key_ranges": 4096}}) for i in range(17)]
-    with pytest.raises(ResourceLimitError, match="69633 key ranges in all, over the limit of 65536"):
+                                  "options": {"key_ranges": 4096}}) for i in range(5)]
+    with pytest.raises(ResourceLimitError, match="20481 key ranges in all, over the limit of 16384"):
         reg.register_topology(big, [InjectorSpec("events", "events")], [])
     assert reg.version == 0 and not reg.topology.computations
 
