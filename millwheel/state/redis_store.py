@@ -273,7 +273,7 @@ class RedisStore(RedisLease, RedisLog):
         while True:
             start = len(out)
             page = self._call("read_buffer", [key],
-                              lambda: self._r.lrange(key, start, start + _CHUNK - 1))
+                              partial(self._r.lrange, key, start, start + _CHUNK - 1))
             out += (bytes(p) for p in page)
             if len(page) < _CHUNK:
                 return out
