@@ -1,0 +1,161 @@
+"""Buffering cost per record of a Spark stage, by records per window: before vs after.
+
+A Spark stage keeps every record of an open window until the window fires. This
+measures only that buffering (no window closes, so no Spark job runs): N records of
+one 60 s window over --keys keys go through a one-stage ``spark_aggregate`` topology
+(mean of a field, --key-ranges ranges) on a fresh store, and the cost per record is
+the wall time divided by N. Two code trees run in the same invocation, each in its own
+child process (``PYTHONPATH`` = the tree): ``--before`` (default /work/main: records
+appended to the key's state value, which each checkpoint rewrites whole) and
+``--after`` (this tree: append-only window buffers). Besides the mean cost it prints
+the marginal cost, over the last 10% of the window's records, which is what grows
+with the window when each append copies the buffer.
+
+A child that exceeds --max-seconds is stopped; its line then gives the records it got
+through and the cost so far (marked ``>``: the full window would cost more).
+
+    .venv/bin/python bench/cases/spark_buffer.py [--sizes 10000,100000,1000000] [--store sqlite|redis]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve()
+WINDOW_US = 60_000_000
+
+
+def child(n: int, keys: int, ranges: int, batch: int, store_url: str) -> None:
+    """Runs in a child with PYTHONPATH set to the code tree under test; prints JSON lines
+    ``{"n": records done, "s": seconds}`` at every tenth of the window, flushed."""
+    from millwheel.record import MIN_TIMESTAMP, Record
+    from millwheel.runtime.local_runner import LocalRunner
+    from millwheel.sources import SourceBatch
+    from millwheel.state import open_store
+    from millwheel.topology import CodeRef, ComputationSpec, InjectorSpec, InputSpec, Options, Topology
+
+    step_us = WINDOW_US // n
+
+    class Endless:
+        """N records of one window, then nothing; never done, watermark never moves, so
+        no window closes and no Spark job runs: only the buffering is measured."""
+
+        def __init__(self) -> None:
+            self.read_count = 0
+
+        def read(self, cursor: bytes | None, max_records: int) -> SourceBatch:
+            i = int(cursor or b"0")
+            stop = min(n, i + max_records)
+            records = [Record(f"k{j % keys}", b'{"x": %d}' % (j % 97), j * step_us, f"r{j}")
+                       for j in range(i, stop)]
+            self.read_count = stop
+            return SourceBatch(records, str(stop).encode(), MIN_TIMESTAMP, False)
+
+    spec = ComputationSpec("agg", (InputSpec("in"),), ("out",),
+                           CodeRef("spark_aggregate", {"size_us": WINDOW_US, "aggregation": "mean",
+                                                       "field": "x"}),
+                           Options(key_ranges=ranges))
+    topo = Topology((spec,), (InjectorSpec("in", "in"),))
+    source = Endless()
+    runner = LocalRunner(topo, open_store(store_url), {"in": source}, batch_size=batch)
+    started = time.perf_counter()
+    mark = n // 10
+    while True:
+        moved = runner.step()
+        done = source.read_count
+        if done >= mark or not moved:
+            print(json.dumps({"n": done, "s": time.perf_counter() - started}), flush=True)
+            mark += n // 10
+        if not moved and done >= n:
+            return
+
+
+def measure(tree: str, n: int, args: argparse.Namespace) -> dict[str, Any]:
+    """One child on ``tree``; its progress lines, cut at --max-seconds."""
+    with tempfile.TemporaryDirectory() as tmp:
+        url = args.store_url or f"sqlite:///{Path(tmp) / 'b.db'}"
+        if url.startswith("redis"):  # a fresh prefix per run on the shared server
+            url += ("&" if "?" in url else "?") + f"prefix=b{os.getpid()}{n}{abs(hash(tree)) % 10**6}"
+        env = {**os.environ, "PYTHONPATH": tree}
+        cmd = [sys.executable, str(HERE), "--child", str(n), "--keys", str(args.keys),
+               "--key-ranges", str(args.key_ranges), "--batch", str(args.batch), "--store-url", url]
+        proc = subprocess.Popen(cmd, env=env, cwd=tree, stdout=subprocess.PIPE, text=True)
+        points: list[tuple[int, float]] = []
+        assert proc.stdout is not None
+        out = proc.stdout
+
+        def read() -> None:
+            for line in out:
+                p = json.loads(line)
+                points.append((int(p["n"]), float(p["s"])))
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        try:
+            proc.wait(timeout=args.max_seconds)
+            cut = False
+        except subprocess.TimeoutExpired:
+            cut = True
+            proc.kill()
+            proc.wait()
+        reader.join(timeout=10)
+    if not points:
+        return {"n": 0, "s": 0.0, "mean_us": float("nan"), "marginal_us": float("nan"), "cut": True}
+    done, secs = points[-1]
+    base = [p for p in points if p[0] <= done * 0.9] or [(0, 0.0)]
+    n90, s90 = base[-1]
+    marginal = (secs - s90) / max(1, done - n90) * 1e6
+    return {"n": done, "s": secs, "mean_us": secs / max(1, done) * 1e6, "marginal_us": marginal,
+            "cut": cut or done < n}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", default="10000,100000,1000000", help="records per window")
+    ap.add_argument("--keys", type=int, default=1000, help="distinct keys (default 1000)")
+    ap.add_argument("--key-ranges", type=int, default=2)
+    ap.add_argument("--batch", type=int, default=2000, help="injector batch size (default 2000)")
+    ap.add_argument("--before", default="/work/main", help="code tree of the old path")
+    ap.add_argument("--after", default=str(HERE.parents[2]), help="code tree of the new path")
+    ap.add_argument("--store-url", default="", help="default: a fresh SQLite file per run")
+    ap.add_argument("--max-seconds", type=float, default=300.0, help="per child (default 300)")
+    ap.add_argument("--child", type=int, default=0, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        child(args.child, args.keys, args.key_ranges, args.batch, args.store_url)
+        return 0
+    sizes = [int(s) for s in args.sizes.split(",")]
+    print(f"buffering only, {args.keys} keys, {args.key_ranges} key ranges, batch {args.batch}, "
+          f"store {args.store_url or 'sqlite (fresh file)'}; µs per record")
+    print(f"{'records/window':>14} {'before mean':>12} {'before last10%':>14} "
+          f"{'after mean':>11} {'after last10%':>13} {'before/after':>12}")
+    rows: dict[str, list[dict[str, Any]]] = {"before": [], "after": []}
+    for n in sizes:
+        b = measure(args.before, n, args)
+        a = measure(args.after, n, args)
+        rows["before"].append(b)
+        rows["after"].append(a)
+        mark = ">" if b["cut"] else " "
+        print(f"{n:>14,} {mark}{b['mean_us']:>11.1f} {mark}{b['marginal_us']:>13.1f} "
+              f"{a['mean_us']:>11.1f} {a['marginal_us']:>13.1f} {mark}{b['mean_us'] / a['mean_us']:>11.1f}"
+              + (f"   (before stopped after {b['n']:,} records, {b['s']:.0f} s)" if b["cut"] else ""),
+              flush=True)
+    for label, rs in rows.items():
+        first, last = rs[0], rs[-1]
+        print(f"{label}: mean cost per record at {sizes[-1]:,} / at {sizes[0]:,} = "
+              f"{'>' if last['cut'] else ''}{last['mean_us'] / first['mean_us']:.2f}x "
+              f"(last 10%: {last['marginal_us'] / first['marginal_us']:.2f}x)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
