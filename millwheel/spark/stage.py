@@ -43,7 +43,7 @@ import os
 import shutil
 import tempfile
 import uuid
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from millwheel.computation import Computation, Context
 from millwheel.errors import InvalidSpecError
@@ -103,36 +103,50 @@ class SparkAggregate(Computation):
 
     # -- records -------------------------------------------------------------
     def process_record(self, ctx: Context, record: Record) -> None:
-        value = self.agg.extract(record.value, record.record_id)
+        self.process_records(ctx, (record,))
+
+    def process_records(self, ctx: Context, records: Iterable[Record]) -> None:
+        """The per-key batch hook: the key's window header is read once, each record
+        becomes one JSON line, and each window gets one append per batch (so a record
+        costs the same whatever its window already holds); the header is written back
+        only if a window was opened."""
         state = ctx.state
         cached = self._meta_cache.get(ctx.key)
         # The header of the state this stage last wrote for the key, if that is still it
-        # (same bytes object): saves parsing it for every record.
+        # (same bytes object): saves parsing it for every batch.
         meta = dict(cached[1]) if cached is not None and cached[0] is state else _meta(state)
         meta_changed = False
-        kept: list[int] = []
         lateness = self.allowed_lateness_us
-        for start in self.windowing.assign(record.timestamp):
-            end = self.windowing.end(start)
-            emitted = meta.get(str(start))
-            if emitted is None:
-                if end - 1 + lateness < ctx.input_watermark:
-                    continue  # closed for good; the late policy let the record through
-                meta[str(start)] = 0
-                meta_changed = True
-                ctx.set_timer(f"fire:{start}:0", end - 1)
-                if lateness:
-                    ctx.set_timer(f"gc:{start}", end - 1 + lateness, hold=False)
-            elif emitted > 0:  # already produced: a corrected result follows
-                ctx.set_timer(f"fire:{start}:{emitted}", end - 1)
-            kept.append(start)
-        if not kept:
-            return
-        line = (f'{{"key":{json.dumps(ctx.key)},"timestamp":{record.timestamp},'
-                f'"value":{json.dumps(value)}}}\n').encode()
-        for start in kept:
-            ctx.append_buffer(str(start), line)  # type: ignore[attr-defined]
-        if meta_changed or state is None:
+        key_json = json.dumps(ctx.key)
+        pending: dict[int, list[bytes]] = {}
+        windowing, extract = self.windowing, self.agg.extract
+        for record in records:
+            value = extract(record.value, record.record_id)
+            line = b""
+            for start in windowing.assign(record.timestamp):
+                end = windowing.end(start)
+                emitted = meta.get(str(start))
+                if emitted is None:
+                    if end - 1 + lateness < ctx.input_watermark:
+                        continue  # closed for good; the late policy let the record through
+                    meta[str(start)] = 0
+                    meta_changed = True
+                    ctx.set_timer(f"fire:{start}:0", end - 1)
+                    if lateness:
+                        ctx.set_timer(f"gc:{start}", end - 1 + lateness, hold=False)
+                elif emitted > 0:  # already produced: a corrected result follows
+                    ctx.set_timer(f"fire:{start}:{emitted}", end - 1)
+                if not line:
+                    line = (f'{{"key":{key_json},"timestamp":{record.timestamp},'
+                            f'"value":{json.dumps(value)}}}\n').encode()
+                lines = pending.get(start)
+                if lines is None:
+                    pending[start] = [line]
+                else:
+                    lines.append(line)
+        for start, lines in pending.items():
+            ctx.append_buffer(str(start), b"".join(lines))  # type: ignore[attr-defined]
+        if meta_changed:
             new_state = _meta_bytes(meta) + _split(state)[1]  # legacy record lines kept
             ctx.set_state(new_state)
             if len(self._meta_cache) >= META_CACHE_KEYS:
@@ -217,8 +231,13 @@ class SparkAggregate(Computation):
         batch = self._stage(ctx, wanted, legacy)
         try:
             return run_job(
+                # A built-in aggregates each (key, window) alone: the other keys of a
+                # staged window cost a little Spark work but never change a result, and
+                # results of keys not firing are ignored. A user function sees exactly
+                # the due (key, window) records (it may look across keys).
                 lambda spark: self.agg.aggregate(staged_frame(
-                    spark, batch, self.agg.value_type, self.windowing.size_us, wanted)),
+                    spark, batch, self.agg.value_type, self.windowing.size_us,
+                    wanted if self.agg.function is not None else None)),
                 master=self.master, conf=self.spark_conf, attempts=self.max_attempts,
                 backoff_s=self.retry_backoff_s, on_attempt=self._on_attempt(n_windows),
             )
