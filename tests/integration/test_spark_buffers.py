@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from millwheel.record import Record, Timer
 from millwheel.runtime.local_runner import LocalRunner
 from millwheel.sources import ListSource
@@ -46,13 +48,16 @@ def test_a_window_buffered_in_state_before_the_upgrade_fires_with_its_new_record
     assert store.list_buffers("sp", 0) == []
 
 
-def test_late_record_of_one_key_corrects_that_key_only(tmp_path: Path) -> None:
+@pytest.mark.parametrize("writer_process", [False, True])
+def test_late_record_of_one_key_corrects_that_key_only(tmp_path: Path, writer_process: bool) -> None:
     """A window's buffer holds every key's records; a correction fired for one key
-    (a late record within the lateness) counts that key's records only."""
+    (a late record within the lateness) counts that key's records only. The same with
+    the runner's writer process (buffer appends cross its pipe)."""
     store = SQLiteStore(str(tmp_path / "late.db"))
     ts = [("a", 1), ("b", 2), ("b", 3), ("a", 15), ("a", 5), ("c", 6), ("a", 40)]
     records = [Record(k, b"1", t * S, f"r{i}") for i, (k, t) in enumerate(ts)]
-    runner = LocalRunner(topology(lateness_us=20 * S), store, {"in": ListSource(records, 0)}, batch_size=1)
+    runner = LocalRunner(topology(lateness_us=20 * S), store, {"in": ListSource(records, 0)}, batch_size=1,
+                         writer_process=writer_process)
     runner.run(idle_sleep_s=0.001)
     first = [(k, v, n) for k, s, v, n in results(store) if s == 0]
     # on time: a=1, b=2; then a's correction (5 s) counts a's records only; c is new late
