@@ -204,8 +204,9 @@ def main() -> int:
     sizes = [int(s) for s in args.sizes.split(",")]
     print(f"buffering only, {args.keys} keys, {args.key_ranges} key ranges, batch {args.batch}, "
           f"store {args.store_url or 'sqlite (fresh file)'}; µs per record")
-    print("mean: the window after its first tenth (start-up); last10%: its last tenth (the marginal cost at that window size); "
-          "buffering = stage - baseline (a filter dropping every record: injection, dedup, checkpoints)")
+    print("mean: the window after its first tenth (start-up); last10%: its last tenth (the marginal "
+          "cost at that window size); buffering = stage - baseline (a filter dropping every record: "
+          "injection, dedup, checkpoints)")
     print(f"{'records/window':>14} {'baseline':>17} {'before':>17} {'after':>17} "
           f"{'buffering before':>17} {'buffering after':>17} {'before/after':>12}")
     rows: dict[str, list[dict[str, Any]]] = {"baseline": [], "before": [], "after": []}
