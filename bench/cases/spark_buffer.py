@@ -4,7 +4,7 @@ A Spark stage keeps every record of an open window until the window fires. This
 measures only that buffering (no window closes, so no Spark job runs): N records of
 one 60 s window over --keys keys go through a one-stage ``spark_aggregate`` topology
 (mean of a field, --key-ranges ranges) on a fresh store, and the cost per record is
-the wall time divided by N. Two code trees run in the same invocation, each in its own
+the child's CPU time (``--no-cpu``: wall time) divided by N. Two code trees run in the same invocation, each in its own
 child process (``PYTHONPATH`` = the tree): ``--before`` (default /work/main: records
 appended to the key's state value, which each checkpoint rewrites whole) and
 ``--after`` (this tree: append-only window buffers). Besides the mean cost it prints
@@ -69,13 +69,14 @@ def child(n: int, keys: int, ranges: int, batch: int, store_url: str, baseline: 
     topo = Topology((spec,), (InjectorSpec("in", "in"),))
     source = Endless()
     runner = LocalRunner(topo, open_store(store_url), {"in": source}, batch_size=batch)
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     mark = n // 10
     while True:
         moved = runner.step()
         done = source.read_count
         if done >= mark or not moved:
-            print(json.dumps({"n": done, "s": time.perf_counter() - started}), flush=True)
+            print(json.dumps({"n": done, "s": time.perf_counter() - started,
+                              "c": time.process_time() - cpu_started}), flush=True)
             mark += n // 10
         if not moved and done >= n:
             return
@@ -99,7 +100,7 @@ def measure(tree: str, n: int, args: argparse.Namespace, baseline: bool = False)
         def read() -> None:
             for line in out:
                 p = json.loads(line)
-                points.append((int(p["n"]), float(p["s"])))
+                points.append((int(p["n"]), float(p["c" if args.cpu else "s"])))
 
         reader = threading.Thread(target=read, daemon=True)
         reader.start()
@@ -188,6 +189,8 @@ def main() -> int:
     ap.add_argument("--after", default=str(HERE.parents[2]), help="code tree of the new path")
     ap.add_argument("--store-url", default="", help="default: a fresh SQLite file per run")
     ap.add_argument("--max-seconds", type=float, default=300.0, help="per child (default 300)")
+    ap.add_argument("--cpu", action=argparse.BooleanOptionalAction, default=True,
+                    help="count the child's CPU time, not wall time (default: CPU; steadier on a shared machine)")
     ap.add_argument("--repeats", type=int, default=2, help="runs per point, the fastest counts (default 2)")
     ap.add_argument("--spark-read", action="store_true",
                     help="measure instead how a firing hands records to Spark (driver vs staged)")
@@ -203,7 +206,7 @@ def main() -> int:
         return 0
     sizes = [int(s) for s in args.sizes.split(",")]
     print(f"buffering only, {args.keys} keys, {args.key_ranges} key ranges, batch {args.batch}, "
-          f"store {args.store_url or 'sqlite (fresh file)'}; µs per record")
+          f"store {args.store_url or 'sqlite (fresh file)'}; {'CPU' if args.cpu else 'wall'} µs per record")
     print("mean: the window after its first tenth (start-up); last10%: its last tenth (the marginal "
           "cost at that window size); buffering = stage - baseline (a filter dropping every record: "
           "injection, dedup, checkpoints)")
