@@ -41,6 +41,10 @@ class RangeOwner(ttl.TTLWorker, Protocol):
 
     def get_state(self, key: str) -> bytes | None: ...
 
+    def read_buffer(self, name: str) -> list[bytes]: ...
+
+    def list_buffers(self) -> list[str]: ...
+
 
 class RangeTransaction:
     def __init__(self, worker: RangeOwner) -> None:
@@ -58,6 +62,12 @@ class RangeTransaction:
         self.given_up_timers: list[Timer] = []
         self.timers_run: list[Timer] = []
         self.expired = 0  # keys whose state its TTL deleted (millwheel.runtime.ttl)
+        # Window buffers: chunks per buffer, joined into one append per buffer per
+        # checkpoint (a row per batch, not per record); deletes apply after them.
+        self.buffer_appends: dict[str, list[bytes]] = {}
+        self.buffer_deletes: list[str] = []
+        # A timer batch that holds every due timer (not cut short by its limit).
+        self.all_due_fired = False
 
     def to_checkpoint(self, token: int, now_us: int, include_productions: bool) -> Checkpoint:
         w = self.worker
@@ -74,6 +84,8 @@ class RangeTransaction:
             resolved=self.resolved,
             counters=self.counters,
             errors=self.errors,
+            buffer_appends=[(n, b"".join(c)) for n, c in self.buffer_appends.items()],
+            buffer_deletes=self.buffer_deletes,
         )
 
 
@@ -160,6 +172,36 @@ class KeyContext:
         self._produced += 1
         self._txn.records_out += 1
         self._txn.productions.extend(worker.router.fan_out(stream, record))
+
+    # -- the range's window buffers (millwheel.spark.stage) ---------------------------
+    def append_buffer(self, name: str, chunk: bytes) -> None:
+        """Append ``chunk`` to the range's buffer ``name`` in this checkpoint."""
+        if not isinstance(chunk, bytes) or not isinstance(name, str):
+            raise InvalidSpecError(
+                f"computation {self._txn.worker.name!r}: a buffer name is a str and a chunk bytes")
+        pending = self._txn.buffer_appends.get(name)
+        if pending is None:
+            self._txn.buffer_appends[name] = [chunk]
+        else:
+            pending.append(chunk)
+
+    def read_buffer(self, name: str) -> list[bytes]:
+        """The buffer's chunks: as checkpointed, then this transaction's appends."""
+        return self._txn.worker.read_buffer(name) + self._txn.buffer_appends.get(name, [])
+
+    def list_buffers(self) -> list[str]:
+        return sorted(set(self._txn.worker.list_buffers()) | set(self._txn.buffer_appends))
+
+    @property
+    def all_due_timers_fired(self) -> bool:
+        """In a timer batch: True if it holds every timer due now (none was left for a
+        later batch by the batch limit), so nothing due now runs after it."""
+        return self._txn.all_due_fired
+
+    def delete_buffer(self, name: str) -> None:
+        """Remove the buffer (its checkpointed chunks and this transaction's) at commit."""
+        self._txn.buffer_appends.pop(name, None)
+        self._txn.buffer_deletes.append(name)
 
     @property
     def input_watermark(self) -> int:

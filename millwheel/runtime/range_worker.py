@@ -138,6 +138,12 @@ class RangeWorker:
             self._cache[key] = self.store.read_state(self.name, [key], self.range_id).get(key)
         return self._cache[key]
 
+    def read_buffer(self, name: str) -> list[bytes]:
+        return self.store.read_buffer(self.name, self.range_id, name)
+
+    def list_buffers(self) -> list[str]:
+        return self.store.list_buffers(self.name, self.range_id)
+
     def put_state(self, key: str, value: bytes | None) -> None:
         self._cache[key] = value
 
@@ -287,6 +293,7 @@ class RangeWorker:
         while len(due) < limit:
             timer = self.timers.pop_due_event(input_watermark) or self.timers.pop_due_processing(now)
             if timer is None:
+                txn.all_due_fired = True
                 break
             txn.timer_ops[(timer.key, timer.tag)] = None
             if timer.tag == ttl.TTL_TAG:  # the runtime's own: the key's state expires

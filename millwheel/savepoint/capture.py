@@ -5,7 +5,8 @@ The caller makes the cut consistent (services/controller/savepoint.py: every key
 fenced with a fresh token nobody writes under until the capture ends); this module only
 reads. Per node (computation, or an injector's one range) and range, in this order:
 ``range`` (watermark, error counters and attempts), ``state``, ``timers``, ``outbox``
-(pending productions, in checkpoint order), ``ids`` (retained consumed record IDs);
+(pending productions, in checkpoint order), ``ids`` (retained consumed record IDs),
+``buffers`` (window buffers: ``[name, chunk]`` in append order);
 then per stream with a log: ``log`` frames (the retained entries) and a ``stream``
 frame (its positions in the source). Items are cut into frames of about
 :data:`FRAME_TARGET` bytes, so no frame (and no gRPC message) holds a whole range.
@@ -25,6 +26,7 @@ from .format import Writer
 FRAME_TARGET = 1 << 20
 KEY_PAGE = 1000
 LOG_PAGE = 2000
+BUFFER_PIECE = 256 * 1024  # bytes of a window-buffer chunk per savepoint item at most
 
 Progress = Callable[[str, int], None]
 
@@ -93,6 +95,14 @@ def capture_nodes(store: StateStore, nodes: dict[str, int], writer: Writer, coun
             for rid in store.iter_ids(node, r):
                 ids.add(rid, len(rid) + 3)
             ids.flush()
+            buffers = _Batcher(writer, {"t": "buffers", **head}, counts, progress)
+            for name in store.list_buffers(node, r):
+                for chunk in store.read_buffer(node, r, name):
+                    # Readers concatenate a buffer's chunks, so a big one may be cut.
+                    for i in range(0, max(1, len(chunk)), BUFFER_PIECE):
+                        piece = chunk[i:i + BUFFER_PIECE]
+                        buffers.add([name, b64(piece)], len(name) + len(piece) * 4 // 3)
+            buffers.flush()
 
 
 def _state_ranges(store: StateStore, node: str, ranges: int) -> dict[int, list[str]]:

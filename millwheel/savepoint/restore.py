@@ -82,7 +82,7 @@ def parse(obj: dict[str, Any], index: int, nodes: dict[str, int], streams: set[s
     """One frame as (type, typed content); raises SavepointFileError naming the frame."""
     kind = obj["t"]
     where = f"savepoint frame {index} ({kind[:20]!r})"
-    if kind in ("range", "state", "timers", "outbox", "ids"):
+    if kind in ("range", "state", "timers", "outbox", "ids", "buffers"):
         node = _text(obj.get("node"), f"{where} node", 2 * MAX_NAME_CHARS)
         if node not in nodes:
             raise SavepointFileError(f"{where}: node {node[:200]!r} is not in the savepoint's registry")
@@ -124,6 +124,10 @@ def parse(obj: dict[str, Any], index: int, nodes: dict[str, int], streams: set[s
                 prods.append(Production(consumer, _text(stream, f"{where} stream", MAX_NAME_CHARS),
                                         _record(k, v, ts, rid, f"{where} production")))
             return kind, (node, r, prods)
+        if kind == "buffers":
+            rows = [_row(x, 2, f"{where} buffer item") for x in items]
+            return kind, (node, r, [(_text(n, f"{where} buffer name", MAX_NAME_CHARS),
+                                     _bytes(c, f"{where} buffer chunk")) for n, c in rows])
         return kind, (node, r, [_text(x, f"{where} record id") for x in items])
     if kind in ("log", "stream"):
         stream = _text(obj.get("stream"), f"{where} stream", MAX_NAME_CHARS)
@@ -154,7 +158,7 @@ def check(f: IO[bytes], nodes: dict[str, int], streams: set[str]) -> Summary:
         if kind == "stream":
             out.streams[content[0]] = content[1:]
             continue
-        if kind in ("range", "state", "timers", "outbox", "ids"):
+        if kind in ("range", "state", "timers", "outbox", "ids", "buffers"):
             if kind == "range":
                 out.ranges.add((content[0], content[1]))
             elif (content[0], content[1]) not in out.ranges:
@@ -206,6 +210,8 @@ def apply(store: StateStore, f: IO[bytes], nodes: dict[str, int], streams: set[s
                 cp.timer_sets = part
             elif kind == "outbox":
                 cp.productions = part
+            elif kind == "buffers":
+                cp.buffer_appends = part
             else:
                 cp.consumed_ids = part
             store.checkpoint(cp)

@@ -92,11 +92,19 @@ class Aggregation:
         return f"spark_aggregate: record {record_id} value is not usable for {self.name}{where}: {exc}"
 
     def compute(self, spark: Any, groups: Sequence[Group]) -> dict[tuple[str, int], Any]:
-        """One Spark job over all groups: ``(key, window_start) -> value``."""
-        from millwheel.spark.session import sql_functions, window_frame
+        """One Spark job over all groups: ``(key, window_start) -> value`` (backfill)."""
+        from millwheel.spark.session import window_frame
 
         rows = [(g.key, g.start, g.end, ts, v) for g in groups for ts, v in g.records]
-        frame = window_frame(spark, rows, self.value_type)
+        return {k: v for k, (v, _n) in self.aggregate(window_frame(spark, rows, self.value_type)).items()}
+
+    def aggregate(self, frame: Any) -> dict[tuple[str, int], tuple[Any, int]]:
+        """One Spark job over a DataFrame of window records: ``(key, window_start) ->
+        (value, records in the window)``."""
+        from millwheel.spark.session import sql_functions
+
+        F = sql_functions()
+        counts = frame.groupBy("key", "window_start").agg(F.count(F.lit(1)).alias("n"))
         if self.function is not None:
             result = self.function(frame)
             try:
@@ -106,8 +114,9 @@ class Aggregation:
                     f"spark_aggregate function {self.label!r} must return a DataFrame with columns "
                     f"key, window_start, value: {exc.__class__.__name__}: {str(exc)[:200]}"
                 ) from None
-            return {(r[0], int(r[1])): to_json_value(r[2]) for r in selected.collect()}
-        F = sql_functions()
+            joined = selected.join(counts, ["key", "window_start"], "inner")
+            return {(r[0], int(r[1])): (to_json_value(r[2]), int(r[3]))
+                    for r in joined.select("key", "window_start", "value", "n").collect()}
         expr = {
             "count": lambda: F.count(F.lit(1)),
             "sum": lambda: F.sum("value"),
@@ -117,8 +126,9 @@ class Aggregation:
             "approx_count_distinct": lambda: F.approx_count_distinct("value"),
             "approx_percentile": lambda: F.percentile_approx("value", self.percentile),
         }[self.name]()
-        out = frame.groupBy("key", "window_start").agg(expr.alias("result")).collect()
-        return {(r[0], int(r[1])): to_json_value(r[2]) for r in out}
+        out = frame.groupBy("key", "window_start").agg(
+            expr.alias("result"), F.count(F.lit(1)).alias("n")).collect()
+        return {(r[0], int(r[1])): (to_json_value(r[2]), int(r[3])) for r in out}
 
 
 def to_json_value(value: Any) -> Any:

@@ -18,24 +18,42 @@ Behaviour a user can rely on (the same windows and output as ``window_aggregate`
 * Spark failures are retried with backoff (see :mod:`millwheel.spark.session`),
   reported to the sensors (``spark_job``) and in :attr:`SparkAggregate.status`.
 
-Per-key state is ``META\\n`` followed by one ``TIMESTAMP\\tJSON\\n`` line per record:
-appending a record to an open window copies bytes but parses nothing, so buffering
-stays cheap for large windows. ``META`` maps window start -> results emitted so far.
+Where records go (see docs/spark.md, "How it works"): each record is appended, as one
+JSON line ``{"key", "timestamp", "value"}``, to the range's append-only window buffer
+named by the window start (:meth:`Context.append_buffer`), in the record's checkpoint:
+one row per window per batch, so a record costs the same whatever the window holds.
+Per-key state is only ``META\n`` (window start -> results emitted so far), rewritten
+when a key enters or leaves a window. State written before window buffers existed,
+``META\n`` plus ``TIMESTAMP\tJSON\n`` record lines, is still read: those lines join
+the window's records and are dropped with the window as before.
+
+A firing writes the due windows' buffers as JSON-lines files under a staging directory
+(``$MILLWHEEL_SPARK_STAGING``, default a ``millwheel-spark-staging`` directory in the
+temp dir), one ``window_start=S`` sub-directory per window, and the executors read them
+(:func:`~millwheel.spark.session.staged_frame`): the worker joins bytes, it does not
+parse or loop over records. A window's buffer is deleted in the checkpoint of the
+firing that holds every timer due once the window is closed for good (its end plus the
+allowed lateness below the input watermark).
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any, Mapping, Sequence
+import os
+import shutil
+import tempfile
+import uuid
+from typing import Any, Iterable, Mapping, Sequence
 
 from millwheel.computation import Computation, Context
 from millwheel.errors import InvalidSpecError
 from millwheel.record import Record, Timer
-from millwheel.spark.aggregations import Aggregation, Group
-from millwheel.spark.session import restart_count, run_job
+from millwheel.spark.aggregations import Aggregation
+from millwheel.spark.session import restart_count, run_job, staged_frame
 from millwheel.windows import Windowing
 
 META_CACHE_KEYS = 100_000
+STAGING_ENV = "MILLWHEEL_SPARK_STAGING"
 
 
 class SparkAggregate(Computation):
@@ -85,40 +103,55 @@ class SparkAggregate(Computation):
 
     # -- records -------------------------------------------------------------
     def process_record(self, ctx: Context, record: Record) -> None:
-        value = self.agg.extract(record.value, record.record_id)
+        self.process_records(ctx, (record,))
+
+    def process_records(self, ctx: Context, records: Iterable[Record]) -> None:
+        """The per-key batch hook: the key's window header is read once, each record
+        becomes one JSON line, and each window gets one append per batch (so a record
+        costs the same whatever its window already holds); the header is written back
+        only if a window was opened."""
         state = ctx.state
         cached = self._meta_cache.get(ctx.key)
         # The header of the state this stage last wrote for the key, if that is still it
-        # (same bytes object): saves parsing it for every record.
+        # (same bytes object): saves parsing it for every batch.
         meta = dict(cached[1]) if cached is not None and cached[0] is state else _meta(state)
         meta_changed = False
-        keep = False
         lateness = self.allowed_lateness_us
-        for start in self.windowing.assign(record.timestamp):
-            end = self.windowing.end(start)
-            emitted = meta.get(str(start))
-            if emitted is None:
-                if end - 1 + lateness < ctx.input_watermark:
-                    continue  # closed for good; the late policy let the record through
-                meta[str(start)] = 0
-                meta_changed = True
-                ctx.set_timer(f"fire:{start}:0", end - 1)
-                if lateness:
-                    ctx.set_timer(f"gc:{start}", end - 1 + lateness, hold=False)
-            elif emitted > 0:  # already produced: a corrected result follows
-                ctx.set_timer(f"fire:{start}:{emitted}", end - 1)
-            keep = True
-        if not keep:
-            return
-        line = f"{record.timestamp}\t{json.dumps(value)}\n".encode()
-        if meta_changed or state is None:
-            new_state = _meta_bytes(meta) + _split(state)[1] + line
-        else:
-            new_state = state + line
-        ctx.set_state(new_state)
-        if len(self._meta_cache) >= META_CACHE_KEYS:
-            self._meta_cache.clear()
-        self._meta_cache[ctx.key] = (new_state, meta)
+        key_json = json.dumps(ctx.key)
+        pending: dict[int, list[bytes]] = {}
+        windowing, extract = self.windowing, self.agg.extract
+        for record in records:
+            value = extract(record.value, record.record_id)
+            line = b""
+            for start in windowing.assign(record.timestamp):
+                end = windowing.end(start)
+                emitted = meta.get(str(start))
+                if emitted is None:
+                    if end - 1 + lateness < ctx.input_watermark:
+                        continue  # closed for good; the late policy let the record through
+                    meta[str(start)] = 0
+                    meta_changed = True
+                    ctx.set_timer(f"fire:{start}:0", end - 1)
+                    if lateness:
+                        ctx.set_timer(f"gc:{start}", end - 1 + lateness, hold=False)
+                elif emitted > 0:  # already produced: a corrected result follows
+                    ctx.set_timer(f"fire:{start}:{emitted}", end - 1)
+                if not line:
+                    line = (f'{{"key":{key_json},"timestamp":{record.timestamp},'
+                            f'"value":{json.dumps(value)}}}\n').encode()
+                lines = pending.get(start)
+                if lines is None:
+                    pending[start] = [line]
+                else:
+                    lines.append(line)
+        for start, lines in pending.items():
+            ctx.append_buffer(str(start), b"".join(lines))  # type: ignore[attr-defined]
+        if meta_changed:
+            new_state = _meta_bytes(meta) + _split(state)[1]  # legacy record lines kept
+            ctx.set_state(new_state)
+            if len(self._meta_cache) >= META_CACHE_KEYS:
+                self._meta_cache.clear()
+            self._meta_cache[ctx.key] = (new_state, meta)
 
     # -- timers --------------------------------------------------------------
     def process_timer(self, ctx: Context, timer: Timer) -> None:
@@ -142,15 +175,14 @@ class SparkAggregate(Computation):
             elif kind == "gc":
                 gcs.append((ks, int(start_s)))
         if fires:
-            groups = {}
-            for _ctx, ks, start, _rev in fires:
-                end = self.windowing.end(start)
-                groups[(ks.ctx.key, start)] = Group(ks.ctx.key, start, end, ks.records_in(start, end))
-            results = self._run(list(groups.values()))
+            wanted = {(ctx.key, start) for ctx, _ks, start, _rev in fires}
+            legacy = {(k, st): keys[k].records_in(st, self.windowing.end(st))
+                      for k, st in wanted if keys[k].records}  # state from before buffers
+            results = self._run(items[0][0], sorted(wanted), legacy)
             for ctx, ks, start, rev in fires:
-                group = groups[(ctx.key, start)]
-                if (ctx.key, start) in results:
-                    self._emit(ctx, group, results[(ctx.key, start)])
+                found = results.get((ctx.key, start))
+                if found is not None:
+                    self._emit(ctx, start, *found)
                 if self.allowed_lateness_us:
                     ks.meta[str(start)] = max(ks.meta.get(str(start), 0), rev + 1)
                 else:
@@ -159,35 +191,82 @@ class SparkAggregate(Computation):
             ks.meta.pop(str(start), None)
         for ks in keys.values():
             ks.save(self.windowing)
+        self._drop_closed(items[0][0])
 
-    def _run(self, groups: list[Group]) -> dict[tuple[str, int], Any]:
+    def _drop_closed(self, ctx: Context) -> None:
+        """Delete the buffers of windows closed for good, once every timer due now has
+        run (so every firing that reads them is in this checkpoint or an earlier one):
+        a window whose end plus lateness is below the watermark takes no record again."""
+        if not getattr(ctx, "all_due_timers_fired", False):
+            return  # the batch limit left due timers for the next batch: it decides
+        for name in ctx.list_buffers():  # type: ignore[attr-defined]
+            try:
+                start = int(name)
+            except ValueError:
+                continue  # not one of this stage's
+            if self.windowing.end(start) - 1 + self.allowed_lateness_us < ctx.input_watermark:
+                ctx.delete_buffer(name)  # type: ignore[attr-defined]
+
+    def _stage(self, ctx: Context, wanted: list[tuple[str, int]],
+               legacy: dict[tuple[str, int], list[tuple[int, Any]]]) -> str:
+        """Write the windows' buffers as JSON-lines files, one directory per window."""
+        root = os.environ.get(STAGING_ENV) or os.path.join(tempfile.gettempdir(), "millwheel-spark-staging")
+        batch = os.path.join(root, f"{uuid.uuid4().hex}")
+        for start in sorted({s for _k, s in wanted}):
+            part = os.path.join(batch, f"window_start={start}")
+            os.makedirs(part, mode=0o700)
+            with open(os.path.join(part, "part-0.json"), "wb") as f:
+                for chunk in ctx.read_buffer(str(start)):  # type: ignore[attr-defined]
+                    f.write(chunk)
+                for (key, s), records in legacy.items():  # state from before buffers
+                    if s == start:
+                        f.writelines(
+                            json.dumps({"key": key, "timestamp": ts, "value": v}).encode() + b"\n"
+                            for ts, v in records)
+        return batch
+
+    def _run(self, ctx: Context, wanted: list[tuple[str, int]],
+             legacy: dict[tuple[str, int], list[tuple[int, Any]]]) -> dict[tuple[str, int], Any]:
+        n_windows = len(wanted)
+        batch = self._stage(ctx, wanted, legacy)
+        try:
+            return run_job(
+                # A built-in aggregates each (key, window) alone: the other keys of a
+                # staged window cost a little Spark work but never change a result, and
+                # results of keys not firing are ignored. A user function sees exactly
+                # the due (key, window) records (it may look across keys).
+                lambda spark: self.agg.aggregate(staged_frame(
+                    spark, batch, self.agg.value_type, self.windowing.size_us,
+                    wanted if self.agg.function is not None else None)),
+                master=self.master, conf=self.spark_conf, attempts=self.max_attempts,
+                backoff_s=self.retry_backoff_s, on_attempt=self._on_attempt(n_windows),
+            )
+        finally:
+            shutil.rmtree(batch, ignore_errors=True)
+
+    def _on_attempt(self, n_windows: int) -> Any:
         def on_attempt(outcome: str, seconds: float, error: BaseException | None) -> None:
             self.status["last_job_s"] = round(seconds, 3)
             self.status["job_seconds"] = self.status.get("job_seconds", 0.0) + seconds
             self.status["session_restarts"] = restart_count()
             if outcome == "ok":
                 self.status["jobs"] += 1
-                self.status["windows"] += len(groups)
+                self.status["windows"] += n_windows
             else:
                 self.status["retries" if outcome == "retry" else "failures"] += 1
                 self.status["last_error"] = f"{error.__class__.__name__}: {str(error)[:300]}"
             hook = getattr(self.sensors, "spark_job", None)
             if hook is not None:
-                hook(self.name, outcome, seconds, len(groups))
+                hook(self.name, outcome, seconds, n_windows)
 
-        return run_job(
-            lambda spark: self.agg.compute(spark, groups),
-            master=self.master, conf=self.spark_conf, attempts=self.max_attempts,
-            backoff_s=self.retry_backoff_s, on_attempt=on_attempt,
-        )
+        return on_attempt
 
-    def _emit(self, ctx: Context, group: Group, value: Any) -> None:
-        payload = {
-            "key": group.key, "start": group.start, "end": group.end,
-            "agg": self.agg.label, "value": value, "count": len(group.records),
-        }
+    def _emit(self, ctx: Context, start: int, value: Any, count: int) -> None:
+        end = self.windowing.end(start)
+        payload = {"key": ctx.key, "start": start, "end": end, "agg": self.agg.label,
+                   "value": value, "count": count}
         assert self.output is not None
-        ctx.produce(self.output, group.key, json.dumps(payload).encode(), group.end - 1)
+        ctx.produce(self.output, ctx.key, json.dumps(payload).encode(), end - 1)
 
 
 class _KeyState:

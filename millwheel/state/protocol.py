@@ -54,6 +54,11 @@ class Checkpoint:
     range's error counts (``dead_lettered``, ``skipped``, ``late_dropped``) and
     ``errors`` (JSON, one per given-up item) pushed on the range's recent-error list,
     which keeps the newest :data:`RECENT_ERRORS`.
+
+    Window buffers (:mod:`millwheel.spark.stage`): ``buffer_appends`` are
+    ``(name, chunk)`` pairs appended, in order, to the range's append-only buffer
+    ``name`` (one row or list entry each: the cost does not depend on what the buffer
+    already holds); ``buffer_deletes`` names buffers removed whole, after the appends.
     """
 
     computation: str
@@ -68,6 +73,8 @@ class Checkpoint:
     resolved: list[str] = field(default_factory=list)
     counters: dict[str, int] = field(default_factory=dict)
     errors: list[bytes] = field(default_factory=list)
+    buffer_appends: list[tuple[str, bytes]] = field(default_factory=list)
+    buffer_deletes: list[str] = field(default_factory=list)
 
     def is_empty(self) -> bool:
         return not (
@@ -79,6 +86,8 @@ class Checkpoint:
             or self.resolved
             or self.counters
             or self.errors
+            or self.buffer_appends
+            or self.buffer_deletes
         )
 
 
@@ -170,6 +179,16 @@ class StateStore(Protocol):
 
     def list_keys(self, computation: str, after: str | None, limit: int) -> list[str]:
         """Keys with state, sorted, strictly after ``after``: a page of at most ``limit``."""
+        ...
+
+    # -- append-only window buffers (written by Checkpoint.buffer_appends) -------------
+    def read_buffer(self, computation: str, range_id: int, name: str) -> list[bytes]:
+        """The chunks appended to the range's buffer ``name``, in append order ([] if
+        it has none). Chunks are opaque bytes; the store never parses them."""
+        ...
+
+    def list_buffers(self, computation: str, range_id: int) -> list[str]:
+        """Names of the range's buffers that hold anything, sorted."""
         ...
 
     # -- failing user code (the error policy) ----------------------------------------

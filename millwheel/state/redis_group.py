@@ -115,6 +115,14 @@ for b = 1, nb do
   local expected = ARGV[2 + 2 * b]
   if expected ~= '' and last[b] ~= expected then return {3, b, last[b] or ''} end
 end
+a = first
+while a <= #ARGV do
+  if ARGV[a] == 'c' then
+    local bad = buffers_bad(KEYS[(tonumber(ARGV[a + 1]) - 1) * 15 + 3], a + 4)
+    if bad then return corrupt(bad, 'is not a window buffer (expected a list, and a set of names)') end
+  end
+  a = a + 4 + tonumber(ARGV[a + 3])
+end
 local roles = {}
 a = first
 while a <= #ARGV do
@@ -174,6 +182,10 @@ def checkpoint_args(cp: Checkpoint) -> list[bytes | str | int]:
     for name, n in cp.counters.items():
         args += [name, int(n)]
     args += cp.errors
+    args += [len(cp.buffer_appends), len(cp.buffer_deletes)]
+    for name, data in cp.buffer_appends:
+        args += [name, data]
+    args += cp.buffer_deletes
     return args
 
 

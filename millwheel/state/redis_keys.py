@@ -25,6 +25,8 @@ script touches one hash slot and the same code runs on Redis Cluster::
     mw:r:{C:R}:atterr   HASH    item -> JSON of its last error
     mw:r:{C:R}:errcount HASH    counter name -> count (dead_lettered, skipped, late_dropped)
     mw:r:{C:R}:errlog   LIST    JSON of the last given-up errors, newest first
+    mw:r:{C:R}:bufs     SET     names of the range's window buffers
+    mw:r:{C:R}:buf:NAME LIST    window buffer NAME: appended chunks, oldest first
     mw:ranges:{C}       SET     range IDs of C ever acquired (the range registry)
     mw:log:{S}:seq      STRING  stream log sequence counter of stream S
     mw:log:{S}:ids      HASH    record ID -> sequence number (idempotent append)

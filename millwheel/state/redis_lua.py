@@ -71,7 +71,8 @@ end
 
 # The writes of a checkpoint, shared by CHECKPOINT and the write group's script
 # (millwheel.state.redis_group). ``k`` names the range's keys by role; the arguments
-# start at ARGV[a]: now (µs), the ten counts, then the items. Returns nothing.
+# start at ARGV[a]: now (µs), the ten counts, then the items, then the two counts of
+# window-buffer appends and deletes and their items. Returns nothing.
 APPLY_CHECKPOINT = BULK + """
 local function apply_checkpoint(k, a)
   local nw, nd, nc, ns, np, ni = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]),
@@ -108,6 +109,42 @@ local function apply_checkpoint(k, a)
   end
   many('LPUSH', k.errlog, i, i + ne - 1)
   if ne > 0 then redis.call('LTRIM', k.errlog, 0, keep - 1) end
+  i = i + ne
+  local na, nx = tonumber(ARGV[i]), tonumber(ARGV[i + 1])
+  i = i + 2
+  if na == 0 and nx == 0 then return end
+  local base = string.sub(k.state, 1, -6)
+  for _ = 1, na do
+    redis.call('RPUSH', base .. 'buf:' .. ARGV[i], ARGV[i + 1])
+    redis.call('SADD', base .. 'bufs', ARGV[i])
+    i = i + 2
+  end
+  for _ = 1, nx do
+    redis.call('DEL', base .. 'buf:' .. ARGV[i])
+    redis.call('SREM', base .. 'bufs', ARGV[i])
+    i = i + 1
+  end
+end
+-- The window-buffer keys a checkpoint at ARGV[a] touches are named from its range's
+-- state key (same hash tag, so the same slot); checked before any write: the name of
+-- the first one of a foreign type, or nil.
+local function buffers_bad(state, a)
+  local i = a + 11 + 2 * tonumber(ARGV[a + 1]) + tonumber(ARGV[a + 2]) + tonumber(ARGV[a + 3])
+    + 2 * tonumber(ARGV[a + 4]) + 2 * tonumber(ARGV[a + 5]) + tonumber(ARGV[a + 6])
+    + tonumber(ARGV[a + 7]) + 2 * tonumber(ARGV[a + 8]) + tonumber(ARGV[a + 9])
+  local na, nx = tonumber(ARGV[i]), tonumber(ARGV[i + 1])
+  if na == 0 and nx == 0 then return nil end
+  local base = string.sub(state, 1, -6)
+  local t = redis.call('TYPE', base .. 'bufs').ok
+  if t ~= 'none' and t ~= 'set' then return base .. 'bufs' end
+  i = i + 2
+  for j = 1, na + nx do
+    local key = base .. 'buf:' .. ARGV[i]
+    t = redis.call('TYPE', key).ok
+    if t ~= 'none' and t ~= 'list' then return key end
+    if j <= na then i = i + 2 else i = i + 1 end
+  end
+  return nil
 end
 """
 
@@ -117,6 +154,8 @@ local TYPES = {'string', 'string', 'hash', 'zset', 'hash', 'zset', 'hash', 'zset
 """ + PROLOGUE + APPLY_CHECKPOINT + """
 local o = redis.call('GET', KEYS[9])
 if o and not string.match(o, '^%d+$') then return corrupt(KEYS[9], 'is not an integer') end
+local bad = buffers_bad(KEYS[3], 4)
+if bad then return corrupt(bad, 'is not a window buffer (expected a list, and a set of names)') end
 apply_checkpoint({state = KEYS[3], skeys = KEYS[4], timers = KEYS[5], tkeys = KEYS[6],
   outbox = KEYS[7], oorder = KEYS[8], oseq = KEYS[9], ids = KEYS[10], attempts = KEYS[11],
   atterr = KEYS[12], errcount = KEYS[13], errlog = KEYS[14]}, 4)

@@ -261,6 +261,28 @@ class RedisStore(RedisLease, RedisLog):
         merged = sorted({m for page in results for m in page})[:limit]
         return [m.decode() for m in merged]
 
+    # -- window buffers (written by checkpoints, see redis_lua) ----------------------
+    def _buffer_base(self, computation: str, range_id: int) -> str:
+        return self._range(computation, range_id).state[: -len("state")]
+
+    def read_buffer(self, computation: str, range_id: int, name: str) -> list[bytes]:
+        """The list's entries, :data:`_CHUNK` per LRANGE (the range's owner is the only
+        writer, and it does not append while it reads)."""
+        key = self._buffer_base(computation, range_id) + "buf:" + name
+        out: list[bytes] = []
+        while True:
+            start = len(out)
+            page = self._call("read_buffer", [key],
+                              partial(self._r.lrange, key, start, start + _CHUNK - 1))
+            out += (bytes(p) for p in page)
+            if len(page) < _CHUNK:
+                return out
+
+    def list_buffers(self, computation: str, range_id: int) -> list[str]:
+        key = self._buffer_base(computation, range_id) + "bufs"
+        members = self._call("list_buffers", [key], lambda: self._r.smembers(key))
+        return sorted(bytes(m).decode() for m in members)
+
     # -- watermarks -------------------------------------------------------------------
     def report_watermark(self, node: str, range_id: int, token: int, watermark: int) -> int:
         """The stored watermark (inside a write group: ``watermark``, not known yet)."""

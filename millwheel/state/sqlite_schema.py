@@ -32,6 +32,9 @@ log = logging.getLogger("millwheel.store")
 # * consumed IDs are one row each (the dedup lookup), but their expiry goes through
 #   ``seen_batches``, one row per checkpoint listing its IDs (a JSON array), instead
 #   of a second index entry per ID.
+# * window buffers (``buffers``) are one row per appended chunk, keyed by (range,
+#   name, seq) through the index; ``seq`` is a plain rowid, so appending costs one
+#   index insert whatever the buffer holds, and ``ORDER BY seq`` is append order.
 # Files written by older versions are migrated when opened (:func:`_migrate`).
 
 _SCHEMA = """
@@ -79,6 +82,10 @@ CREATE TABLE IF NOT EXISTS error_log (
     seq INTEGER PRIMARY KEY, computation TEXT NOT NULL, range_id INTEGER NOT NULL,
     error BLOB NOT NULL);
 CREATE INDEX IF NOT EXISTS error_log_by_range ON error_log (computation, range_id, seq);
+CREATE TABLE IF NOT EXISTS buffers (
+    seq INTEGER PRIMARY KEY, computation TEXT NOT NULL, range_id INTEGER NOT NULL,
+    name TEXT NOT NULL, data BLOB NOT NULL);
+CREATE INDEX IF NOT EXISTS buffers_by_name ON buffers (computation, range_id, name, seq);
 """
 
 

@@ -73,7 +73,8 @@ class SQLiteStore(SQLiteLease, SQLiteErrors, SQLiteShared, SQLiteFile):
         3. Apply timer clears, then timer sets.
         4. Append strong productions to the range's outbox.
         5. Remember the consumed record IDs.
-        All five in one transaction: a crash leaves all or nothing.
+        6. Append to and delete window buffers.
+        All six in one transaction: a crash leaves all or nothing.
         """
         db = self._db
         comp, rid = cp.computation, cp.range_id
@@ -128,6 +129,16 @@ class SQLiteStore(SQLiteLease, SQLiteErrors, SQLiteShared, SQLiteFile):
                 db.execute("INSERT INTO seen_batches VALUES (?, ?, ?, ?)", (comp, rid, cp.now_us, ids))
             if cp.resolved or cp.counters or cp.errors:
                 self._apply_errors(cp)
+            if cp.buffer_appends:  # 6: window buffers, one row per chunk
+                db.executemany(
+                    "INSERT INTO buffers (computation, range_id, name, data) VALUES (?, ?, ?, ?)",
+                    [(comp, rid, name, data) for name, data in cp.buffer_appends],
+                )
+            if cp.buffer_deletes:
+                db.executemany(
+                    "DELETE FROM buffers WHERE computation=? AND range_id=? AND name=?",
+                    [(comp, rid, name) for name in cp.buffer_deletes],
+                )
 
         self._write(txn)
 
@@ -303,5 +314,21 @@ class SQLiteStore(SQLiteLease, SQLiteErrors, SQLiteShared, SQLiteFile):
         with self._lock:
             rows = self._db.execute(
                 f"SELECT key FROM state WHERE computation=? {bound}ORDER BY key LIMIT ?", args
+            ).fetchall()
+        return [row[0] for row in rows]
+
+    def read_buffer(self, computation: str, range_id: int, name: str) -> list[bytes]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT data FROM buffers WHERE computation=? AND range_id=? AND name=? ORDER BY seq",
+                (computation, range_id, name),
+            ).fetchall()
+        return [bytes(row[0]) for row in rows]
+
+    def list_buffers(self, computation: str, range_id: int) -> list[str]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT DISTINCT name FROM buffers WHERE computation=? AND range_id=? ORDER BY name",
+                (computation, range_id),
             ).fetchall()
         return [row[0] for row in rows]

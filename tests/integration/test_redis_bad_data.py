@@ -130,3 +130,25 @@ def test_millwheel_run_on_corrupt_redis_exits_with_the_key_in_the_message(
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 2
     assert "mw:r:{counts:1}:state" in err.decode(), err.decode()
+
+
+@pytest.mark.parametrize("foreign", ["mw:r:{counts:0}:buf:60", "mw:r:{counts:0}:bufs"])
+def test_checkpoint_meeting_a_foreign_window_buffer_key_changes_nothing(
+    store: RedisStore, raw: redis.Redis, foreign: str
+) -> None:
+    """Window-buffer keys are named inside the script; a foreign one is found before
+    any write, alone and inside a write group."""
+    t = seeded(store)
+    raw.set(foreign, "foreign")
+    before = {k: raw.dump(k) for k in sorted(raw.keys("mw:r:*"))}
+    cp = Checkpoint("counts", 0, t, 200, state_writes={"alice": b"new"}, consumed_ids=["in-2"],
+                    buffer_appends=[("0", b"a"), ("60", b"b")])
+    with pytest.raises(CorruptDataError, match=foreign.replace("{", r"\{").replace("}", r"\}")):
+        store.checkpoint(cp)
+    assert {k: raw.dump(k) for k in sorted(raw.keys("mw:r:*"))} == before
+    group = store.write_group
+    assert group is not None
+    with pytest.raises(CorruptDataError, match="window buffer"):
+        with group():
+            store.checkpoint(cp)
+    assert {k: raw.dump(k) for k in sorted(raw.keys("mw:r:*"))} == before

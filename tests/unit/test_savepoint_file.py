@@ -71,6 +71,8 @@ def fill(store: StateStore) -> None:
             timer_sets=[Timer(k, "end:1", 77, TimeDomain.EVENT, True) for k in mine[:3]],
             productions=[Production("log:out", "out", Record(k, b"v", 10, f"p{k}")) for k in mine[:2]],
             consumed_ids=[f"id{r}-{j}" for j in range(25)], counters={"skipped": 2}, errors=[b'{"e":1}']))
+        store.checkpoint(Checkpoint("c", r, token, 1_000, buffer_appends=[  # window buffers
+            ("0", b"x" * (600 * 1024)), ("60", b""), ("0", f"r{r}\n".encode())]))
         store.bump_attempts("c", r, token, "item", b'{"e":2}')
         store.report_watermark("c", r, token, 500 + r)
     store.append_log("out", [Record("a", b"1", 1, "l1"), Record("b", b"2", 2, "l2")])
@@ -86,6 +88,8 @@ def dump(store: StateStore) -> dict[str, object]:
                         sorted(store.iter_ids("c", r)), errors.counters, errors.recent,
                         {k: n for k, (n, _e) in errors.attempts.items()})
     out["wm"] = store.read_watermarks("c")
+    out["buffers"] = {(r, n): b"".join(store.read_buffer("c", r, n)) for r in range(2)
+                      for n in store.list_buffers("c", r)}
     return out
 
 
