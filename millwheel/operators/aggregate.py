@@ -24,6 +24,23 @@ AGGREGATIONS = ("count", "sum", "min", "max", "mean")
 MAX_DECODED_KEYS = 200_000  # keys whose decoded windows are kept (then the cache restarts)
 
 
+
+def record_number(record: Record, aggregation: str, field: str | None, operator: str) -> float:
+    """The number a record adds to an aggregation (0 for ``count``): its JSON value, or
+    that value's ``field``; a record without one fails with a message naming it."""
+    if aggregation == "count":
+        return 0.0
+    try:
+        value: Any = json.loads(record.value)
+        if field is not None:
+            value = value[field]
+        return float(value)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise InvalidSpecError(
+            f"{operator}: record {record.record_id} value is not a number"
+            f"{' at field ' + repr(field) if field else ''}: {exc}"
+        ) from None
+
 class WindowedAggregate(Computation):
     def __init__(
         self,
@@ -57,18 +74,7 @@ class WindowedAggregate(Computation):
             self.output = outputs[0]
 
     def _number(self, record: Record) -> float:
-        if self.aggregation == "count":
-            return 0.0
-        try:
-            value: Any = json.loads(record.value)
-            if self.field is not None:
-                value = value[self.field]
-            return float(value)
-        except (ValueError, KeyError, TypeError) as exc:
-            raise InvalidSpecError(
-                f"window_aggregate: record {record.record_id} value is not a number"
-                f"{' at field ' + repr(self.field) if self.field else ''}: {exc}"
-            ) from None
+        return record_number(record, self.aggregation, self.field, "window_aggregate")
 
     def process_record(self, ctx: Context, record: Record) -> None:
         self.process_records(ctx, (record,))

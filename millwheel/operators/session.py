@@ -29,7 +29,7 @@ from typing import Any, Iterable
 
 from millwheel.computation import Computation, Context
 from millwheel.errors import InvalidSpecError
-from millwheel.operators.aggregate import AGGREGATIONS
+from millwheel.operators.aggregate import AGGREGATIONS, record_number
 from millwheel.record import MAX_TIMESTAMP, Record, Timer
 
 _END, _COUNT, _SUM, _MIN, _MAX, _FIRED = range(6)
@@ -68,17 +68,7 @@ class SessionWindow(Computation):
             self.output = outputs[0]
 
     def _number(self, record: Record) -> float:
-        if self.aggregation == "count":
-            return 0.0
-        try:
-            value: Any = json.loads(record.value)
-            if self.field is not None:
-                value = value[self.field]
-            return float(value)
-        except (ValueError, KeyError, TypeError) as exc:
-            raise InvalidSpecError(
-                f"session_window: record {record.record_id} value is not a number"
-                f"{' at field ' + repr(self.field) if self.field else ''}: {exc}") from None
+        return record_number(record, self.aggregation, self.field, "session_window")
 
     def process_record(self, ctx: Context, record: Record) -> None:
         self.process_records(ctx, (record,))
