@@ -70,7 +70,25 @@ async def _connect(url: str) -> Any:
     return await nats.connect(url, connect_timeout=3, max_reconnect_attempts=2, allow_reconnect=True)
 
 
-class JetStreamSource:
+class _Connected:
+    """What the source and the sink share: a connection on a loop thread of its own,
+    closed the same way (the connection first, with a deadline, then the loop)."""
+
+    loop: _Loop | None
+    nc: Any
+
+    def close(self) -> None:
+        if self.loop is not None:
+            try:
+                if self.nc is not None:
+                    self.loop.run(self.nc.close(), 5)
+            except ConnectorError:
+                pass
+            self.loop.close()
+            self.loop = None
+
+
+class JetStreamSource(_Connected):
     def __init__(self, settings: dict[str, Any]) -> None:
         self.url = settings["url"]
         self.stream = settings["stream"]
@@ -125,18 +143,9 @@ class JetStreamSource:
     def finished(self) -> bool:
         return self.end is not None and self.last >= self.end
 
-    def close(self) -> None:
-        if self.loop is not None:
-            try:
-                if self.nc is not None:
-                    self.loop.run(self.nc.close(), 5)
-            except ConnectorError:
-                pass
-            self.loop.close()
-            self.loop = None
 
 
-class JetStreamSink:
+class JetStreamSink(_Connected):
     def __init__(self, settings: dict[str, Any]) -> None:
         self.url = settings["url"]
         self.subject = settings["subject"]
@@ -204,12 +213,3 @@ class JetStreamSink:
             self.position = pos
         return self.position
 
-    def close(self) -> None:
-        if self.loop is not None:
-            try:
-                if self.nc is not None:
-                    self.loop.run(self.nc.close(), 5)
-            except ConnectorError:
-                pass
-            self.loop.close()
-            self.loop = None
