@@ -183,6 +183,12 @@ class WindowedAggregate(Computation):
         self._store(ctx, windows)
 
     def _emit(self, ctx: Context, start: int, acc: list[Any]) -> None:
+        value, timestamp = self._result(ctx.key, start, acc)
+        assert self.output is not None
+        ctx.produce(self.output, ctx.key, value, timestamp)
+
+    def _result(self, key: str, start: int, acc: list[Any]) -> tuple[bytes, int]:
+        """A window's result (the JSON value) and its timestamp ``end - 1``."""
         count, total, lo, hi = acc[0], acc[1], acc[2], acc[3]
         value: float | int
         if self.aggregation == "count":
@@ -197,11 +203,19 @@ class WindowedAggregate(Computation):
             value = total / count
         end = self.windowing.end(start)
         payload = {
-            "key": ctx.key, "start": start, "end": end,
+            "key": key, "start": start, "end": end,
             "agg": self.aggregation, "value": value, "count": count,
         }
-        assert self.output is not None
-        ctx.produce(self.output, ctx.key, json.dumps(payload).encode(), end - 1)
+        return json.dumps(payload).encode(), end - 1
+
+    def unfired_results(self, key: str, state: bytes | None) -> list[tuple[int, bytes, int]]:
+        """``(start, value, timestamp)`` of each of ``key``'s windows whose result was not
+        produced yet, as its end timer would produce it now: from the records the window
+        holds so far (an early, partial result when its end is still ahead of the
+        watermark). What ``millwheel update --on-open-windows flush`` emits before the
+        windows' parameters change (services/controller/flush.py)."""
+        windows = _load(state)
+        return [(int(s), *self._result(key, int(s), acc)) for s, acc in windows.items() if not acc[4]]
 
 
 _DECODER = json.JSONDecoder()

@@ -43,9 +43,25 @@ renamed to FILE. With --stop (stop with savepoint), the service takes no more
 records at the cut (Inject is refused) and runs nothing after it: what it emitted is
 exactly what precedes the cut, and the restored service emits the rest.
 
+
+With --drain (implies --stop), the service first finishes everything in flight: Inject
+is refused from the start (FAILED_PRECONDITION), every injector is closed (watermark
++inf: every event-time window closes and fires; a pulled source reads no more), and
+the drain waits until every key range's watermark is +inf and every outbox is empty
+(progress on stderr), then takes the cut with --stop. Then the sinks (stream logs)
+hold every result, including the last windows', and the file holds no open window and
+no pending record ("drained" in the summary). A worker dying meanwhile is an ordinary
+range move. If it cannot finish within --timeout (a range that keeps failing holds
+the watermark, say), it exits with status 2 and the service is left DRAINING, not
+stopped: Inject refused, injectors closed, ranges running, no file written. Run it
+again to wait longer, or use --stop to stop with what is pending in the file.
+Restoring a drained file gives a service whose injectors are closed: new records need
+injectors of other names.
+
 examples:
   millwheel savepoint create nightly.mwsp
   millwheel savepoint create move.mwsp --stop       # then: restore it on the new cluster
+  millwheel savepoint create final.mwsp --drain --timeout 300   # end the pipeline: every window fired
 """
 
 RESTORE = DESCRIPTION + """
@@ -75,6 +91,12 @@ def add_commands(sub: Any) -> None:
     create.add_argument("file", metavar="FILE", help="where to write the savepoint (refused if it exists)")
     create.add_argument("--stop", action="store_true",
                         help="stop with savepoint: the service takes no more records and runs nothing after the cut")
+    create.add_argument("--drain", action="store_true",
+                        help="first refuse Inject, close every injector (watermark +inf) and wait until every "
+                             "window has fired and every record is processed; then stop with savepoint")
+    create.add_argument("--timeout", type=float, default=600.0, metavar="SECONDS",
+                        help="how long --drain may wait (default 600); past it the service stays draining, "
+                             "nothing is written")
     create.add_argument("--force", action="store_true", help="overwrite FILE if it exists")
     create.set_defaults(func=cmd_create)
     rest = client_parser(ssub, "restore", "restore a savepoint FILE into an empty service", RESTORE)
@@ -113,7 +135,7 @@ class _Progress:
 def _summary_data(s: Any) -> dict[str, Any]:
     return {"sha256": s.sha256, "bytes": s.bytes, "created_us": s.created_us, "pause_us": s.pause_us,
             "stopped": s.stopped, "counts": dict(s.counts), "computations": s.computations,
-            "injectors": s.injectors, "log_last": dict(s.log_last)}
+            "injectors": s.injectors, "log_last": dict(s.log_last), "drained": s.drained}
 
 
 def cmd_create(args: argparse.Namespace) -> int:
@@ -124,7 +146,11 @@ def cmd_create(args: argparse.Namespace) -> int:
     progress = _Progress(args.json)
     summary = None
     with client_for(args) as client, open(partial, "wb") as out:
-        call = client.stub.CreateSavepoint(pb.CreateSavepointRequest(stop=args.stop))
+        if args.drain and args.timeout <= 0:
+            raise InvalidSpecError(f"--timeout must be positive, got {args.timeout}")
+        request = pb.CreateSavepointRequest(stop=args.stop or args.drain, drain=args.drain,
+                                            drain_timeout_ms=int(args.timeout * 1000) if args.drain else 0)
+        call = client.stub.CreateSavepoint(request)
         try:
             for msg in call:
                 if msg.chunk:
@@ -132,6 +158,8 @@ def cmd_create(args: argparse.Namespace) -> int:
                     progress.show(f"savepoint: receiving, {out.tell() / 1e6:.1f} MB")
                 elif msg.phase == "done":
                     summary = msg.summary
+                elif msg.phase == "draining":
+                    progress.show(f"drain: {msg.detail}", force=msg.detail.startswith("drained"))
                 else:
                     progress.show(f"savepoint: {msg.phase}, {msg.items} items read", force=msg.phase == "fencing")
         except grpc.RpcError as exc:
@@ -153,6 +181,8 @@ def cmd_create(args: argparse.Namespace) -> int:
     text = (f"savepoint {target}: {summary.bytes} bytes, sha256 {summary.sha256[:16]}..., "
             f"{summary.computations} computations, {summary.injectors} injectors ({counts}); "
             f"the cut paused processing {summary.pause_us / 1e6:.3f} s")
+    if summary.drained:
+        text += "\ndrained: every window fired and every record was processed before the cut"
     if summary.stopped:
         text += "\nthe service is stopped: it takes no more records and runs nothing (restore the file elsewhere)"
     return emit(args, data, text)

@@ -36,12 +36,22 @@ What is refused, before anything changes (exit status 2, nothing changed):
   - inputs/outputs that break the registry's rules (a consumer left without producer,
     a cycle, a logged stream no longer written);
   - a window_aggregate whose size or period changes (or that becomes other code) while
-    windows are open, unless --on-open-windows drop.
+    windows are open, unless --on-open-windows flush or drop.
 An unknown computation is an error too (NOT_FOUND). Sending the running spec again
 changes nothing.
 
+Open windows (--on-open-windows, for a window_aggregate whose size or period changes):
+  refuse  the default: the update is refused while windows are open;
+  flush   each open window's result is emitted first, with the OLD window, exactly once
+          (also if a worker dies meanwhile), then the new code runs. It is an early,
+          partial result: the records the window holds at the switch, although the
+          watermark has not passed its end. Records arriving later go to new windows.
+          Refused if a consumer of the results keys them by user code (import:);
+  drop    the open windows are discarded: their records count in no result.
+
 examples:
   millwheel update scaled.yaml
+  millwheel update counts-5m.yaml --on-open-windows flush   # close today's windows, then 5-minute ones
   millwheel update pipeline.yaml --computation counts --on-open-windows drop
   millwheel update --rollback counts
 """
@@ -57,8 +67,9 @@ def add_commands(sub: Any) -> None:
                     help="which computation of a topology SPEC file to update")
     up.add_argument("--on-open-windows", choices=("refuse", "drop", "flush"), default="refuse",
                     help="a window_aggregate whose window size/period changes while windows are open: "
-                         "refuse the update (default), or drop the open windows (their records count in "
-                         "no result); flush is not built yet")
+                         "refuse the update (default), flush them (emit their results so far with the old "
+                         "window, exactly once, then switch), or drop them (their records count in no "
+                         "result)")
     up.add_argument("--rollback", metavar="NAME",
                     help="return computation NAME to its version before its last update (no SPEC)")
     up.set_defaults(func=cmd_update)
@@ -91,6 +102,7 @@ def cmd_update(args: argparse.Namespace) -> int:
     info = resp.computation
     data = {"computation": info.spec.name, "version": info.version, "previous_version": resp.previous_version,
             "changed": resp.changed, "dropped_windows": resp.dropped_windows,
+            "flushed_windows": resp.flushed_windows,
             "rolled_back": bool(args.rollback)}
     if not resp.changed:
         text = f"computation {info.spec.name!r} already runs this spec (version {info.version}): nothing changed"
@@ -99,4 +111,6 @@ def cmd_update(args: argparse.Namespace) -> int:
                 f"version {resp.previous_version} -> {info.version}")
         if resp.dropped_windows:
             text += f" ({resp.dropped_windows} open windows dropped)"
+        if resp.flushed_windows:
+            text += f" ({resp.flushed_windows} open windows flushed: their results so far emitted)"
     return emit(args, data, text)

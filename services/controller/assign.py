@@ -37,6 +37,7 @@ ASSIGN_PREFIX = "assign/"
 WORKER_PREFIX = "worker/"
 #: Set by a stop with savepoint (services/controller/savepoint.py): no range is assigned any more.
 STOPPED_KEY = "savepoint/stopped"
+DRAINING_KEY = "savepoint/draining"
 Unit = tuple[str, int]
 
 
@@ -96,6 +97,8 @@ class Assigner:
         self.moving: dict[Unit, str | None] = {}  # planned moves whose token is being acquired
         self.due = False  # a move failed or no longer held: rebalance at the reaper's next pass
         self.stopped = store.get_meta(STOPPED_KEY) is not None
+        # Draining (services/controller/drain.py): Inject refused, ranges still run.
+        self.draining = store.get_meta(DRAINING_KEY) is not None
         self.frozen: set[str] = set()  # computations being rescaled: their ranges are placed nowhere
         grace_until = time.monotonic() + grace_s
         for name, value in store.list_meta(WORKER_PREFIX).items():

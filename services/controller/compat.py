@@ -18,7 +18,7 @@ The rules:
   cycle, and no logged stream left unwritten;
 * a built-in ``window_aggregate`` whose window (size or period) changes, or that is
   replaced by other code, while windows are open is refused unless the caller says
-  what to do with them (``drop``).
+  what to do with them (``drop``, or ``flush``: services/controller/flush.py).
 """
 
 from __future__ import annotations
@@ -33,16 +33,13 @@ from millwheel.topology import ComputationSpec, Topology
 
 from ..rpc.status import PreconditionError
 
-ON_OPEN_WINDOWS = ("refuse", "drop")  # "flush" is named in the docs as not built yet
+ON_OPEN_WINDOWS = ("refuse", "drop", "flush")
 WINDOW_TAGS = ("end:", "gc:")  # the timers of millwheel.operators.aggregate's windows
 
 
 def check_directive(value: str) -> str:
     """The ``on_open_windows`` value, defaulting to refuse; INVALID_ARGUMENT otherwise."""
     value = value or "refuse"
-    if value == "flush":
-        raise InvalidSpecError("on_open_windows: 'flush' is not built yet; use 'drop' (discard the open "
-                               "windows) or 'refuse' (the default)")
     if value not in ON_OPEN_WINDOWS:
         raise InvalidSpecError(f"on_open_windows: must be one of {list(ON_OPEN_WINDOWS)}, got {value[:40]!r}")
     return value
@@ -113,7 +110,8 @@ def open_windows(store: StateStore, spec: ComputationSpec) -> tuple[int, int]:
 def refuse_open_windows(store: StateStore, old: ComputationSpec, new: ComputationSpec,
                         directive: str) -> str | None:
     """Raise PreconditionError when ``new`` changes open windows under "refuse"; the
-    change (to act on) when windows are open and the directive is "drop"; else None."""
+    change (to act on) when windows are open and the directive is "drop" or "flush";
+    else None."""
     change = window_change(old, new)
     if change is None:
         return None
@@ -123,6 +121,7 @@ def refuse_open_windows(store: StateStore, old: ComputationSpec, new: Computatio
     if directive == "refuse":
         raise PreconditionError(
             f"update of computation {new.name!r}: {change} while {windows} window(s) are open in "
-            f"{ranges} key range(s); pass on_open_windows 'drop' (CLI: --on-open-windows drop) to "
-            "discard them, or update once they have closed")
+            f"{ranges} key range(s); pass on_open_windows 'flush' (CLI: --on-open-windows flush) to "
+            "emit their results so far with the old window first, 'drop' to discard them, or update "
+            "once they have closed")
     return change

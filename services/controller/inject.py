@@ -224,6 +224,10 @@ class Injecting:
                 if self.assigner.stopped:  # services/controller/savepoint.py
                     raise PreconditionError(f"inject message {index}: this service was stopped with a savepoint "
                                             "and takes no more records; restore the savepoint elsewhere")
+                if self.assigner.draining:  # services/controller/drain.py
+                    raise PreconditionError(f"inject message {index}: this service is draining (savepoint "
+                                            "create --drain): it takes no more records, and its injectors "
+                                            "are closed")
                 spec = self._injector_for(msg, index)
                 self._check_open(spec, msg, index)
                 call.send(injector_node(spec.name), self._inject_batch(spec, msg, index, call.session))

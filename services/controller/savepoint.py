@@ -47,6 +47,7 @@ from millwheel.state.protocol import StateStore
 from ..generated import millwheel_pb2 as pb
 from ..rpc.status import NotLeaderError, PreconditionError, rpc, rpc_stream
 from .assign import STOPPED_KEY, Assigner
+from .drain import DrainHost, drain, drained
 from .registry import Registry
 from .savepoint_registry import CarriedRegistry, admit, registry_dict
 
@@ -77,8 +78,8 @@ class Savepoints:
         if not self.leading():
             raise self.redirect(context)
         spool = tempfile.TemporaryFile(prefix="millwheel-savepoint-")  # noqa: SIM115 (closed below)
-        updates: queue.Queue[tuple[str, int] | BaseException | pb.SavepointSummary] = queue.Queue()
-        worker = threading.Thread(target=self._cut_thread, args=(bool(request.stop), spool, updates),
+        updates: queue.Queue[tuple[str, int, str] | BaseException | pb.SavepointSummary] = queue.Queue()
+        worker = threading.Thread(target=self._cut_thread, args=(bool(request.stop), spool, updates, request),
                                   name="savepoint", daemon=True)
         worker.start()
         try:
@@ -92,7 +93,7 @@ class Savepoints:
                 if isinstance(item, pb.SavepointSummary):
                     summary = item
                     break
-                yield pb.CreateSavepointResponse(phase=item[0], items=item[1])
+                yield pb.CreateSavepointResponse(phase=item[0], items=item[1], detail=item[2])
             spool.seek(0)
             while context.is_active():
                 data = spool.read(CHUNK)
@@ -104,9 +105,15 @@ class Savepoints:
             worker.join()
             spool.close()
 
-    def _cut_thread(self, stop: bool, spool: IO[bytes], updates: queue.Queue[Any]) -> None:
+    def _cut_thread(self, stop: bool, spool: IO[bytes], updates: queue.Queue[Any], request: Any) -> None:
         try:
-            updates.put(self._cut(stop, spool, lambda phase, n: updates.put((phase, n))))
+            if request.drain:  # services/controller/drain.py; then stop with savepoint
+                host: DrainHost = self  # type: ignore[assignment]
+                drain(host, request.drain_timeout_ms / 1000, lambda phase, n, text: updates.put((phase, n, text)))
+                stop = True
+            summary = self._cut(stop, spool, lambda phase, n: updates.put((phase, n, "")))
+            summary.drained = bool(request.drain) and drained(dict(summary.counts))
+            updates.put(summary)
         except BaseException as exc:  # handed to the RPC's thread, which raises it
             updates.put(exc)
 

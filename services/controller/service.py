@@ -48,7 +48,7 @@ from ..rpc import convert
 from ..rpc.admission import AdmissionLimits
 from ..rpc.health import HealthMonitor
 from ..rpc.server import check
-from ..rpc.status import rpc
+from ..rpc.status import PreconditionError, rpc
 from ..rpc.worker_link import PeerLink
 from ..store_lock import open_service_store
 from .assign import Assigner
@@ -323,6 +323,9 @@ class ControllerService(Queries, Replicated, Injecting, Updating, Rescaling, Hea
     @leader_only
     def ReplayDeadLetters(self, request: Any, context: Ctx) -> pb.ReplayDeadLettersResponse:
         check(request)
+        if self.assigner.stopped or self.assigner.draining:  # its records would come after the end
+            raise PreconditionError("ReplayDeadLetters: this service is stopped with a savepoint or draining "
+                                    "(savepoint create --drain) and takes no more records")
         return self.replayer.replay(request.computation, context)
 
 

@@ -9,7 +9,9 @@ meanwhile), after every check has passed (services/controller/compat.py):
    batch the old code is still running on that range fails its checkpoint (fenced) and
    is not acked: its records are sent again;
 2. under "drop", the open windows of each range are deleted (state and timers) in one
-   checkpoint per range under the new token;
+   checkpoint per range under the new token; under "flush", the same checkpoint also
+   puts each open window's result, made by the old operator, in the range's outbox
+   (services/controller/flush.py);
 3. the registry is stored with the new spec, the computation's version + 1 and the old
    spec kept as the rollback target (none after a rollback) (one store write);
 4. the lock is released: each owner's next heartbeat answer carries the new registry
@@ -27,7 +29,8 @@ suites prove; a worker killed during the switch is the ordinary case of a move.
 A crash of the controller between 1 and 3 leaves the old spec with the new tokens (the
 update did not happen; the client saw no answer and may send it again); after 3, the
 new spec: a new leader reassigns whatever tokens it finds (services/controller/assign.py).
-Under "drop", windows dropped in 2 stay dropped if the controller dies before 3.
+Under "drop" and "flush", windows dropped or flushed in 2 stay so if the controller dies
+before 3 (the old spec runs on without them; sending the update again finishes it).
 """
 
 from __future__ import annotations
@@ -49,7 +52,8 @@ from ..rpc import convert
 from ..rpc.server import check
 from ..rpc.status import PreconditionError, rpc
 from .assign import Assigner
-from .compat import WINDOW_TAGS, candidate, check_directive, refuse_open_windows
+from .compat import WINDOW_TAGS, candidate, check_directive, refuse_open_windows, window_change
+from .flush import flush_windows, router
 from .ha import leader_only
 from .registry import Registry
 
@@ -100,21 +104,29 @@ class Updating:
         if new == old:  # sent again (a retry after a lost answer): nothing to do
             return pb.UpdateComputationResponse(computation=self._info(old.name),
                                                 previous_version=version, changed=False)
+        if directive == "flush" and window_change(old, new) is not None:
+            router(self.registry.topology, old)  # flush's own refusal, before anything changes
         refuse_open_windows(self.store, old, new, directive)  # early, before anything changes
         units = [(old.name, r) for r in range(old.options.key_ranges)]
         for unit in units:
             self.assigner.reissue_now(unit)  # 1: the old code's later checkpoints are fenced
         # Again with every range fenced: a window opened since the first look counts.
         change = refuse_open_windows(self.store, old, new, directive)
-        dropped = self._drop_windows(old, units) if change is not None else 0
+        dropped = flushed = 0
+        if change is not None and directive == "flush":
+            flushed = flush_windows(self.store, self.registry.topology, old, version, units,
+                                    {u: self.assigner.units[u].token for u in units}, self.clock.now_us())
+        elif change is not None:
+            dropped = self._drop_windows(old, units)
         # 3. A rollback keeps no target of its own: rolling back twice (or a rollback sent
         # again after a lost answer) is refused rather than undoing the rollback.
         self.registry.replace_computation(new, topology, version + 1, None if rollback else old)
         self._registry_changed()
         log.info("computation %r %s: version %d -> %d%s", new.name, "rolled back" if rollback else "updated",
-                 version, version + 1, f" ({dropped} open windows dropped: {change})" if dropped else "")
+                 version, version + 1, f" ({dropped} open windows dropped: {change})" if dropped else
+                 f" ({flushed} open windows flushed: {change})" if flushed else "")
         return pb.UpdateComputationResponse(computation=self._info(new.name), previous_version=version,
-                                            changed=True, dropped_windows=dropped)
+                                            changed=True, dropped_windows=dropped, flushed_windows=flushed)
 
     def _drop_windows(self, spec: ComputationSpec, units: list[tuple[str, int]]) -> int:
         """Delete every open window of ``spec`` (a window_aggregate): its timers and the

@@ -23,6 +23,7 @@ from millwheel.clock import SystemClock
 from millwheel.connectors.pulled import PulledSource, open_source
 from millwheel.connectors.spec import SinkSpec
 from millwheel.errors import FencedError
+from millwheel.record import MAX_TIMESTAMP
 from millwheel.runtime.injector import CURSOR_KEY, dead_letters
 from millwheel.runtime.sink_runner import SinkRunner
 from millwheel.state.protocol import Checkpoint
@@ -88,8 +89,8 @@ class Connectors:
         outbox is full: backpressure)."""
         host = self.host
         assert owned.outbox is not None
-        if owned.outbox.in_memory() >= host.max_injector_outbox:
-            return 0
+        if owned.outbox.in_memory() >= host.max_injector_outbox or owned.injector_wm >= MAX_TIMESTAMP:
+            return 0  # backpressure; or closed (a drain: services/controller/drain.py): read no more
         if owned.cursor is None:
             owned.cursor = host.store.read_state(owned.node, [CURSOR_KEY]).get(CURSOR_KEY) or b""
         cursor = owned.cursor
@@ -98,7 +99,7 @@ class Connectors:
                 and batch.watermark <= owned.injector_wm:
             return 0
         with owned.lock:
-            if owned.dropped:
+            if owned.dropped or owned.injector_wm >= MAX_TIMESTAMP:  # closed while it read
                 return 0
             wm = max(owned.injector_wm, batch.watermark)
             cp = Checkpoint(computation=owned.node, range_id=0, token=owned.token, now_us=self.clock.now_us(),

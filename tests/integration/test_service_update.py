@@ -171,7 +171,7 @@ def test_refused_updates_change_nothing_then_drop_and_rollback(cluster: Cluster)
          "", "tagged"),  # counts would be orphaned (and a logged stream unwritten)
         (NotFoundError, ComputationSpec("nobody", (InputSpec("events"),), ("x",),
                                         CodeRef("map", {"value": "value"})), "", "nobody"),
-        (InvalidSpecError, count_spec(WINDOW * 2), "flush", "flush"),
+        (InvalidSpecError, count_spec(WINDOW * 2), "fold", "fold"),  # no such directive
         (InvalidSpecError, ComputationSpec("tag", (InputSpec("events"),), ("tagged",),
                                            CodeRef("map", {"value": "value +"}), Options(key_ranges=3)),
          "", "syntax"),  # cannot be built: the old version keeps running

@@ -183,3 +183,9 @@ def outputs_of(url: str) -> Outputs:
     finally:
         store.close()
 
+
+
+def key_of(record: Record) -> str:
+    """A key extractor by import path (``import:tests.support.pipelines:key_of``): the
+    record's own key, for tests of what the controller does with user-code keying."""
+    return record.key
