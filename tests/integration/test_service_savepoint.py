@@ -22,8 +22,18 @@ from millwheel.errors import InvalidSpecError, PermissionDeniedError
 from services.rpc.status import PreconditionError
 from tests.integration.service_cluster import wait_for
 from tests.support.redis_server import RedisServer
-from tests.support.savepoints import (BATCH, flipped, forged, log_entries, mid_stream, records, run_cli,
-                                      send_restore, start, topology)
+from tests.support.savepoints import (
+    BATCH,
+    flipped,
+    forged,
+    log_entries,
+    mid_stream,
+    records,
+    run_cli,
+    send_restore,
+    start,
+    topology,
+)
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
