@@ -35,17 +35,19 @@ RANGES = 8
 CHUNK = 5000
 
 
-def fill(url: str, keys: int) -> None:
+def fill(url: str, keys: int, ranges: int = RANGES) -> None:
+    """Register one window-count computation of ``ranges`` key ranges on the store at
+    ``url`` and give it ``keys`` keys: 64 bytes of state, a timer, a consumed ID each."""
     store = open_store(url)
     try:
         spec = ComputationSpec("counts", (InputSpec("events"),), ("counts",),
                                CodeRef("window_aggregate", {"size_us": 1_000_000, "aggregation": "count"}),
-                               Options(key_ranges=RANGES))
+                               Options(key_ranges=ranges))
         Registry(store).register_topology([spec], [InjectorSpec("events", "events")], ["counts"])
         by_range: dict[int, list[str]] = {}
         for i in range(keys):
             k = f"key-{i:09d}"
-            by_range.setdefault(key_range(k, RANGES), []).append(k)
+            by_range.setdefault(key_range(k, ranges), []).append(k)
         for r, ks in by_range.items():
             token = store.acquire("counts", r)
             for j in range(0, len(ks), CHUNK):

@@ -6,6 +6,10 @@ keeps the last position it wrote together with the rows (the external system's o
 transaction), so after a crash or a move the new owner resumes from there and a
 zombie's write is refused by the system itself (millwheel.connectors.postgres).
 
+Positions are the log's as the sink knows them: the store's, or, in a service restored
+from a savepoint on another store, translated (millwheel/savepoint/logmap.py) so that the
+position the external system kept from before the restore still means the same records.
+
 A sink that is down holds its stream: the log keeps every record until the log's
 retention (docs/service.md), reads resume where the sink's position is, and
 :attr:`SinkRunner.down_since` says since when it fails (the worker's metric).
@@ -21,6 +25,8 @@ from typing import Any
 from millwheel.connectors import SinkConnector
 from millwheel.connectors.spec import SinkSpec
 from millwheel.errors import ConnectorError, InvalidSpecError, StoreError
+from millwheel.savepoint.logmap import LogMap
+from millwheel.savepoint.logmap import load as load_logmap
 from millwheel.state.protocol import StateStore
 
 log = logging.getLogger("millwheel.sinks")
@@ -49,7 +55,8 @@ class SinkRunner:
         self.token = token
         self.connector = connector or open_sink(spec.connector.settings)
         self.batch_size = batch_size
-        self.position: int | None = None  # None until opened
+        self.position: int | None = None  # None until opened; as the sink knows it (logmap.py)
+        self.logmap: LogMap | None = None
         self.written = 0
         self.down_since: float | None = None
         self.caught_up = False  # the last step found nothing new in the log
@@ -64,9 +71,14 @@ class SinkRunner:
             return 0
         try:
             if self.position is None:
+                self.logmap = load_logmap(self.store, self.spec.stream)
                 self.position = self.connector.open(self.spec.name, 0, self.token)
-            got = self.store.read_log(self.spec.stream, self.position, self.batch_size)
+            m = self.logmap
+            got = self.store.read_log(self.spec.stream, self.position if m is None else m.to_store(self.position),
+                                      self.batch_size)
             if got:
+                if m is not None:
+                    got = [(m.to_sink(seq), rec) for seq, rec in got]
                 self.position = self.connector.write_batch(got, self.token)
                 self.written += len(got)
         except (ConnectorError, StoreError) as exc:

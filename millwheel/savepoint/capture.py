@@ -22,6 +22,7 @@ from millwheel.state.protocol import ID_PAGE, StateStore
 from millwheel.topology import injector_node
 
 from .format import Writer
+from .logmap import load as load_logmap
 
 FRAME_TARGET = 1 << 20
 KEY_PAGE = 1000
@@ -121,13 +122,16 @@ def _state_ranges(store: StateStore, node: str, ranges: int) -> dict[int, list[s
 def capture_logs(store: StateStore, streams: Iterable[str], writer: Writer, counts: dict[str, int],
                  progress: Progress) -> dict[str, tuple[int, int]]:
     """The retained entries of every stream's log; returns stream -> (start, last) of
-    the logs that have any entry (or ever had)."""
+    the logs that have any entry (or ever had). Positions are written as the stream's
+    sinks know them: the store's, unless it was restored from a savepoint (logmap.py)."""
     out: dict[str, tuple[int, int]] = {}
     for stream in streams:
         start = store.log_start(stream)
         last, count = store.log_end(stream, start)
         if last == 0 and start == 0:
             continue
+        m = load_logmap(store, stream)
+        sink_pos: Callable[[int], int] = (lambda seq: seq) if m is None else m.to_sink
         batch = _Batcher(writer, {"t": "log", "stream": stream}, counts, progress)
         after = start
         while after < last:
@@ -137,12 +141,13 @@ def capture_logs(store: StateStore, streams: Iterable[str], writer: Writer, coun
             for seq, rec in entries:
                 if seq > last:
                     break
-                batch.add([seq, rec.key, b64(rec.value), rec.timestamp, rec.record_id],
+                batch.add([sink_pos(seq), rec.key, b64(rec.value), rec.timestamp, rec.record_id],
                           len(rec.key) + len(rec.value) * 4 // 3 + len(rec.record_id) + 40)
             after = entries[-1][0]
         batch.flush()
-        writer.frame({"t": "stream", "stream": stream, "start": start, "last": last, "count": count})
-        out[stream] = (start, last)
+        writer.frame({"t": "stream", "stream": stream, "start": sink_pos(start), "last": sink_pos(last),
+                      "count": count})
+        out[stream] = (sink_pos(start), sink_pos(last))
     return out
 
 

@@ -15,11 +15,13 @@ import binascii
 from dataclasses import dataclass, field
 from typing import IO, Any, Callable
 
+from millwheel.errors import CorruptDataError
 from millwheel.limits import MAX_NAME_CHARS
 from millwheel.record import MAX_TIMESTAMP, MIN_TIMESTAMP, Record, TimeDomain, Timer
 from millwheel.state.protocol import Checkpoint, Production, StateStore
 
 from .format import SavepointFileError, frames
+from .logmap import LogMap, save
 
 MAX_TEXT = 64 * 1024  #: a key, tag or record ID in a savepoint
 MAX_ATTEMPTS = 10_000  #: a restored attempt count (bump_attempts is called that often)
@@ -151,13 +153,23 @@ def _as_list(v: Any, where: str) -> list[Any]:
 def check(f: IO[bytes], nodes: dict[str, int], streams: set[str]) -> Summary:
     """Parse every frame after the header (nothing is written); the summary of it all."""
     out = Summary()
+    seqs: dict[str, int] = {}  # stream -> its last entry's position so far
     for index, obj in enumerate(frames(f)):
         if index == 0:
             continue  # the header, read by the caller
         kind, content = parse(obj, index, nodes, streams)
         if kind == "stream":
+            if content[0] in out.streams or content[2] < seqs.get(content[0], 0):
+                raise SavepointFileError(f"savepoint frame {index}: stream {content[0][:200]!r} given twice, or "
+                                         "its last position below its entries'")
             out.streams[content[0]] = content[1:]
             continue
+        if kind == "log":
+            for seq, _rec in content[1]:  # sinks' positions are kept: they must rise
+                if seq <= seqs.get(content[0], 0) or content[0] in out.streams:
+                    raise SavepointFileError(f"savepoint frame {index}: log entry {seq} of {content[0][:200]!r} "
+                                             "not after the one before it (or after the stream's end)")
+                seqs[content[0]] = seq
         if kind in ("range", "state", "timers", "outbox", "ids", "buffers"):
             if kind == "range":
                 out.ranges.add((content[0], content[1]))
@@ -174,15 +186,19 @@ def apply(store: StateStore, f: IO[bytes], nodes: dict[str, int], streams: set[s
     """Write every frame (after :func:`check` passed) into ``store``: each range under a
     token from ``acquire``; consumed IDs remembered at ``now_us`` (the cut)."""
     tokens: dict[tuple[str, int], int] = {}
+    maps: dict[str, LogMap] = {}
     for index, obj in enumerate(frames(f)):
         if index == 0:
             continue
         kind, content = parse(obj, index, nodes, streams)
         if kind == "stream":
+            m = maps.setdefault(content[0], LogMap())
+            m.old_last = content[2]
+            save(store, content[0], m)  # sinks' positions: millwheel/savepoint/logmap.py
             continue
         if kind == "log":
             stream, entries = content
-            store.append_log(stream, [rec for _seq, rec in entries])
+            _append(store, stream, entries, maps.setdefault(stream, LogMap()))
             progress(kind, len(entries))
             continue
         node, r = content[0], content[1]
@@ -216,3 +232,17 @@ def apply(store: StateStore, f: IO[bytes], nodes: dict[str, int], streams: set[s
                 cp.consumed_ids = part
             store.checkpoint(cp)
         progress(kind, len(items))
+
+
+def _append(store: StateStore, stream: str, entries: list[tuple[int, Record]], m: LogMap) -> None:
+    """Append ``entries`` (after those already restored, ``m.new_last``) and map each
+    one's new position to its position in the file. The log holds the file's entries
+    alone, in order (also after a restore cut short and sent again: those appended then
+    are found, not appended twice)."""
+    store.append_log(stream, [rec for _seq, rec in entries])
+    got = store.read_log(stream, m.new_last, len(entries))
+    if [r.record_id for _s, r in got] != [r.record_id for _s, r in entries]:
+        raise CorruptDataError(f"restore of stream {stream[:200]!r}: the store's log does not hold the "
+                               "savepoint's entries in order after the restored ones (written to meanwhile?)")
+    for (new, _r), (old, _e) in zip(got, entries, strict=True):
+        m.add(new, old)

@@ -38,6 +38,7 @@ from typing import IO, Any, Callable, Iterator
 import grpc
 
 from millwheel.clock import SystemClock
+from millwheel.connectors.spec import sink_node
 from millwheel.errors import ResourceLimitError
 from millwheel.importing import AllowList
 from millwheel.savepoint import capture, restore
@@ -56,6 +57,7 @@ log = logging.getLogger("millwheel.controller")
 LAST_KEY = "savepoint/last"  # what the console shows of the last savepoint taken
 RESTORING_KEY = "savepoint/restoring"  # sha256 of a restore under way (a retry of it may go on)
 CHUNK = 1 << 20
+MAX_SINK_TOKEN = 1_000_000  #: a restored sink's token floor (reached by as many store bumps) at most
 PROGRESS_EVERY_S = 0.5
 
 
@@ -146,8 +148,12 @@ class Savepoints:
             created = self.clock.now_us()
             writer = Writer(spool)
             reg = registry_dict(self.registry)
+            # Sinks' tokens: an external system keeps the last one that wrote it, and
+            # refuses lower ones; a restore starts the sinks above these.
+            sink_tokens = {sink_node(s.name): self.store.current_token(sink_node(s.name), 0)
+                           for s in self.registry.topology.sinks}
             writer.frame({"t": "header", "created_us": created, "stopped": stop, "registry": reg,
-                          "source_store": self.store.url.split(":", 1)[0]})
+                          "source_store": self.store.url.split(":", 1)[0], "sink_tokens": sink_tokens})
             counts: dict[str, int] = {}
             carried = CarriedRegistry(self.registry.topology, {}, {})
             capture.capture_nodes(self.store, carried.nodes(), writer, counts, progress)
@@ -193,6 +199,7 @@ class Savepoints:
         if header is None or header.get("t") != "header" or not isinstance(header.get("created_us"), int):
             raise SavepointFileError("savepoint file: its first frame is not a header")
         carried = admit(header.get("registry"), self.allow_code)
+        floors = _sink_tokens(header.get("sink_tokens", {}), carried)
         nodes, streams = carried.nodes(), carried.streams()
         summary = restore.check(spool, nodes, streams)
         missing = sorted(set((n, r) for n, c in nodes.items() for r in range(c)) - summary.ranges)
@@ -204,6 +211,9 @@ class Savepoints:
             self.store.put_meta(RESTORING_KEY, digest.encode())
             restore.apply(self.store, spool, nodes, streams, int(header["created_us"]),
                           self.store.acquire, lambda _k, _n: None)
+            for node, floor in floors.items():  # the store has no "set": bumped to it, once per restore
+                while self.store.acquire(node, 0) < floor:
+                    pass
             self.registry._commit(carried.topology, carried.versions, carried.previous)  # one write: it appears
             self._registry_changed()
             self.store.put_meta(RESTORING_KEY, None)
@@ -243,3 +253,14 @@ class Savepoints:
                 raise PreconditionError(f"restore needs an empty service: the store already has a log of "
                                         f"stream {stream[:200]!r} (nothing was written)")
 
+
+
+def _sink_tokens(raw: Any, carried: CarriedRegistry) -> dict[str, int]:
+    """The header's ``sink_tokens`` (sink node -> its token at the cut), checked: each a
+    sink of the carried registry, a token of at most MAX_SINK_TOKEN."""
+    names = {sink_node(s.name) for s in carried.topology.sinks}
+    if not isinstance(raw, dict) or not set(raw) <= names or not all(
+            isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_SINK_TOKEN for v in raw.values()):
+        raise SavepointFileError(f"savepoint file: its header's sink_tokens must map sinks of its registry to "
+                                 f"tokens in 0..{MAX_SINK_TOKEN}")
+    return dict(raw)

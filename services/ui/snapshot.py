@@ -48,6 +48,7 @@ INTERVAL_S = 1.0
 STUCK_S = 30.0
 DEAD_LETTER_WINDOW_S = 60.0
 TAIL = 200  # records kept per logged stream
+LOCK_WAIT_S = 0.5  # then a refresh shows the last snapshot with what a rescale under way says
 TAIL_READ = 2000  # log entries read per stream per refresh (a long log is caught up gradually)
 
 
@@ -67,6 +68,19 @@ def _last_savepoint(store: Any) -> dict[str, Any] | None:
         return dict(json.loads(raw)) if raw else None
     except (ValueError, TypeError):
         return None
+
+
+def _rescaling(store: Any) -> dict[str, int]:
+    """Computation -> the key-range count a rescale under way takes it to: its journal
+    entry ``rescale/NAME`` (services/controller/rescale.py) exists from the fence to the
+    end, and after a rescale cut short by a store failure until it is finished."""
+    out: dict[str, int] = {}
+    for key, raw in store.list_meta("rescale/").items():
+        try:
+            out[key[len("rescale/"):]] = int(json.loads(raw)["to"])
+        except (ValueError, TypeError, KeyError):
+            continue
+    return out
 
 
 def _wm(wm: int) -> int | str:
@@ -116,7 +130,13 @@ class Snapshotter:
         c = self.controller
         mono = time.monotonic()
         leading = c.leading()  # a standby hears no heartbeats: worker liveness is unknown there
-        with c.lock:  # only what ClusterStatus reads under it, copied
+        # Read off the lock: a rescale holds the lock for its whole copy, and this is how
+        # the console shows it meanwhile (the last snapshot, its rows marked).
+        rescaling = _rescaling(c.store)
+        if not c.lock.acquire(timeout=LOCK_WAIT_S):
+            self._mark_rescaling(rescaling)
+            return
+        try:  # only what ClusterStatus reads under it, copied
             topo = c.registry.topology
             version = c.registry.version
             out, inputs = c.watermarks()
@@ -126,6 +146,8 @@ class Snapshotter:
             sinks_down = {w: dict(v) for w, v in c._sinks_down.items()}
             workers = [(w.worker_id, w.address, w.metrics_address, w.alive, w.draining,
                         w.heartbeat_age_s()) for w in c.assigner.workers.values()]
+        finally:
+            c.lock.release()
         now_us = c.clock.now_us()
         t = time.time()
         self.topology = topo
@@ -149,6 +171,7 @@ class Snapshotter:
             errs = error_info(c.store, spec, failing)
             info = {
                 "name": spec.name, "version": c.registry.version_of(spec.name),
+                "rescaling_to": rescaling.get(spec.name),
                 "inputs": [i.stream for i in spec.inputs],
                 "outputs": list(spec.written_streams()), "code": spec.code.name,
                 "on_error": spec.options.on_error.value,
@@ -213,6 +236,16 @@ class Snapshotter:
             "logged_streams": logged, "graph": _graph(topo, comps, injectors, sinks),
             "last_savepoint": _last_savepoint(c.store),
         }
+
+    def _mark_rescaling(self, rescaling: dict[str, int]) -> None:
+        """The controller's lock is held (a rescale's copy, a savepoint's cut): the last
+        snapshot again (its ``time_us`` says how old), each computation's
+        ``rescaling_to`` as the store says now."""
+        snap = self.snapshot
+        if not snap.get("ready"):
+            return
+        comps = {n: {**info, "rescaling_to": rescaling.get(n)} for n, info in snap["computations"].items()}
+        self.snapshot = {**snap, "computations": comps}
 
     def _scrape(self, targets: list[tuple[str, str]]) -> dict[str, Samples]:
         got: dict[str, Samples] = {}

@@ -108,7 +108,8 @@ class Tracker:
             "graph": s.get("graph", {"nodes": [], "edges": []}),
             "computations": [{k: c[k] for k in (
                 "name", "health", "health_reason", "low_watermark", "input_low_watermark", "lag_s",
-                "input_lag_s", "in_per_s", "out_per_s", "dead_lettered", "version")} for c in comps.values()],
+                "input_lag_s", "in_per_s", "out_per_s", "dead_lettered", "version", "rescaling_to")}
+                for c in comps.values()],
             "injectors": list(s.get("injectors", {}).values()),
             "sinks": s.get("sinks", {}),  # connector sinks: type, worker, down_s (None: writing)
             "logged_streams": s.get("logged_streams", []),

@@ -378,3 +378,45 @@ def test_the_overview_shows_versions_and_the_last_savepoint(tmp_path: Path) -> N
         assert abs(last["created_us"] / 1e6 - path.stat().st_mtime) < 120
     finally:
         con.cluster.stop()
+
+
+def test_a_rescale_under_way_shows_as_rescaling_to_n(tmp_path: Path) -> None:
+    """Issue 22: while a rescale copies a computation's keys (the controller's lock held
+    throughout), the console's row of it says where it goes (``rescaling_to``), then
+    the new count and version once it is done, and nothing of it after."""
+    import threading
+
+    from bench.cases.savepoint import fill
+    from tests.integration.ui_cluster import SECRET
+
+    url = f"sqlite:///{tmp_path}/service.db"
+    fill(url, 20_000, ranges=2)  # enough keys that the copy takes seconds
+    port = free_port()
+    c = Cluster(tmp_path, store_url=url, env={"MILLWHEEL_AUTH_TOKEN": TOKEN, "MILLWHEEL_CLUSTER_SECRET": SECRET},
+                security=Security(client_token=TOKEN), controller_args=["--ui-port", str(port)])
+    try:
+        c.start_controller()
+        c.start_worker()
+        con = Console(c, port)
+        wait_for(lambda: console_row(con, "counts"), 30, "the console to show the computation")
+        assert console_row(con, "counts")["rescaling_to"] is None
+        answer: dict[str, object] = {}
+        c.client.timeout_s = 300
+        side = threading.Thread(target=lambda: answer.update(r=c.client.rescale("counts", 4)))
+        side.start()
+        seen: set[object] = set()
+        while side.is_alive():
+            seen.add(console_row(con, "counts")["rescaling_to"])
+            side.join(0.1)
+        assert 4 in seen, f"never saw the rescale under way: {seen}"
+        assert answer["r"].changed  # type: ignore[attr-defined]
+        wait_for(lambda: console_row(con, "counts")["version"] == 2, 15, "the new version in the console")
+        assert console_row(con, "counts")["rescaling_to"] is None
+        detail = con.api("/api/v1/computation?computation=counts")
+        assert len(detail["ranges"]) == 4 and detail["rescaling_to"] is None
+    finally:
+        c.stop()
+
+
+def console_row(con: Console, name: str) -> dict[str, object] | None:
+    return next((x for x in con.api("/api/v1/overview")["computations"] if x["name"] == name), None)

@@ -116,3 +116,57 @@ def test_store_round_trip(tmp_path: Path) -> None:
     finally:
         src.close()
         dst.close()
+
+
+def _log_file(store: StateStore, streams: list[str]) -> bytes:
+    buf = io.BytesIO()
+    w = Writer(buf)
+    w.frame({"t": "header", "created_us": 1_000, "registry": {}})
+    capture.capture_logs(store, streams, w, {}, lambda _k, _n: None)
+    w.finish()
+    return buf.getvalue()
+
+
+def test_restored_logs_keep_their_positions_for_sinks(tmp_path: Path) -> None:
+    """SQLite numbers all streams' entries in one sequence; restored, a stream's entries
+    are numbered anew, and the map (logmap.py) gives sinks the old positions back, also
+    in a savepoint of the restored store (a second restore composes)."""
+    from millwheel.savepoint.logmap import load
+
+    src, mid, dst = (open_store(f"sqlite:///{tmp_path}/{n}.db") for n in ("a", "b", "c"))
+    try:
+        for i in range(6):  # "out" gets 1, 3, 5, ...; "side" 2, 4, 6, ...
+            src.append_log("out", [Record("k", b"v", i, f"o{i}")])
+            src.append_log("side", [Record("k", b"v", i, f"s{i}")])
+        want = [(seq, r.record_id) for seq, r in src.read_log("out", 0, 100)]
+        assert [s for s, _ in want] == [1, 3, 5, 7, 9, 11]
+        first = _log_file(src, ["out", "side"])
+        restore.apply(mid, io.BytesIO(first), {}, {"out", "side"}, 1_000, mid.acquire, lambda _k, _n: None)
+        m = load(mid, "out")
+        assert m is not None
+        # A restore cut short and sent again finds the entries written and maps them the same.
+        restore.apply(mid, io.BytesIO(first), {}, {"out", "side"}, 1_000, mid.acquire, lambda _k, _n: None)
+        assert load(mid, "out") == m and len(mid.read_log("out", 0, 100)) == 6
+        assert [(m.to_sink(s), r.record_id) for s, r in mid.read_log("out", 0, 100)] == want
+        assert m.to_store(5) == [s for s, r in mid.read_log("out", 0, 100) if r.record_id == "o2"][0]
+        mid.append_log("out", [Record("k", b"v", 9, "late")])
+        late = m.to_sink(mid.log_end("out")[0])
+        assert late > 11  # above every old position
+        again = _log_file(mid, ["out", "side"])
+        restore.apply(dst, io.BytesIO(again), {}, {"out", "side"}, 1_000, dst.acquire, lambda _k, _n: None)
+        m2 = load(dst, "out")
+        assert m2 is not None
+        assert [(m2.to_sink(s), r.record_id) for s, r in dst.read_log("out", 0, 100)] == [*want, (late, "late")]
+    finally:
+        for s in (src, mid, dst):
+            s.close()
+
+
+def test_log_positions_that_do_not_rise_are_refused() -> None:
+    buf = io.BytesIO()
+    w = Writer(buf)
+    w.frame({"t": "header", "created_us": 1, "registry": {}})
+    w.frame({"t": "log", "stream": "out", "items": [[5, "k", "", 1, "a"], [5, "k", "", 1, "b"]]})
+    w.finish()
+    with pytest.raises(SavepointFileError, match="not after the one before it"):
+        restore.check(io.BytesIO(buf.getvalue()), {}, {"out"})

@@ -174,7 +174,8 @@
     const c = await api("/api/v1/computation", { computation: selected });
     const h = $("comp-health");
     h.className = "health " + c.health;
-    h.textContent = c.health + (c.health_reason ? ": " + c.health_reason : "") + (c.version ? ` · version ${c.version}` : "");
+    h.textContent = c.health + (c.health_reason ? ": " + c.health_reason : "") + (c.version ? ` · version ${c.version}` : "") +
+      (c.rescaling_to ? ` · rescaling to ${c.rescaling_to} key ranges` : "");
     $("in-wm").textContent = fmtWm(c.input_low_watermark);
     $("in-lag").textContent = fmtLag(c.input_lag_s);
     $("out-wm").textContent = fmtWm(c.low_watermark);
@@ -257,10 +258,11 @@
       $("console").hidden = false;
       $("fatal").hidden = true;
       const bad = o.computations.filter((c) => c.health !== "ok").length;
+      const rescaling = o.computations.filter((c) => c.rescaling_to).map((c) => `${c.name} rescaling to ${c.rescaling_to}`);
       $("summary").textContent = `${o.computations.length} computations, ${o.injectors.length} injectors, ` +
         (o.leading ? `${o.workers.alive}/${o.workers.total} workers alive`
           : `${o.workers.total} workers (liveness known to the leader ${o.leader || "(none elected)"}; this controller stands by)`) +
-        (bad ? `, ${bad} not ok` : "") +
+        (bad ? `, ${bad} not ok` : "") + (rescaling.length ? `, ${rescaling.join(", ")}` : "") +
         (o.last_savepoint ? `; last savepoint ${new Date(o.last_savepoint.created_us / 1000).toISOString().slice(0, 19).replace("T", " ")} UTC` +
           ` (${(o.last_savepoint.bytes / 1048576).toFixed(1)} MB${o.last_savepoint.stopped ? ", service stopped" : ""})` : "") +
         sinksDown(o.sinks || {});
