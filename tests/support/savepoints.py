@@ -21,7 +21,7 @@ from millwheel.savepoint.format import Writer
 from millwheel.sources import ListSource
 from millwheel.topology import CodeRef, ComputationSpec, InjectorSpec, InputSpec, Options, Topology
 from services.cli import main as cli
-from tests.integration.service_cluster import Cluster, expected_outputs
+from tests.integration.service_cluster import Cluster, expected_outputs, wait_for
 
 SECOND = 1_000_000
 N = 1200
@@ -117,6 +117,9 @@ def cut_and_take(first: Cluster, path: Path, recs: list[Record]) -> tuple[int, l
     def between(i: int) -> None:
         time.sleep(0.02)
         if i == CUT_AT:
+            # The cut is to fall after some output: on a loaded machine the first service
+            # may not have emitted a window yet after CUT_AT messages, so wait until it has.
+            wait_for(lambda: log_entries(first, "counts"), 120, "a first window result before the cut")
             done_before.append(i + 1)
             started.set()
             side.start()
