@@ -181,3 +181,12 @@ class Connectors:
         """Sinks failing to write now -> seconds since (the heartbeat's ``sinks_down``)."""
         now = time.monotonic()
         return {r.spec.name: now - r.down_since for r in list(self.sinks.values()) if r.down_since is not None}
+
+    def positions(self) -> dict[str, int]:
+        """Sinks -> the last log position their external system committed (the
+        heartbeat's ``sink_positions``: what a drain waits for). A runner's position is
+        what its connector's ``open`` read back or its last ``write_batch`` returned,
+        both after the system's own commit, so it is never ahead of what the system
+        holds; a runner not opened yet (or reopening after a failure) is left out."""
+        return {r.spec.name: r.position for r in list(self.sinks.values())
+                if r.position is not None and not r.dropped}
