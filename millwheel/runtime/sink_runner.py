@@ -50,6 +50,10 @@ class SinkRunner:
         self.connector = connector or open_sink(spec.connector.settings)
         self.batch_size = batch_size
         self.position: int | None = None  # None until opened
+        # The last position the external system is known to hold (read back at open or
+        # returned by a committed write): kept across a failure, unlike ``position``
+        # (which forces a reopen), so a drain can say how far a sink that is down got.
+        self.committed: int | None = None
         self.written = 0
         self.down_since: float | None = None
         self.caught_up = False  # the last step found nothing new in the log
@@ -65,9 +69,11 @@ class SinkRunner:
         try:
             if self.position is None:
                 self.position = self.connector.open(self.spec.name, 0, self.token)
+                self.committed = max(self.committed or 0, self.position)
             got = self.store.read_log(self.spec.stream, self.position, self.batch_size)
             if got:
                 self.position = self.connector.write_batch(got, self.token)
+                self.committed = max(self.committed or 0, self.position)
                 self.written += len(got)
         except (ConnectorError, StoreError) as exc:
             self._failed(exc)

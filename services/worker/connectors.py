@@ -185,8 +185,8 @@ class Connectors:
     def positions(self) -> dict[str, int]:
         """Sinks -> the last log position their external system committed (the
         heartbeat's ``sink_positions``: what a drain waits for). A runner's position is
-        what its connector's ``open`` read back or its last ``write_batch`` returned,
-        both after the system's own commit, so it is never ahead of what the system
-        holds; a runner not opened yet (or reopening after a failure) is left out."""
-        return {r.spec.name: r.position for r in list(self.sinks.values())
-                if r.position is not None and not r.dropped}
+        the highest its connector's ``open`` read back or a ``write_batch`` returned,
+        each after the system's own commit, so it is never ahead of what the system
+        holds (kept while the system is down); a runner never opened yet is left out."""
+        return {r.spec.name: r.committed for r in list(self.sinks.values())
+                if r.committed is not None and not r.dropped}
