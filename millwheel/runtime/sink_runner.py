@@ -57,6 +57,11 @@ class SinkRunner:
         self.batch_size = batch_size
         self.position: int | None = None  # None until opened; as the sink knows it (logmap.py)
         self.logmap: LogMap | None = None
+        # The last position of the store's log the external system is known to hold (read
+        # back at open or returned by a committed write; through the logmap after a
+        # restore): kept across a failure, unlike ``position`` (which forces a reopen), so
+        # a drain can say how far a sink that is down got.
+        self.committed: int | None = None
         self.written = 0
         self.down_since: float | None = None
         self.caught_up = False  # the last step found nothing new in the log
@@ -73,6 +78,7 @@ class SinkRunner:
             if self.position is None:
                 self.logmap = load_logmap(self.store, self.spec.stream)
                 self.position = self.connector.open(self.spec.name, 0, self.token)
+                self._commit(self.position)
             m = self.logmap
             got = self.store.read_log(self.spec.stream, self.position if m is None else m.to_store(self.position),
                                       self.batch_size)
@@ -80,6 +86,7 @@ class SinkRunner:
                 if m is not None:
                     got = [(m.to_sink(seq), rec) for seq, rec in got]
                 self.position = self.connector.write_batch(got, self.token)
+                self._commit(self.position)
                 self.written += len(got)
         except (ConnectorError, StoreError) as exc:
             self._failed(exc)
@@ -87,6 +94,11 @@ class SinkRunner:
         self._failures, self.down_since = 0, None
         self.caught_up = not got
         return len(got)
+
+    def _commit(self, position: int) -> None:
+        """``committed`` from a position the sink holds, in the store's numbering."""
+        at = position if self.logmap is None else self.logmap.to_store(position)
+        self.committed = max(self.committed or 0, at)
 
     def _failed(self, exc: Exception) -> None:
         self._failures += 1

@@ -47,14 +47,16 @@ exactly what precedes the cut, and the restored service emits the rest.
 With --drain (implies --stop), the service first finishes everything in flight: Inject
 is refused from the start (FAILED_PRECONDITION), every injector is closed (watermark
 +inf: every event-time window closes and fires; a pulled source reads no more), and
-the drain waits until every key range's watermark is +inf and every outbox is empty
-(progress on stderr), then takes the cut with --stop. Then the sinks (stream logs)
-hold every result, including the last windows', and the file holds no open window and
-no pending record ("drained" in the summary). A worker dying meanwhile is an ordinary
-range move. If it cannot finish within --timeout (a range that keeps failing holds
-the watermark, say), it exits with status 2 and the service is left DRAINING, not
-stopped: Inject refused, injectors closed, ranges running, no file written. Run it
-again to wait longer, or use --stop to stop with what is pending in the file.
+the drain waits until every key range's watermark is +inf and every outbox is empty,
+then until every connector sink (PostgreSQL, Redis, NATS) has written its stream's
+whole log (progress on stderr), then takes the cut with --stop. Then the stream logs
+and the sinks' external systems hold every result, including the last windows', and
+the file holds no open window and no pending record ("drained" in the summary). A
+worker dying meanwhile is an ordinary range move. If it cannot finish within --timeout
+(a range that keeps failing holds the watermark, a sink cannot write, say), it exits
+with status 2 and the service is left DRAINING, not stopped: Inject refused, injectors
+closed, ranges and sinks running, no file written. Run it again to wait longer, or use
+--stop to stop with what is pending in the file.
 Restoring a drained file gives a service whose injectors are closed: new records need
 injectors of other names.
 

@@ -15,6 +15,18 @@ stop with savepoint.
    event-time window fired and every production was taken), then check from the store
    that every outbox is empty. Workers go on meanwhile, so a worker killed during the
    drain is an ordinary range move. Progress every half second.
+3b. **Wait for the sinks** (``sink:NAME``, docs/connectors.md): once nothing is left to
+   append to any stream log, each sink's stream log has a last position, and the drain
+   waits until every sink's committed position reaches it. The position is the one
+   each worker reports with its heartbeats (``HeartbeatRequest.sink_positions``): what
+   the sink's connector read back from the external system at open or got back from
+   its last committed write, so never ahead of what the system holds. It comes from the
+   workers rather than from the external system itself because only workers connect to
+   external systems (their client libraries, addresses and credentials), and rather
+   than from the store because the position lives in the external system's own
+   transaction (docs/connectors.md); the controller keeps the highest reported per
+   sink (a committed position never goes back). A sink behind is named in the progress
+   and in the timeout's message, with how long it has been failing to write.
 4. **Stop with savepoint** (services/controller/savepoint.py ``_cut`` with stop): the
    cut, read under every range's fence, is checked again: ``drained`` in its summary
    says every outbox in the file is empty and no event-time timer is pending.
@@ -31,6 +43,7 @@ import json
 import secrets
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
 import grpc
@@ -63,6 +76,9 @@ class DrainHost(Protocol):
     assigner: Assigner
     lock: threading.RLock
 
+    _sinks_down: dict[str, dict[str, float]]  # worker -> its failing sinks -> seconds (heartbeats)
+    _sink_positions: dict[str, dict[str, int]]  # worker -> its sinks -> committed log position
+
     def _hand_over(self, node: str, batch: pb.DeliverBatch) -> pb.DeliverAck: ...
 
 
@@ -93,23 +109,28 @@ def drain(host: DrainHost, timeout_s: float, report: Callable[[str, int, str], N
         for node in sorted({n for _, n, _ in short if n.startswith("injector:")}):
             _close(host, node)
         pending = 0 if short else _pending(host.store, nodes)
-        if not short and not pending:
+        behind = [] if short or pending else sinks_behind(host)
+        if not short and not pending and not behind:
             report("draining", 0, f"drained in {time.monotonic() - started:.1f} s: every watermark at +inf, "
-                                  "every outbox empty")
+                                  f"every outbox empty, every sink ({len(topo.sinks)}) written to its log's end")
             return
         if short:
             low = min(short)
             status = (f"{len(short)} of {sum(nodes.values())} key ranges below +inf; lowest "
                       f"{low[1]}/{low[2]} at {low[0] if low[0] > -(2**63) else 'none yet'}")
-        else:
+        elif pending:
             status = f"every watermark at +inf; {pending} records still pending in outboxes"
+        else:
+            status = (f"every watermark at +inf, every outbox empty; {len(behind)} of {len(topo.sinks)} sinks "
+                      f"behind: " + "; ".join(b.text() for b in behind))
         if time.monotonic() - last_report >= PROGRESS_EVERY_S:
             last_report = time.monotonic()
-            report("draining", len(short) + pending, status)
+            report("draining", len(short) + pending + sum(b.left for b in behind), status)
         if time.monotonic() > deadline:
             raise DrainTimeoutError(
                 f"drain not finished within {time.monotonic() - started:.0f} s: {status} (see 'millwheel "
-                "status' and 'millwheel describe NAME' for failing ranges and retried records). The service "
+                "status' and 'millwheel describe NAME' for failing ranges and retried records, the console and "
+                "the sink owner's log for a sink failing to write). The service "
                 "is left draining: Inject is refused, its injectors are closed (watermark +inf), its key "
                 "ranges keep running, nothing was stopped and no file was written. Run the drain again to "
                 "wait longer, or 'millwheel savepoint create FILE --stop' to stop with what is pending in "
@@ -126,6 +147,42 @@ def _close(host: DrainHost, node: str) -> None:
         host._hand_over(node, batch)
     except MillWheelError:
         pass
+
+
+@dataclass(frozen=True)
+class SinkBehind:
+    """A sink whose external system does not yet hold its whole stream log."""
+
+    name: str
+    position: int | None  # the committed log position reported (None: none yet)
+    end: int  # the log's last position
+    left: int  # log entries after the position
+    down_s: float | None  # seconds it has been failing to write, if it is
+
+    def text(self) -> str:
+        at = "no position reported yet" if self.position is None else f"at log position {self.position}"
+        down = "" if self.down_s is None else f", failing to write for {self.down_s:.0f} s (see the worker's log)"
+        return f"sink {self.name} {at} of {self.end} ({self.left} records to write{down})"
+
+
+def sinks_behind(host: DrainHost) -> list[SinkBehind]:
+    """Step 3b's check (read once nothing more is appended to any log): the sinks whose
+    highest reported committed position is short of their stream log's last entry."""
+    sinks = host.registry.topology.sinks
+    with host.lock:
+        reported = [dict(p) for p in host._sink_positions.values()]
+        owners = {s.name: host.assigner.units.get((f"sink:{s.name}", 0)) for s in sinks}
+        down = {name: host._sinks_down.get(o.worker_id or "", {}).get(name)
+                for name, o in owners.items() if o is not None}
+    out = []
+    for sink in sinks:
+        known = [p[sink.name] for p in reported if sink.name in p]
+        position = max(known) if known else None
+        end, left = host.store.log_end(sink.stream, position or 0)
+        if left == 0:
+            continue  # every entry of the log (none left past the position) is written
+        out.append(SinkBehind(sink.name, position, end, left, down.get(sink.name)))
+    return out
 
 
 def _pending(store: StateStore, nodes: dict[str, int]) -> int:

@@ -50,6 +50,7 @@ class Heartbeats:
     topology_json: TopologyJson
     _pending: dict[tuple[str, int], int]
     _sinks_down: dict[str, dict[str, float]]
+    _sink_positions: dict[str, dict[str, int]]
     _led_epoch: int | None
     leading: Callable[[], bool]
     redirect: Callable[[Any], Exception]
@@ -81,6 +82,7 @@ class Heartbeats:
                 a.rebalance()
             self.failing.heard(request.worker_id, request.failing, a.workers)
             self._sinks_down[request.worker_id] = dict(request.sinks_down)  # docs/connectors.md
+            self._sink_positions[request.worker_id] = dict(request.sink_positions)  # what a drain waits for
             for rep in request.reports:
                 unit = (rep.node, rep.range_id)
                 if not a.owns(request.worker_id, unit, rep.token):

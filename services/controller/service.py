@@ -111,6 +111,7 @@ class ControllerService(Queries, Replicated, Injecting, Updating, Rescaling, Hea
         self.assigner = Assigner(self.store, heartbeat_timeout_s, check_tokens=False)  # a view until elected
         self._pending: dict[tuple[str, int], int] = {}  # outbox entries per range, as last reported
         self._sinks_down: dict[str, dict[str, float]] = {}  # worker -> its failing sinks -> seconds
+        self._sink_positions: dict[str, dict[str, int]] = {}  # worker -> its sinks -> committed log position
         self.failing = FailingRanges()  # ranges their owners cannot run, as last reported
         self.topology_json = TopologyJson()  # heartbeats' registry JSON, once per version
         self.owner_tables = OwnerTables()  # heartbeats' owners table (services/controller/heartbeat.py)

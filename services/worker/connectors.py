@@ -181,3 +181,12 @@ class Connectors:
         """Sinks failing to write now -> seconds since (the heartbeat's ``sinks_down``)."""
         now = time.monotonic()
         return {r.spec.name: now - r.down_since for r in list(self.sinks.values()) if r.down_since is not None}
+
+    def positions(self) -> dict[str, int]:
+        """Sinks -> the last log position their external system committed (the
+        heartbeat's ``sink_positions``: what a drain waits for). A runner's position is
+        the highest its connector's ``open`` read back or a ``write_batch`` returned,
+        each after the system's own commit, so it is never ahead of what the system
+        holds (kept while the system is down); a runner never opened yet is left out."""
+        return {r.spec.name: r.committed for r in list(self.sinks.values())
+                if r.committed is not None and not r.dropped}

@@ -248,7 +248,8 @@ class WorkerProcess(Receiver, Sender):
                 refused=sorted(self.refused), failing=self.failures.reports(), incremental=True,
                 known_assignments_epoch=self._known_assignments[0],
                 known_assignments_version=self._known_assignments[1],
-                sinks_down=self.connectors.down()), timeout=link.deadline_s)
+                sinks_down=self.connectors.down(),
+                sink_positions=self.connectors.positions()), timeout=link.deadline_s)
         except grpc.RpcError as exc:
             self._fenced_unreported = fenced + self._fenced_unreported  # report them next time
             self.cluster_routes.failed(address, target)
