@@ -79,9 +79,8 @@ def _rescaling(store: Any) -> dict[str, int]:
     for key, raw in store.list_meta("rescale/").items():
         try:
             entry = json.loads(raw)
-            if entry.get("phase") == "cleanup":
-                continue
-            out[key[len("rescale/"):]] = int(entry["to"])
+            if entry.get("phase") != "cleanup":
+                out[key[len("rescale/"):]] = int(entry["to"])
         except (ValueError, TypeError, KeyError, AttributeError):
             continue
     return out
