@@ -26,9 +26,8 @@ not copied here (see the controller module).
 
 from __future__ import annotations
 
-from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Callable, ContextManager, Iterable, Literal
+from typing import Callable, Iterable, Literal
 
 from millwheel.keys import key_range
 from millwheel.record import MAX_TIMESTAMP
@@ -36,6 +35,7 @@ from millwheel.state.protocol import ID_PAGE, Checkpoint, StateStore
 
 KEY_PAGE = 1000
 CHUNK = 2000  #: items per checkpoint written
+ID_CHUNK = 10_000  #: consumed IDs per checkpoint written (one statement each on SQLite)
 
 Tokens = Callable[[str, int], int]
 #: Where ``copy`` writes consumed IDs: into ``every`` new range, range s into the ``same``
@@ -135,20 +135,13 @@ def spread_ids(store: StateStore, src: str, s: int, dst: str, new: int, tokens: 
 
 
 def _spread(store: StateStore, dst: str, new: int, ids: list[str], tokens: Tokens, now_us: int) -> int:
-    if not ids:
-        return 0
-    with _grouped(store):
-        for r in range(new):
-            for i in range(0, len(ids), CHUNK):
-                _write(store, dst, r, tokens, now_us, consumed_ids=ids[i:i + CHUNK])
+    """``ids`` into every one of ``dst``'s ``new`` ranges, in checkpoints of ID_CHUNK. (Not
+    in one write group: a service's SQLite store takes its cross-process writer lock per
+    write, inside which a group's transaction would wait for another process.)"""
+    for r in range(new):
+        for i in range(0, len(ids), ID_CHUNK):
+            _write(store, dst, r, tokens, now_us, consumed_ids=ids[i:i + ID_CHUNK])
     return len(ids) * new
-
-
-def _grouped(store: StateStore) -> ContextManager[None]:
-    """The store's write group (one SQLite transaction, one Lua script on one Redis node),
-    or none (Redis Cluster: a script cannot reach several ranges' slots)."""
-    group: Callable[[], ContextManager[None]] | None = getattr(store, "write_group", None)
-    return group() if group is not None else nullcontext()
 
 
 def copy_ids(store: StateStore, src: str, s: int, dst: str, r: int, tokens: Tokens, now_us: int) -> int:
