@@ -6,8 +6,9 @@ written into the store before the service starts: state and consumed IDs, no tim
 so no output of theirs) is rescaled 2 -> 8 while a second pipeline, the canary, keeps
 being fed. During the copy the canary's output log must grow, ClusterStatus must answer
 within a second every time with every worker alive (their heartbeats are answered),
-and a second rescale or an unregistration of the computation being copied is refused
-with nothing changed. Both outputs must equal the failure-free run's record by record.
+a second rescale or an unregistration of the computation being copied is refused with
+nothing changed, and a savepoint asked for meanwhile waits for the copy (its cut holds
+the new layout). Both outputs must equal the failure-free run's record by record.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from millwheel.state.protocol import Checkpoint
 from millwheel.topology import CodeRef, ComputationSpec, InjectorSpec, InputSpec, Options, Topology
 from services.client import ControllerClient
 from services.controller.registry import Registry
+from services.generated import millwheel_pb2 as pb
 from services.rpc.status import PreconditionError
 from tests.integration.service_cluster import Cluster, expected_outputs, wait_for
 
@@ -98,6 +100,15 @@ def test_the_rest_of_the_cluster_runs_on_while_a_computation_is_rescaled(tmp_pat
         rescaling = threading.Thread(target=lambda: answer.append(slow.rescale("counts", 8)))
         samples: list[tuple[float, int, bool]] = []  # (ClusterStatus latency, canary outputs, workers alive)
         refused: list[str] = []
+        phases: list[str] = []
+        summary: list[Any] = []
+
+        def savepoint() -> None:  # waits for the copy: never a half-moved layout in its file
+            for msg in slow.stub.CreateSavepoint(pb.CreateSavepointRequest()):
+                phases.append(msg.phase)
+                if msg.phase == "done":
+                    summary.append(msg.summary)
+        cutting = threading.Thread(target=savepoint)
         rescaling.start()
         while rescaling.is_alive():
             t = time.monotonic()
@@ -112,8 +123,10 @@ def test_the_rest_of_the_cluster_runs_on_while_a_computation_is_rescaled(tmp_pat
                     with pytest.raises(PreconditionError) as err:
                         call()
                     refused.append(str(err.value))
+                cutting.start()
             time.sleep(0.2)
         rescaling.join()
+        cutting.join(120)
         stop.set()
         resp = answer[0]
         assert resp.changed and resp.computation.spec.options.key_ranges == 8 and resp.keys >= BALLAST
@@ -125,6 +138,8 @@ def test_the_rest_of_the_cluster_runs_on_while_a_computation_is_rescaled(tmp_pat
         assert len(refused) == 2 and all("a rescale of 'counts' is under way" in r for r in refused), refused
         assert [(i.spec.name, i.spec.options.key_ranges) for i in c.client.computations().computations] == \
             [("counts", 8), ("canary", 2)]  # the refused calls changed nothing
+        assert "waiting for a rescale" in phases and summary, phases
+        assert summary[0].counts["ranges"] == 8 + 2 + 2  # cut after the copy: counts' new layout, canary, injectors
 
         wait_for(lambda: sorted(r.range_id for r in c.client.status().ranges if r.node == "counts")
                  == list(range(8)) and all(r.worker_id for r in c.client.status().ranges), 60,
