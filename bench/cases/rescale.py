@@ -6,8 +6,11 @@ one timer and one consumed record ID each. A real controller process on that sto
 workers: the rescale fences every range all the same) is asked to rescale it to TO
 ranges over gRPC (``RescaleComputation``). Measured: the answer's ``pause_us`` (every
 range of the computation is fenced for that long, one pause, not one per range), the
-call's wall time at the client, and what moved (keys, timers, consumed IDs written:
-every old range's IDs go into every new range, so TO x keys).
+call's wall time at the client, what moved (keys, timers, consumed IDs written:
+every old range's IDs go into every new range, so TO x keys), and the longest a
+ClusterStatus call took while the rescale ran (asked every 0.1 s from a second client:
+it takes the controller's lock, as every worker's heartbeat does, so it is the longest
+a heartbeat would have waited).
 
     python -m bench.cases.rescale [KEYS] [STORE] [FROM] [TO]   # STORE: sqlite (default), redis
     python -m bench.cases.rescale grid [STORE]                 # 10k and 100k keys, 2->8 and 8->3
@@ -19,14 +22,25 @@ import json
 import os
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from bench.cases.savepoint import controller, fill
 from bench.harness import private_store
+from services.client import ControllerClient
 
 GRID = [(10_000, 2, 8), (10_000, 8, 3), (100_000, 2, 8), (100_000, 8, 3)]
+
+
+def _poll(address: str, done: threading.Event, waits: list[float]) -> None:
+    """ClusterStatus every 0.1 s until ``done``: how long each took."""
+    with ControllerClient(address, timeout_s=3600) as other:
+        while not done.wait(0.1):
+            t = time.monotonic()
+            other.status()
+            waits.append(time.monotonic() - t)
 
 
 def run(keys: int, kind: str, old: int, new: int) -> dict[str, Any]:
@@ -38,9 +52,17 @@ def run(keys: int, kind: str, old: int, new: int) -> dict[str, Any]:
             proc, client = controller(url, tmp, "ctl")
             try:
                 client.timeout_s = 3600
+                waits: list[float] = []
+                done = threading.Event()
+                poller = threading.Thread(target=_poll, args=(client.address, done, waits))
+                poller.start()
                 started = time.monotonic()
-                resp = client.rescale("counts", new)
-                wall_s = time.monotonic() - started
+                try:
+                    resp = client.rescale("counts", new)
+                finally:
+                    wall_s = time.monotonic() - started
+                    done.set()
+                    poller.join()
             finally:
                 client.close()
                 proc.kill()
@@ -52,6 +74,7 @@ def run(keys: int, kind: str, old: int, new: int) -> dict[str, Any]:
         return {"keys": keys, "store": kind, "from": old, "to": new, "pause_s": round(resp.pause_us / 1e6, 3),
                 "wall_s": round(wall_s, 3), "timers": resp.timers, "consumed_ids_written": resp.consumed_ids,
                 "pause_s_per_million_keys": round(resp.pause_us / keys, 2),
+                "status_calls": len(waits), "status_max_s": round(max(waits, default=0.0), 3),
                 "load_avg_1m": round(os.getloadavg()[0], 2)}
 
 

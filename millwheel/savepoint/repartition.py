@@ -14,7 +14,10 @@ ranges), by key, with the routing the runtime uses (:func:`millwheel.keys.key_ra
   to :func:`outbox_home`;
 * consumed record IDs: the store keeps them per range without the key they carried, so
   a redelivered record may reach any new range: every old range's IDs are written into
-  every new range (``new`` times the IDs, until retention expires them).
+  every new range (``new`` times the IDs, until retention expires them). A rescale
+  stages them once (``ids="once"``: into the staging node's range 0, each ID once) and
+  spreads them into every range only when it copies the staged layout in
+  (:func:`spread_ids`): the IDs are the bulk of what a rescale writes.
 
 :func:`clear` deletes everything of a node's ranges (state, timers, outbox, consumed
 IDs, retry attempts). Watermarks and error counters only rise in the store; they are
@@ -24,7 +27,7 @@ not copied here (see the controller module).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Literal
 
 from millwheel.keys import key_range
 from millwheel.record import MAX_TIMESTAMP
@@ -32,8 +35,12 @@ from millwheel.state.protocol import ID_PAGE, Checkpoint, StateStore
 
 KEY_PAGE = 1000
 CHUNK = 2000  #: items per checkpoint written
+ID_CHUNK = 10_000  #: consumed IDs per checkpoint written (one statement each on SQLite)
 
 Tokens = Callable[[str, int], int]
+#: Where ``copy`` writes consumed IDs: into ``every`` new range, range s into the ``same``
+#: range s, ``once`` into range 0 (each ID once), or ``none`` (copied apart).
+Ids = Literal["every", "same", "once", "none"]
 
 
 @dataclass
@@ -69,10 +76,10 @@ def _write(store: StateStore, node: str, r: int, tokens: Tokens, now_us: int, **
 
 
 def copy(store: StateStore, src: str, old: int, dst: str, new: int, tokens: Tokens, now_us: int,
-         spread_ids: bool = True) -> Moved:
+         ids: Ids = "every") -> Moved:
     """Write every item of ``src``'s ``old`` ranges into ``dst``'s ``new`` ranges (which
-    the caller cleared). Consumed IDs are remembered at ``now_us``, into every new range
-    (``spread_ids``), or range ``s``'s into range ``s`` (a copy between equal layouts)."""
+    the caller cleared). Consumed IDs are remembered at ``now_us``, as ``ids`` says
+    (:data:`Ids`; ``same`` is a copy between equal layouts)."""
     moved = Moved()
     by_range = keys_by_range(store, src, old)
     for s in range(old):
@@ -96,17 +103,45 @@ def copy(store: StateStore, src: str, old: int, dst: str, new: int, tokens: Toke
         for i in range(0, len(prods), CHUNK):  # in checkpoint order, as they were
             _write(store, dst, outbox_home(s, new), tokens, now_us, productions=prods[i:i + CHUNK])
         moved.productions += len(prods)
-        if not spread_ids:
+        if ids == "same":
             moved.ids += copy_ids(store, src, s, dst, s, tokens, now_us)
-            continue
-        page: list[str] = []
-        for rid in store.iter_ids(src, s):
-            page.append(rid)
-            if len(page) >= ID_PAGE:
-                moved.ids += _ids_everywhere(store, dst, new, page, tokens, now_us)
-                page = []
-        moved.ids += _ids_everywhere(store, dst, new, page, tokens, now_us)
+        elif ids != "none":
+            moved.ids += _ids_of(store, src, s, dst, new if ids == "every" else 1, tokens, now_us)
     return moved
+
+
+def _ids_of(store: StateStore, src: str, s: int, dst: str, new: int, tokens: Tokens, now_us: int) -> int:
+    """Range ``s``'s consumed IDs into ``dst``'s ranges 0..new-1, in pages."""
+    n = 0
+    page: list[str] = []
+    for rid in store.iter_ids(src, s):
+        page.append(rid)
+        if len(page) >= ID_PAGE:
+            n, page = n + _ids_everywhere(store, dst, new, page, tokens, now_us), []
+    return n + _ids_everywhere(store, dst, new, page, tokens, now_us)
+
+
+def spread_ids(store: StateStore, src: str, s: int, dst: str, new: int, tokens: Tokens, now_us: int) -> int:
+    """Range ``s``'s consumed IDs (staged ``once``) into every one of ``dst``'s ``new``
+    ranges: a page read once, written to each range, in one store transaction per
+    page where the store has write groups (:func:`_grouped`)."""
+    n = 0
+    page: list[str] = []
+    for rid in store.iter_ids(src, s):
+        page.append(rid)
+        if len(page) >= ID_PAGE:
+            n, page = n + _spread(store, dst, new, page, tokens, now_us), []
+    return n + _spread(store, dst, new, page, tokens, now_us)
+
+
+def _spread(store: StateStore, dst: str, new: int, ids: list[str], tokens: Tokens, now_us: int) -> int:
+    """``ids`` into every one of ``dst``'s ``new`` ranges, in checkpoints of ID_CHUNK. (Not
+    in one write group: a service's SQLite store takes its cross-process writer lock per
+    write, inside which a group's transaction would wait for another process.)"""
+    for r in range(new):
+        for i in range(0, len(ids), ID_CHUNK):
+            _write(store, dst, r, tokens, now_us, consumed_ids=ids[i:i + ID_CHUNK])
+    return len(ids) * new
 
 
 def copy_ids(store: StateStore, src: str, s: int, dst: str, r: int, tokens: Tokens, now_us: int) -> int:
@@ -130,12 +165,7 @@ def _ids_everywhere(store: StateStore, dst: str, new: int, ids: list[str], token
     if ids:
         seen = store.contains_ids(dst, 0, ids)
         ids = [i for i in ids if i not in seen] if seen else ids
-    if not ids:
-        return 0
-    for r in range(new):
-        for i in range(0, len(ids), CHUNK):
-            _write(store, dst, r, tokens, now_us, consumed_ids=ids[i:i + CHUNK])
-    return len(ids) * new
+    return _spread(store, dst, new, ids, tokens, now_us)
 
 
 def clear(store: StateStore, node: str, ranges: Iterable[int], layouts: Iterable[int], tokens: Tokens,

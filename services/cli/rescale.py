@@ -26,13 +26,17 @@ What is guaranteed:
     next leader completes the new one; a worker killed meanwhile is an ordinary move;
   - the computation's watermark does not go back.
 
-What it costs: the computation stops for the copy (every key, timer, pending production
-and consumed ID is read once and written twice; the answer says how long), and consumed
-IDs are kept N times over until their retention expires them.
+What it costs: the computation stops for the copy (every key, timer and pending
+production is read once and written twice; the answer says how long), and consumed
+IDs are kept N times over until their retention expires them. The rest of the service
+runs on meanwhile (the controller's lock is not held for the copy: heartbeats, other
+computations and the console go on).
 
 Refused, with nothing changed (exit status 2): an unknown computation (NOT_FOUND), an
 injector (it has one range), a count outside 1..{MAX_KEY_RANGES} or one that takes the
-registry over its total. The current count changes nothing.
+registry over its total. The current count changes nothing. While its copy runs, a
+second rescale, an update or an unregistration of the same computation is refused
+(FAILED_PRECONDITION: "a rescale of ... is under way"); a savepoint waits for it.
 
 examples:
   millwheel rescale counts --key-ranges 8

@@ -100,6 +100,9 @@ class Assigner:
         # Draining (services/controller/drain.py): Inject refused, ranges still run.
         self.draining = store.get_meta(DRAINING_KEY) is not None
         self.frozen: set[str] = set()  # computations being rescaled: their ranges are placed nowhere
+        # Rescales under way on this leader (services/controller/rescale.py): computation ->
+        # "copying" (its data moves off the lock; its tokens are the rescale's) or "cleanup".
+        self.rescaling: dict[str, str] = {}
         grace_until = time.monotonic() + grace_s
         for name, value in store.list_meta(WORKER_PREFIX).items():
             data = json.loads(value)
@@ -257,8 +260,9 @@ class Assigner:
         return moves
 
     def reissue(self, unit: Unit) -> None:
-        """A fresh token for the same owner (its old one was fenced by someone else)."""
-        if unit in self.units and unit not in self.moving:
+        """A fresh token for the same owner (its old one was fenced by someone else); not
+        for a range being rescaled (its tokens are the rescale's until it is done)."""
+        if unit in self.units and unit not in self.moving and unit[0] not in self.frozen:
             self._move(unit, self.units[unit].worker_id)
 
     def reissue_now(self, unit: Unit) -> int:

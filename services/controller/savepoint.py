@@ -15,6 +15,10 @@ delivers them again and the consumer's consumed IDs drop what was already taken.
 appends are not fenced, but every entry appended late is still in the outbox it came
 from, and appending it again in the restored service is a no-op (by record ID).
 
+A rescale copying a computation's data (services/controller/rescale.py: off the lock,
+its ranges fenced) is waited for before the cut: the cut would otherwise read a half
+moved layout, and its fresh tokens would fence the rescale's writes.
+
 The file is written to a temporary file during the cut, and sent after the lock is
 released: processing is paused for the fence and the reads, not for the transfer.
 
@@ -27,6 +31,7 @@ tokens; the registry last, in one write, so workers see nothing before it is com
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import queue
@@ -50,6 +55,7 @@ from ..rpc.status import NotLeaderError, PreconditionError, rpc, rpc_stream
 from .assign import STOPPED_KEY, Assigner
 from .drain import DrainHost, drain, drained
 from .registry import Registry
+from .rescale_journal import COPYING
 from .savepoint_registry import CarriedRegistry, admit, registry_dict
 
 log = logging.getLogger("millwheel.controller")
@@ -59,6 +65,7 @@ RESTORING_KEY = "savepoint/restoring"  # sha256 of a restore under way (a retry 
 CHUNK = 1 << 20
 MAX_SINK_TOKEN = 1_000_000  #: a restored sink's token floor (reached by as many store bumps) at most
 PROGRESS_EVERY_S = 0.5
+RESCALE_POLL_S = 0.2  #: how often a cut waiting for a rescale's copy looks again
 
 
 class Savepoints:
@@ -131,7 +138,7 @@ class Savepoints:
                 last[0] = time.monotonic()
                 report("reading", items)
 
-        with self.lock:
+        with self._between_rescales(report):
             started = time.monotonic()
             report("fencing", 0)
             if stop:
@@ -172,6 +179,29 @@ class Savepoints:
                                    stopped=stop, counts=counts, computations=len(topo.computations),
                                    injectors=len(topo.injectors),
                                    log_last={s: last_seq for s, (_start, last_seq) in logs.items()})
+
+    @contextlib.contextmanager
+    def _between_rescales(self, report: Callable[[str, int], None]) -> Iterator[None]:
+        """The controller's lock, taken when no rescale is copying data (its ranges' data
+        is half moved and their tokens are the rescale's: services/controller/rescale.py).
+        The cut waits for the copy to end, not refused: a drain before it has already
+        stopped the intake. Checked every RESCALE_POLL_S, the lock released in between."""
+        logged = False
+        while True:
+            self.lock.acquire()
+            copying = sorted(n for n, phase in self.assigner.rescaling.items() if phase == COPYING)
+            if not copying:
+                break
+            self.lock.release()
+            if not logged:
+                log.warning("savepoint: waiting for the rescale of %s to finish its copy", ", ".join(copying))
+                logged = True
+            report("waiting for a rescale", 0)
+            time.sleep(RESCALE_POLL_S)
+        try:
+            yield
+        finally:
+            self.lock.release()
 
     # -- restore ---------------------------------------------------------------------------
     @rpc

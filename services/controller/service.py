@@ -65,6 +65,7 @@ from .queries import Queries
 from .registry import Registry
 from .replay import Replayer
 from .rescale import Rescaling
+from .rescale_journal import check_not_copying
 from .retention import RetentionThread
 from .savepoint import Savepoints
 from .store_work import StoreWork
@@ -299,6 +300,7 @@ class ControllerService(Queries, Replicated, Injecting, Updating, Rescaling, Hea
     def UnregisterComputation(self, request: Any, context: Ctx) -> pb.UnregisterComputationResponse:
         check(request)
         with self.registry.changing:
+            check_not_copying(self.assigner, request.name, "unregistration")
             self.registry.unregister_computation(request.name)
             self._after_registration()
         return pb.UnregisterComputationResponse()

@@ -56,6 +56,7 @@ from .compat import WINDOW_TAGS, candidate, check_directive, refuse_open_windows
 from .flush import flush_windows, router
 from .ha import leader_only
 from .registry import Registry
+from .rescale_journal import check_not_copying
 
 log = logging.getLogger("millwheel.controller")
 
@@ -94,6 +95,7 @@ class Updating:
             else:
                 new = convert.spec_from_proto(request.spec)
                 old = self.registry.computation(new.name)
+            check_not_copying(self.assigner, old.name, "rollback" if request.rollback else "update")
             return self._update(old, new, directive, bool(request.rollback))
 
     def _update(self, old: ComputationSpec, new: ComputationSpec, directive: str,

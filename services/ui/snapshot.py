@@ -73,12 +73,15 @@ def _last_savepoint(store: Any) -> dict[str, Any] | None:
 def _rescaling(store: Any) -> dict[str, int]:
     """Computation -> the key-range count a rescale under way takes it to: its journal
     entry ``rescale/NAME`` (services/controller/rescale.py) exists from the fence to the
-    end, and after a rescale cut short by a store failure until it is finished."""
+    end, and after a rescale cut short by a store failure until it is finished (not once
+    it says ``cleanup``: the new layout runs, the staging node is being deleted)."""
     out: dict[str, int] = {}
     for key, raw in store.list_meta("rescale/").items():
         try:
-            out[key[len("rescale/"):]] = int(json.loads(raw)["to"])
-        except (ValueError, TypeError, KeyError):
+            entry = json.loads(raw)
+            if entry.get("phase") != "cleanup":
+                out[key[len("rescale/"):]] = int(entry["to"])
+        except (ValueError, TypeError, KeyError, AttributeError):
             continue
     return out
 
@@ -130,8 +133,8 @@ class Snapshotter:
         c = self.controller
         mono = time.monotonic()
         leading = c.leading()  # a standby hears no heartbeats: worker liveness is unknown there
-        # Read off the lock: a rescale holds the lock for its whole copy, and this is how
-        # the console shows it meanwhile (the last snapshot, its rows marked).
+        # Read off the lock: a savepoint's cut holds the lock for its reads (a rescale only
+        # for its decisions), and this is how the console shows a rescale meanwhile.
         rescaling = _rescaling(c.store)
         if not c.lock.acquire(timeout=LOCK_WAIT_S):
             self._mark_rescaling(rescaling)
@@ -238,7 +241,7 @@ class Snapshotter:
         }
 
     def _mark_rescaling(self, rescaling: dict[str, int]) -> None:
-        """The controller's lock is held (a rescale's copy, a savepoint's cut): the last
+        """The controller's lock is held (a savepoint's cut, say): the last
         snapshot again (its ``time_us`` says how old), each computation's
         ``rescaling_to`` as the store says now."""
         snap = self.snapshot

@@ -86,3 +86,24 @@ def test_a_rescaled_computation_is_held_at_its_old_least_until_each_range_catche
     finally:
         work.close()
         store.close()
+
+
+def test_ids_staged_once_then_spread_into_every_range(tmp_path: Path) -> None:
+    """A rescale stages each consumed ID once (the staging node's range 0) and writes it
+    into every range only when the staged layout is copied in: the same IDs end in
+    every new range as with ``every``, and the staging node holds N times fewer."""
+    store = open_store(f"sqlite:///{tmp_path}/s.db")
+    token = _tokens(store)
+    for r in range(2):
+        store.checkpoint(Checkpoint("c", r, token("c", r), 1, state_writes={f"k{r}": b"v"},
+                                    consumed_ids=[f"id{r}-{i}" for i in range(5)] + ["both"]))
+    staged = repartition.copy(store, "c", 2, "rescale:c", 4, token, 7, ids="once")
+    every = sorted([f"id{r}-{i}" for r in range(2) for i in range(5)] + ["both"])
+    assert staged.ids == len(every) and sorted(store.iter_ids("rescale:c", 0)) == every
+    assert all(not list(store.iter_ids("rescale:c", r)) for r in range(1, 4))
+    moved = repartition.copy(store, "rescale:c", 4, "d", 4, token, 8, ids="none")
+    assert moved.ids == 0 and moved.keys == 2
+    assert repartition.spread_ids(store, "rescale:c", 0, "d", 4, token, 8) == 4 * len(every)
+    for r in range(4):
+        assert sorted(store.iter_ids("d", r)) == every
+    store.close()
