@@ -11,7 +11,10 @@ the same JSON result for the same records:
   linear interpolation between the two closest ranks, as Spark's ``percentile``: with
   the window's n values sorted ascending, ``pos = (n - 1) * p / 100``,
   ``lo = floor(pos)``, ``hi = ceil(pos)``; the result is ``v[lo]`` when ``lo == hi`` or
-  ``v[lo] == v[hi]``, else ``(hi - pos) * v[lo] + (pos - lo) * v[hi]`` (a float).
+  ``v[lo] == v[hi]``, else ``v[lo] + (v[hi] - v[lo]) * (pos - lo)`` (a float; this
+  order of operations is Spark 4's, so the two agree to the last bit: measured on
+  random data, the textbook ``(hi - pos) * v[lo] + (pos - lo) * v[hi]`` differs from
+  Spark's result in the last digit for ~15% of windows).
 * ``count_distinct``: the exact number of distinct values (values compared as the
   JSON text of the value or its ``field``, so ``1`` and ``1.0`` differ).
 * ``top_k`` (parameter ``k`` >= 1): without ``by``, the k most frequent values, as
@@ -75,7 +78,7 @@ def exact_percentile(values: Sequence[float], frac: float) -> float | None:
     high = ordered[hi]
     if low == high:
         return float(low)
-    return (hi - pos) * low + (pos - lo) * high
+    return low + (high - low) * (pos - lo)
 
 
 def top_frequent(items: Sequence[str], k: int) -> list[list[Any]]:

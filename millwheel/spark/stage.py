@@ -311,7 +311,7 @@ def sweep_staging(root: str) -> list[str]:
     before each job, so the next job of any worker on the host cleans up. Directories
     of other hosts (a shared mount) and of live processes are left alone. Returns the
     names removed."""
-    host, removed = socket.gethostname(), []
+    host, removed = socket.gethostname(), list[str]()
     try:
         names = os.listdir(root)
     except OSError:
