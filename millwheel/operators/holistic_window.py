@@ -58,7 +58,6 @@ class HolisticWindowAggregate(SparkAggregate):
         keys_of: dict[int, set[str]] = {}
         for key, start in wanted:
             keys_of.setdefault(start, set()).add(key)
-        agg = self.agg
         out: dict[tuple[str, int], Any] = {}
         for start, keys in keys_of.items():
             data = b"".join(ctx.read_buffer(str(start))).rstrip(b"\n")  # type: ignore[attr-defined]
@@ -72,8 +71,14 @@ class HolisticWindowAggregate(SparkAggregate):
                 values[key].extend(v for _ts, v in legacy.get((key, start), ()))
             for key, vals in values.items():
                 if vals:
-                    out[(key, start)] = (compute(agg.name, vals, frac=agg.frac, k=agg.k, by=agg.by), len(vals))
+                    out[(key, start)] = (self.reduce(vals), len(vals))
         return out
+
+    def reduce(self, values: list[Any]) -> Any:
+        """One (key, window)'s result from its extracted values (a subclass may compute
+        something else from the same buffered values, e.g. a benchmark's user code)."""
+        agg = self.agg
+        return compute(agg.name, values, frac=agg.frac, k=agg.k, by=agg.by)
 
 
 def window_aggregate(**params: Any) -> Computation:
