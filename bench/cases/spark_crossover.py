@@ -18,7 +18,10 @@ checked against a plain-Python reference computed from the records; a run whose
 output differs is reported and fails the benchmark.
 
 Wall seconds from the first record to the last result (the SparkSession is started
-and warmed before, so its start-up is excluded). Writes JSON and Markdown to
+and warmed before, so its start-up is excluded); also the part spent computing the
+fired windows: the Spark jobs (``status["job_seconds"]``), or the in-process holistic
+aggregation's Python (the same counter; count and mean have none, they aggregate
+per record). Writes JSON and Markdown to
 bench/results/ and a chart PNG (seconds per aggregation vs records per window).
 
     .venv/bin/python bench/cases/spark_crossover.py [--sizes 10000,100000] [--aggs count,percentile]
@@ -139,7 +142,9 @@ def matches(got: Any, want: Any) -> bool:
     return bool(got == want)
 
 
-def run(code: str, params: dict[str, Any], records: list[Record], ranges: int) -> tuple[float, dict[str, Any]]:
+def run(code: str, params: dict[str, Any], records: list[Record],
+        ranges: int) -> tuple[float, float | None, dict[str, Any]]:
+    """(wall seconds, seconds computing the fired windows or None, key -> value)."""
     spec = ComputationSpec("agg", (InputSpec("in"),), ("out",), CodeRef(code, {"size_us": WINDOW_US, **params}),
                            Options(key_ranges=ranges))
     topo = Topology((spec,), (InjectorSpec("in", "in"),), log_streams=("out",))
@@ -149,10 +154,12 @@ def run(code: str, params: dict[str, Any], records: list[Record], ranges: int) -
         started = time.perf_counter()
         runner.run(idle_sleep_s=0.001)
         elapsed = time.perf_counter() - started
+        statuses = [getattr(w.code, "status", None) for w in runner.workers["agg"]]
+        firing = (sum(st["job_seconds"] for st in statuses if st) if any(statuses) else None)
         results = {json.loads(r.value)["key"]: json.loads(r.value)["value"]
                    for _s, r in store.read_log("out", 0, 10**9)}
         store.close()
-    return elapsed, results
+    return elapsed, firing, results
 
 
 def main() -> int:
@@ -181,13 +188,15 @@ def main() -> int:
             want = reference(agg, records)
             ip_code = f"{ME}:CategoryCounts" if agg == "udf_join" else "window_aggregate"
             load = os.getloadavg()[0]
-            t_ip, got_ip = run(ip_code, ip_params, records, args.key_ranges)
-            t_sp, got_sp = run("spark_aggregate", sp_params, records, args.key_ranges)
+            t_ip, f_ip, got_ip = run(ip_code, ip_params, records, args.key_ranges)
+            t_sp, f_sp, got_sp = run("spark_aggregate", sp_params, records, args.key_ranges)
             good = {side: set(got) == set(want) and all(matches(got[k], want[k]) for k in want)
                     for side, got in (("in-process", got_ip), ("spark", got_sp))}
             ok = ok and all(good.values())
             row = {"records": n, "aggregation": agg, "in_process_s": round(t_ip, 2), "spark_s": round(t_sp, 2),
-                   "spark_speedup": round(t_ip / t_sp, 2), "correct": good, "load1": load}
+                   "spark_speedup": round(t_ip / t_sp, 2), "correct": good, "load1": load,
+                   "in_process_firing_s": None if f_ip is None else round(f_ip, 2),
+                   "spark_jobs_s": None if f_sp is None else round(f_sp, 2)}
             rows.append(row)
             print(json.dumps(row), flush=True)
     write(rows, args, Path(args.out))
@@ -201,15 +210,21 @@ def write(rows: list[dict[str, Any]], args: argparse.Namespace, out: Path) -> No
             "load_at_end": os.getloadavg()}
     stem.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
     lines = [f"Spark crossover: {meta}", "",
-             "| records/window | aggregation | in-process s | Spark s | Spark speed-up | outputs correct | load |",
-             "|---:|---|---:|---:|---:|---|---:|"]
+             "| records/window | aggregation | in-process s | Spark s | Spark speed-up | in-process firing s "
+             "| Spark jobs s | outputs correct | load |",
+             "|---:|---|---:|---:|---:|---:|---:|---|---:|"]
     for r in rows:
         correct = "yes" if all(r["correct"].values()) else f"NO {r['correct']}"
         lines.append(f"| {r['records']:,} | {r['aggregation']} | {r['in_process_s']:.2f} | {r['spark_s']:.2f} "
-                     f"| {r['spark_speedup']:.2f}x | {correct} | {r['load1']:.1f} |")
+                     f"| {r['spark_speedup']:.2f}x | {_s(r.get('in_process_firing_s'))} "
+                     f"| {_s(r.get('spark_jobs_s'))} | {correct} | {r['load1']:.1f} |")
     stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
     chart(rows, stem.with_suffix(".png"))
     print(f"wrote {stem}.json/.md/.png", file=sys.stderr)
+
+
+def _s(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds:.2f}"
 
 
 def chart(rows: list[dict[str, Any]], path: Path) -> None:

@@ -29,7 +29,7 @@ RSS_BOUND_MB = 600
 
 CHILD = """
 import json, resource, sys
-from millwheel.record import MIN_TIMESTAMP, Record
+from millwheel.record import MAX_TIMESTAMP, MIN_TIMESTAMP, Record
 from millwheel.runtime.local_runner import LocalRunner
 from millwheel.sources import SourceBatch
 from millwheel.state import open_store
@@ -45,7 +45,7 @@ class OneWindow:
         stop = min(N, i + max_records)
         records = [Record(f"k{j % 1000}", b'{"u": %d}' % (j % 5003), j * (WINDOW // N), f"r{j}")
                    for j in range(i, stop)]
-        return SourceBatch(records, str(stop).encode(), MIN_TIMESTAMP, stop >= N)
+        return SourceBatch(records, str(stop).encode(), MAX_TIMESTAMP if stop >= N else MIN_TIMESTAMP, stop >= N)
 
 code = CodeRef("spark_aggregate", {"size_us": WINDOW, "aggregation": "count_distinct", "field": "u",
                                    "master": "local[1]"})
