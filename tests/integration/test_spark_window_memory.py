@@ -4,10 +4,15 @@ The records go to append-only window buffers in the store, not to the worker's m
 when the window fires, the worker holds the window's buffer bytes while it writes the
 staging file (~60 MB here), and the executors parse it. The bound asserted is on the
 worker process's peak RSS (``ru_maxrss``, the Python driver; the Spark JVM is a
-separate process with its own heap limit), measured: ~330 MB on SQLite and Redis
-(the interpreter with millwheel and pyspark imported is ~100 MB of it).
+separate process with its own heap limit; ~650 MB here), measured: 113 MB on SQLite,
+88 MB on Redis (2 key ranges, so each firing holds half the window's ~55 MB of
+buffered lines at most). The bound, 250 MB, is about twice that: what it catches is
+a window held as Python objects (1M parsed records are ~500 MB), not a few MB of
+drift.
 
-Slow (a minute or more per store on 2 cores): marked ``slow``.
+Slow (2-5 minutes per store on a loaded 2-core machine): marked ``slow``; the two
+stores are separate tests, so a runner with pytest-xdist could run them side by side
+(it is not among this project's dev dependencies).
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from tests.support.redis_server import RedisServer
 
 ROOT = Path(__file__).resolve().parents[2]
 N = 1_000_000
-RSS_BOUND_MB = 600
+RSS_BOUND_MB = 250
 
 CHILD = """
 import json, resource, sys
