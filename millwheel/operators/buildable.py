@@ -19,7 +19,7 @@ from typing import Any, Callable, Mapping
 
 from millwheel.computation import Computation
 from millwheel.errors import InvalidSpecError
-from millwheel.operators.aggregate import WindowedAggregate
+from millwheel.operators.holistic_window import window_aggregate
 from millwheel.operators.join import IntervalJoin
 from millwheel.operators.session import SessionWindow
 from millwheel.operators.transform import Filter, Map
@@ -27,7 +27,7 @@ from millwheel.spark import spark_aggregate
 from millwheel.topology import ComputationSpec
 
 BUILTINS: dict[str, Callable[..., Computation]] = {
-    "window_aggregate": WindowedAggregate,
+    "window_aggregate": window_aggregate,  # incremental, or buffered for holistic aggregations
     "filter": Filter,
     "map": Map,
     "spark_aggregate": spark_aggregate,  # lazy: pyspark loads with the first Spark job

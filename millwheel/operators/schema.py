@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from millwheel.errors import InvalidSpecError
+from millwheel.holistic import HOLISTIC, MAX_TOP_K, check_params
 from millwheel.importing import AllowList, check_import_path
 from millwheel.limits import MAX_DURATION_US, MAX_PARAMS_BYTES, MAX_WINDOWS_PER_RECORD, check_params_depth
 from millwheel.operators.aggregate import AGGREGATIONS
@@ -52,8 +53,17 @@ _WINDOW = {
     "allowed_lateness_us": Param("int", minimum=0, maximum=MAX_DURATION_US),
 }
 
+# Parameters of the holistic aggregations (millwheel.holistic); which one needs which
+# is a cross-check (check_params).
+_HOLISTIC = {
+    "p": Param("number", minimum=0.0, maximum=100.0),
+    "k": Param("int", minimum=1, maximum=MAX_TOP_K),
+    "by": Param("str"),
+}
+
 SCHEMAS: dict[str, dict[str, Param]] = {
-    "window_aggregate": {**_WINDOW, "aggregation": Param("str", choices=AGGREGATIONS)},
+    "window_aggregate": {**_WINDOW, "aggregation": Param("str", choices=AGGREGATIONS + HOLISTIC),
+                         **_HOLISTIC},
     "filter": {"expr": Param("expr"), "function": Param("import"), "output": Param("str")},
     "map": {"key": Param("expr"), "value": Param("expr"), "ts": Param("expr"),
             "function": Param("import"), "output": Param("str")},
@@ -76,6 +86,7 @@ SCHEMAS: dict[str, dict[str, Param]] = {
         **_WINDOW,
         "aggregation": Param("str", choices=SPARK_AGGREGATIONS),
         "percentile": Param("number", minimum=0.0, maximum=1.0),
+        **_HOLISTIC,
         "function": Param("import"),
         "master": Param("str"),
         "spark_conf": Param("mapping"),
@@ -162,6 +173,8 @@ def _check_value(value: Any, param: Param, where: str) -> None:
 
 def _cross_checks(operator: str, params: Mapping[str, Any], where: str) -> None:
     if operator in ("window_aggregate", "spark_aggregate"):
+        if params.get("function") is None:
+            _check_holistic(str(params.get("aggregation", "count")), params, where)
         size, period = params["size_us"], params.get("period_us")
         if period is not None:
             if period > size:
@@ -183,6 +196,16 @@ def _cross_checks(operator: str, params: Mapping[str, Any], where: str) -> None:
             raise InvalidSpecError(f"{where}: give 'function' or expressions {exprs}, not both")
         if params.get("function") is None and not exprs:
             raise InvalidSpecError(f"{where}: give 'function' or at least one of key/value/ts")
+
+
+def _check_holistic(aggregation: str, params: Mapping[str, Any], where: str) -> None:
+    """``p``/``k``/``by`` as the aggregation needs them, the message naming the field
+    (``...params.p: must be a number with 0 < p <= 100, got 0``)."""
+    try:
+        check_params("", aggregation, params)
+    except InvalidSpecError as exc:
+        field, _, why = str(exc).removeprefix(": ").partition(": ")
+        raise InvalidSpecError(f"{where}.{field}: {why}") from None
 
 
 def _check_join_inputs(spec: ComputationSpec, params: Mapping[str, Any], where: str,

@@ -75,7 +75,8 @@ def windowed_params(spec: ComputationSpec) -> tuple[Windowing, Aggregation, Mapp
     period = p.get("period_us")
     windowing = Windowing(int(p["size_us"]), int(period) if period else None)
     agg = Aggregation(str(p.get("aggregation", "count")), p.get("field"),
-                      float(p.get("percentile", 0.5)), p.get("function"))
+                      float(p.get("percentile", 0.5)), p.get("function"),
+                      p=p.get("p"), k=p.get("k"), by=p.get("by"), operator=spec.code.name)
     return windowing, agg, p
 
 

@@ -223,14 +223,31 @@ def _first_line(exc: BaseException) -> str:
 # -- DataFrame construction (kept here so no other module imports pyspark) ---------------
 
 #: The value column's Spark type per kind of stored value.
-VALUE_TYPES = ("double", "string")
+VALUE_TYPES = ("double", "string", "pair")
+
+
+def _value_type(value_type: str) -> Any:
+    """``pair`` is top_k's ``{"item": string, "score": double}`` (see millwheel.holistic)."""
+    from pyspark.sql import types as T_
+
+    if value_type == "pair":
+        return T_.StructType([T_.StructField("item", T_.StringType(), True),
+                              T_.StructField("score", T_.DoubleType(), True)])
+    return T_.DoubleType() if value_type == "double" else T_.StringType()
+
+
+def sql_window() -> Any:
+    """``pyspark.sql.Window``, for ranking within a window's records (top_k)."""
+    from pyspark.sql import Window
+
+    return Window
 
 
 def window_frame(spark: Any, rows: Sequence[tuple[str, int, int, int, Any]], value_type: str) -> Any:
     """A DataFrame ``(key, window_start, window_end, timestamp, value)`` of window records."""
     from pyspark.sql import types as T_
 
-    value: Any = T_.DoubleType() if value_type == "double" else T_.StringType()
+    value: Any = _value_type(value_type)
     schema = T_.StructType([
         T_.StructField("key", T_.StringType(), False),
         T_.StructField("window_start", T_.LongType(), False),
@@ -258,7 +275,7 @@ def staged_frame(spark: Any, directory: str, value_type: str, size_us: int,
     from pyspark.sql import functions as F
     from pyspark.sql import types as T_
 
-    value: Any = T_.DoubleType() if value_type == "double" else T_.StringType()
+    value: Any = _value_type(value_type)
     schema = T_.StructType([
         T_.StructField("key", T_.StringType(), True),
         T_.StructField("timestamp", T_.LongType(), True),

@@ -40,7 +40,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
+import socket
 import tempfile
 import uuid
 from typing import Any, Iterable, Mapping, Sequence
@@ -57,6 +59,9 @@ STAGING_ENV = "MILLWHEEL_SPARK_STAGING"
 
 
 class SparkAggregate(Computation):
+    #: The operator name in messages (the in-process holistic window_aggregate reuses this class).
+    OPERATOR = "spark_aggregate"
+
     def __init__(
         self,
         *,
@@ -65,6 +70,9 @@ class SparkAggregate(Computation):
         aggregation: str = "count",
         field: str | None = None,
         percentile: float = 0.5,
+        p: float | None = None,
+        k: int | None = None,
+        by: str | None = None,
         function: str | None = None,
         output: str | None = None,
         allowed_lateness_us: int = 0,
@@ -74,7 +82,7 @@ class SparkAggregate(Computation):
         retry_backoff_s: float = 0.5,
     ) -> None:
         self.windowing = Windowing(int(size_us), int(period_us) if period_us else None)
-        self.agg = Aggregation(aggregation, field, percentile, function)
+        self.agg = Aggregation(aggregation, field, percentile, function, p=p, k=k, by=by, operator=self.OPERATOR)
         self.output = output
         self.allowed_lateness_us = int(allowed_lateness_us)
         self.master = master
@@ -94,7 +102,7 @@ class SparkAggregate(Computation):
     def bind_outputs(self, outputs: tuple[str, ...]) -> None:
         if self.output is None:
             if not outputs:
-                raise InvalidSpecError("spark_aggregate needs an output stream")
+                raise InvalidSpecError(f"{self.OPERATOR} needs an output stream")
             self.output = outputs[0]
 
     def bind_sensors(self, sensors: Any, computation: str) -> None:
@@ -210,8 +218,9 @@ class SparkAggregate(Computation):
     def _stage(self, ctx: Context, wanted: list[tuple[str, int]],
                legacy: dict[tuple[str, int], list[tuple[int, Any]]]) -> str:
         """Write the windows' buffers as JSON-lines files, one directory per window."""
-        root = os.environ.get(STAGING_ENV) or os.path.join(tempfile.gettempdir(), "millwheel-spark-staging")
-        batch = os.path.join(root, f"{uuid.uuid4().hex}")
+        root = staging_root()
+        sweep_staging(root)
+        batch = os.path.join(root, f"{_owner_tag()}_{uuid.uuid4().hex}")
         for start in sorted({s for _k, s in wanted}):
             part = os.path.join(batch, f"window_start={start}")
             os.makedirs(part, mode=0o700)
@@ -267,6 +276,53 @@ class SparkAggregate(Computation):
                    "value": value, "count": count}
         assert self.output is not None
         ctx.produce(self.output, ctx.key, json.dumps(payload).encode(), end - 1)
+
+
+def staging_root() -> str:
+    return os.environ.get(STAGING_ENV) or os.path.join(tempfile.gettempdir(), "millwheel-spark-staging")
+
+
+def _owner_tag() -> str:
+    """``w<pid>@<host>``: who staged a directory, so a later process can tell whether
+    its owner is gone (killed mid-job) and remove what it left."""
+    return f"w{os.getpid()}@{socket.gethostname()}"
+
+
+_STAGED = re.compile(r"^w(\d+)@(.+)_[0-9a-f]{32}$")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's live process
+    try:  # a zombie (killed, not yet reaped) holds its pid but writes nothing more
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return True
+
+
+def sweep_staging(root: str) -> list[str]:
+    """Remove the staging directories under ``root`` whose owner, a process of this
+    host, is gone (a worker killed mid-job leaves its job's directory behind); run
+    before each job, so the next job of any worker on the host cleans up. Directories
+    of other hosts (a shared mount) and of live processes are left alone. Returns the
+    names removed."""
+    host, removed = socket.gethostname(), list[str]()
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return removed
+    for name in names:
+        m = _STAGED.match(name)
+        if m is None or m.group(2) != host or int(m.group(1)) == os.getpid() or _alive(int(m.group(1))):
+            continue
+        shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+        removed.append(name)
+    return removed
 
 
 class _KeyState:

@@ -89,8 +89,8 @@ def test_filter_and_map_by_expression(tmp_path: Path) -> None:
 def test_bad_operator_specs_say_what_is_wrong(tmp_path: Path) -> None:
     with pytest.raises(InvalidSpecError, match="unknown built-in operator 'windw'"):
         run(tmp_path, CodeRef("windw", {}), values(1))
-    with pytest.raises(InvalidSpecError, match=r"params\.aggregation: 'median' is not one of"):
-        run(tmp_path, CodeRef("window_aggregate", {"size_us": 1, "aggregation": "median"}), values(1))
+    with pytest.raises(InvalidSpecError, match=r"params\.aggregation: 'mode' is not one of"):
+        run(tmp_path, CodeRef("window_aggregate", {"size_us": 1, "aggregation": "mode"}), values(1))
     with pytest.raises(InvalidSpecError, match="syntax error"):
         run(tmp_path, CodeRef("filter", {"expr": "json[["}), values(1))
     with pytest.raises(InvalidSpecError, match="cannot import"):

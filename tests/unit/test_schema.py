@@ -34,7 +34,21 @@ def spec(code: str = "filter", extractor: str = "key", **params: Any) -> Any:
     ("window_aggregate", {"size_us": True}, r"params\.size_us: expected an integer, got boolean"),
     ("window_aggregate", {"size_us": 0}, r"params\.size_us: must be >= 1, got 0"),
     ("window_aggregate", {"size_us": 10, "period_us": 20}, r"params\.period_us: must be <= size_us"),
-    ("window_aggregate", {"size_us": 10, "aggregation": "median"}, r"params\.aggregation: 'median' is not one of"),
+    ("window_aggregate", {"size_us": 10, "aggregation": "mode"}, r"params\.aggregation: 'mode' is not one of"),
+    ("window_aggregate", {"size_us": 10, "aggregation": "percentile"},
+     r"computation 'c'\.code\.params\.p: required by aggregation 'percentile'"),
+    ("spark_aggregate", {"size_us": 10, "aggregation": "percentile", "p": 0},
+     r"computation 'c'\.code\.params\.p: must be a number with 0 < p <= 100, got 0"),
+    ("window_aggregate", {"size_us": 10, "aggregation": "percentile", "p": 100.5},
+     r"computation 'c'\.code\.params\.p: must be <= 100, got 100\.5"),
+    ("window_aggregate", {"size_us": 10, "aggregation": "mean", "p": 50},
+     r"computation 'c'\.code\.params\.p: only for aggregation 'percentile', not 'mean'"),
+    ("spark_aggregate", {"size_us": 10, "aggregation": "top_k"},
+     r"computation 'c'\.code\.params\.k: required by aggregation 'top_k'"),
+    ("window_aggregate", {"size_us": 10, "aggregation": "top_k", "k": 0}, r"params\.k: must be >= 1, got 0"),
+    ("spark_aggregate", {"size_us": 10, "aggregation": "count_distinct", "by": "x"},
+     r"computation 'c'\.code\.params\.by: only for aggregation 'top_k', not 'count_distinct'"),
+    ("spark_aggregate", {"size_us": 10, "aggregation": "top_k", "k": 2.5}, r"params\.k: expected an integer"),
     ("window_aggregate", {"size_us": 10, "field": 3}, r"params\.field: expected a string, got number 3"),
     ("window_aggregate", {"size_us": 10, "colour": 1}, r"params: unknown parameters \['colour'\]"),
     ("filter", {}, "give exactly one of 'expr' or 'function'"),
@@ -71,12 +85,15 @@ def test_every_builtin_parameter_is_in_its_schema() -> None:
     import inspect
 
     from millwheel.operators.aggregate import WindowedAggregate
+    from millwheel.operators.holistic_window import HolisticWindowAggregate
     from millwheel.spark.stage import SparkAggregate
 
-    for name, cls in [("window_aggregate", WindowedAggregate), ("filter", Filter), ("map", Map),
-                      ("spark_aggregate", SparkAggregate)]:
-        taken = set(inspect.signature(cls.__init__).parameters) - {"self"}
-        assert taken == set(SCHEMAS[name]), name
+    def taken(cls: Any) -> set[str]:
+        return set(inspect.signature(cls.__init__).parameters) - {"self"}
+
+    for name, classes in [("window_aggregate", (WindowedAggregate, HolisticWindowAggregate)),
+                          ("filter", (Filter,)), ("map", (Map,)), ("spark_aggregate", (SparkAggregate,))]:
+        assert set().union(*(taken(cls) for cls in classes)) == set(SCHEMAS[name]), name
 
 
 def test_good_specs_pass_and_build() -> None:
