@@ -16,9 +16,16 @@ The rules:
   ranges than their state); inputs and outputs may otherwise change under the rules of
   registration: every input of every computation still produced by something, no
   cycle, and no logged stream left unwritten;
-* a built-in ``window_aggregate`` whose window (size or period) changes, or that is
-  replaced by other code, while windows are open is refused unless the caller says
-  what to do with them (``drop``, or ``flush``: services/controller/flush.py).
+* a built-in ``window_aggregate`` whose window (size or period) or aggregation (its
+  ``aggregation``, ``field``, ``p``, ``k``, ``by``) changes, or that is replaced by other
+  code, while windows are open is refused unless the caller says what to do with them
+  (``drop``, or ``flush``: services/controller/flush.py). The open windows' state is the
+  old aggregation's (an incremental accumulator, or a buffer of records), which the new
+  operator would misread;
+* the same for windows kept in append-only buffers (``spark_aggregate``, and
+  ``window_aggregate`` with a holistic aggregation: :mod:`millwheel.holistic`), except
+  that ``drop`` and ``flush`` are not built for them (their records are in the window
+  buffers, which those paths do not read): refused until the windows close.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from millwheel.errors import InvalidSpecError
+from millwheel.holistic import HOLISTIC
 from millwheel.importing import AllowList
 from millwheel.operators.schema import check_allowed, validate_spec
 from millwheel.state.protocol import StateStore
@@ -35,6 +43,9 @@ from ..rpc.status import PreconditionError
 
 ON_OPEN_WINDOWS = ("refuse", "drop", "flush")
 WINDOW_TAGS = ("end:", "gc:")  # the timers of millwheel.operators.aggregate's windows
+BUFFERED_TAGS = ("fire:", "gc:")  # the timers of windows kept in buffers (millwheel.spark.stage)
+WINDOWED = ("window_aggregate", "spark_aggregate")
+AGGREGATION_PARAMS = ("aggregation", "field", "p", "k", "by")
 
 
 def check_directive(value: str) -> str:
@@ -78,30 +89,45 @@ def candidate(topology: Topology, new: ComputationSpec, allow: AllowList) -> Top
 
 
 def window_params(spec: ComputationSpec) -> tuple[int, int] | None:
-    """(size, period) of a built-in window_aggregate, None for any other code."""
-    if spec.code.name != "window_aggregate":
+    """(size, period) of a built-in windowed aggregation, None for any other code."""
+    if spec.code.name not in WINDOWED:
         return None
     params: Mapping[str, Any] = spec.code.params
     size = int(params.get("size_us", 0))
     return size, int(params.get("period_us") or size)
 
 
+def buffered(spec: ComputationSpec) -> bool:
+    """Whether ``spec``'s windows are kept in append-only buffers (fired by ``fire:``
+    timers), not as accumulators in the key's state."""
+    return spec.code.name == "spark_aggregate" or (
+        spec.code.name == "window_aggregate" and spec.code.params.get("aggregation") in HOLISTIC)
+
+
 def window_change(old: ComputationSpec, new: ComputationSpec) -> str | None:
     """What changes about the open windows of ``old`` under ``new``, or None."""
     before, after = window_params(old), window_params(new)
-    if before is None or before == after:
+    if before is None:
         return None
-    if after is None:
-        return f"code window_aggregate -> {new.code.name!r} (the open windows' timers would run other code)"
-    return (f"code.params window size/period {before[0]}/{before[1]} us -> {after[0]}/{after[1]} us "
-            "(the open windows would be closed with the new window's end)")
+    if after is None or new.code.name != old.code.name:
+        return f"code {old.code.name} -> {new.code.name!r} (the open windows' timers would run other code)"
+    if before != after:
+        return (f"code.params window size/period {before[0]}/{before[1]} us -> {after[0]}/{after[1]} us "
+                "(the open windows would be closed with the new window's end)")
+    changed = [k for k in AGGREGATION_PARAMS if old.code.params.get(k) != new.code.params.get(k)]
+    if changed:
+        return (f"code.params {', '.join(changed)} (the open windows hold the old aggregation's "
+                "state, which the new one would misread)")
+    return None
 
 
 def open_windows(store: StateStore, spec: ComputationSpec) -> tuple[int, int]:
-    """(open windows, key ranges holding some) of a window_aggregate, from its timers."""
+    """(open windows, key ranges holding some) of a windowed aggregation, from its timers
+    (a window's end timer, or for buffered windows its firing timer)."""
+    tag = "fire:" if buffered(spec) else "end:"
     windows = ranges = 0
     for r in range(spec.options.key_ranges):
-        n = sum(1 for t in store.read_timers(spec.name, r) if t.tag.startswith("end:"))
+        n = sum(1 for t in store.read_timers(spec.name, r) if t.tag.startswith(tag))
         windows += n
         ranges += n > 0
     return windows, ranges
@@ -118,6 +144,12 @@ def refuse_open_windows(store: StateStore, old: ComputationSpec, new: Computatio
     windows, ranges = open_windows(store, old)
     if not windows:
         return None
+    if directive != "refuse" and buffered(old):
+        raise PreconditionError(
+            f"update of computation {new.name!r}: {change} while {windows} window(s) are open in "
+            f"{ranges} key range(s); on_open_windows {directive!r} is not built for windows kept in "
+            "buffers (spark_aggregate, or a holistic aggregation), whose records those paths do "
+            "not read: update once they have closed")
     if directive == "refuse":
         raise PreconditionError(
             f"update of computation {new.name!r}: {change} while {windows} window(s) are open in "
