@@ -61,10 +61,12 @@ class Outbox:
         # Taking (module docstring): entries never taken wait in ``_fresh``, in checkpoint
         # order; a taken one gets a number as it leaves it (so numbers follow that
         # order), kept in ``_taken`` while it is in flight and in the heap ``_back`` once
-        # released. Entries acked or parked meanwhile are dropped from those lazily.
+        # released; entries a take passed over (``skip``) wait in ``_front``, in order.
+        # Entries acked or parked meanwhile are dropped from those lazily.
         self._seq = 0
         self._fresh: deque[Entry] = deque()
         self._back: list[tuple[int, Entry]] = []
+        self._front: deque[tuple[int, Entry]] = deque()
         self._taken: dict[Entry, int] = {}
         self._hold: int | None = None
         self._parked: dict[Unit, Parked] = {}
@@ -94,6 +96,7 @@ class Outbox:
         self._fresh = fresh
         self._back = [i for i in self._back if i[1] in entries and i[1] not in taken]
         heapq.heapify(self._back)
+        self._front = deque(i for i in self._front if i[1] in entries and i[1] not in taken)
 
     def __len__(self) -> int:
         """Every pending entry, parked ones too."""
@@ -141,12 +144,14 @@ class Outbox:
         """Up to ``limit`` entries in memory not taken yet, oldest checkpoint first, now
         taken (until :meth:`release` or :meth:`ack`); with ``skip``, entries it is true
         for are passed over and stay where they are."""
-        entries, fresh, back, taken = self._entries, self._fresh, self._back, self._taken
+        entries, fresh, back, front, taken = self._entries, self._fresh, self._back, self._front, self._taken
         out: list[Production] = []
         passed: list[tuple[int, Entry]] = []
         seq = self._seq
         while len(out) < limit:
-            if back:  # released: older than any entry never taken
+            if front and (not back or front[0][0] < back[0][0]):
+                n, key = front.popleft()
+            elif back:  # released: older than any entry never taken
                 n, key = heapq.heappop(back)
             elif fresh:
                 key = fresh.popleft()
@@ -165,8 +170,8 @@ class Outbox:
             taken[key] = n
             out.append(p)
         self._seq = seq
-        for item in passed:  # older than every entry not met yet: first in line again
-            heapq.heappush(back, item)
+        if passed:  # older than every entry not met yet: first in line again
+            front.extendleft(reversed(passed))
         return out
 
     def release(self, keys: Iterable[Entry]) -> None:

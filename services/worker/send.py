@@ -262,7 +262,8 @@ class Sender:
         owned.slices.remove(s)
         if acked:
             owned.outbox.ack(owned.token, acked)  # no longer taken either
-        owned.outbox.release(s.keys())  # what was not acked is sent again (if it fails: reset_slices)
+        if len(acked) < len(s.entries):  # what was not acked is sent again (if the ack failed: reset_slices)
+            owned.outbox.release(s.keys())
         if acked:
             owned.changed()
             self.crash("after_ack")
