@@ -83,16 +83,17 @@ class ConsumerBackoff:
         return {u for u, r in self.failing.items() if r.retry_at > now}
 
 
-def plan(outbox: Outbox, inflight: set[Entry], consumers: ConsumerBackoff, limit: int,
+def plan(outbox: Outbox, consumers: ConsumerBackoff, limit: int,
          unit_of: UnitOf, keep: int, chunk: int) -> list[Production]:
     """Up to ``limit`` outbox entries to send next, oldest first, not in flight and not
-    of a consumer range in backoff. A consumer range in backoff found holding more
-    than ``keep`` entries in memory is parked; a parked one no longer failing, with
-    at most half a ``chunk`` left in memory, is refilled to a chunk from the store
-    (while the outbox holds at most two chunks in memory: the other consumers keep
-    their room; a chunk is half the injector's limit). The
+    of a consumer range in backoff, now taken (:meth:`Outbox.take`: the sender
+    releases what it does not deliver, acks the rest). A consumer range in backoff
+    found holding more than ``keep`` entries in memory is parked; a parked one no
+    longer failing, with at most half a ``chunk`` left in memory, is refilled to a
+    chunk from the store (while the outbox holds at most two chunks in memory: the
+    other consumers keep their room; a chunk is half the injector's limit). The
     caller holds the range's lock. (With no consumer range in backoff this is the
-    plain oldest-first read: nothing is computed per entry.)"""
+    plain oldest-first take: nothing is computed per entry.)"""
     if consumers.parked_under is not None:
         registry_changed(outbox, consumers, consumers.parked_under, unit_of)
     if outbox.parked:  # recovered: refilled while half its chunk is still to send
@@ -102,24 +103,16 @@ def plan(outbox: Outbox, inflight: set[Entry], consumers: ConsumerBackoff, limit
                 outbox.unpark_chunk(unit, chunk - share.in_memory)
     skip = consumers.blocked(time.monotonic())
     if not skip:
-        if not inflight:
-            return outbox.pending(limit)
-        if outbox.in_memory() <= len(inflight):  # all in flight (in-flight entries are outbox entries)
-            return []
-        return [p for p in outbox.pending(limit + len(inflight))
-                if (p.consumer, p.record.record_id) not in inflight][:limit]
-    out: list[Production] = []
+        return outbox.take(limit)
     held: dict[Unit, int] = {}
-    for p in outbox.pending(outbox.in_memory()):
-        if (p.consumer, p.record.record_id) in inflight:
-            continue
+
+    def blocked(p: Production) -> bool:
         unit = unit_of(p)
         if unit in skip:
             held[unit] = held.get(unit, 0) + 1
-            continue
-        out.append(p)
-        if len(out) >= limit:
-            break
+            return True
+        return False
+    out = outbox.take(limit, blocked)
     over = [u for u, n in held.items() if n > keep]
     if over:
         outbox.park(over, unit_of, keep)

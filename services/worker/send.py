@@ -129,13 +129,12 @@ class Sender:
                 rw.expire_record_ids()
             while len(owned.slices) < self.max_slices and time.monotonic() >= owned.retry_at:
                 assert owned.outbox is not None
-                entries = plan(owned.outbox, owned.inflight, owned.consumers, self.batch_size, self.unit_of,
+                entries = plan(owned.outbox, owned.consumers, self.batch_size, self.unit_of,
                                keep=self.batch_size, chunk=max(self.batch_size, self.max_injector_outbox // 2))
                 if not entries:
                     break
                 s = Slice(time.monotonic(), entries)
                 owned.slices.append(s)
-                owned.inflight.update(s.keys())
                 planned.append(s)
         # Sent without the range's lock: deliveries into this range, injection and
         # heartbeats go on meanwhile; only this thread finishes the slices.
@@ -234,7 +233,8 @@ class Sender:
             keys = {(p.consumer, p.record.record_id) for p in released}
             with owned.lock:
                 s.entries = [p for p in s.entries if (p.consumer, p.record.record_id) not in keys]
-                owned.inflight.difference_update(keys)
+                assert owned.outbox is not None
+                owned.outbox.release(keys)
         s.sent = True
         return len(s.done_now) + sum(len(items) for _, items, _, _ in s.remote)
 
@@ -260,9 +260,11 @@ class Sender:
                 self.sensors.retry(address)
                 log.debug("delivery to %s of %s/%d failed: %s", address, unit[0], unit[1], message)
         owned.slices.remove(s)
-        owned.inflight.difference_update(s.keys())
         if acked:
-            owned.outbox.ack(owned.token, acked)
+            owned.outbox.ack(owned.token, acked)  # no longer taken either
+        if len(acked) < len(s.entries):  # what was not acked is sent again (if the ack failed: reset_slices)
+            owned.outbox.release(s.keys())
+        if acked:
             owned.changed()
             self.crash("after_ack")
             self._hb_wake.set()

@@ -113,8 +113,7 @@ class OwnedRange:
     outbox: Outbox | None = None
     injector_wm: int = MIN_TIMESTAMP
     cursor: bytes | None = None  # a pulled source's position (services/worker/connectors.py); None: unread
-    slices: list[Slice] = field(default_factory=list)
-    inflight: set[Entry] = field(default_factory=set)
+    slices: list[Slice] = field(default_factory=list)  # their entries are taken from the outbox
     retry_at: float = 0.0
     failures: int = 0
     consumers: ConsumerBackoff = field(default_factory=ConsumerBackoff)  # services/worker/parking.py
@@ -199,7 +198,8 @@ class OwnedRange:
     def reset_slices(self) -> None:
         """Forget every slice in flight (their entries are sent again; consumers dedup)."""
         self.slices = []
-        self.inflight = set()
+        if self.outbox is not None:
+            self.outbox.release_all()
 
     def backoff(self, base_s: float = 0.05, cap_s: float = 2.0) -> None:
         """Exponential backoff with jitter before the next send attempt of the whole

@@ -157,3 +157,39 @@ def test_report_computes_the_issue_14_targets_from_a_run() -> None:
     assert service["value"] == 0.6 and service["met"] is True
     long = next(t for t in targets if t["target"].startswith("long run"))
     assert long["value"] == 0.95 and long["met"] is True  # the wrong 10M run does not count
+
+
+def test_report_has_the_issue_24_rows_under_their_names() -> None:
+    """The five rows issue 24 names are in the targets table, each with its bound and
+    met/unmet from the run's figures (unknown when a section did not run)."""
+    from bench.report.targets import ratios_and_targets
+
+    def tp(pipeline: str, store: str, rate: float) -> dict[str, object]:
+        return {"pipeline": pipeline, "workload": "uniform-1k", "store": store, "config": "eo-strong",
+                "result": {"records_per_s": rate, "correct": {"ok": True}}}
+
+    def lat(store: str, p95: float) -> dict[str, object]:
+        return {"pipeline": "single", "store": store, "load_pct": 50,
+                "result": {"record_latency_ms": {"p50": 1.0, "p95": p95}, "watermark_lag_added_ms": {}}}
+
+    soak_rows = [{"target": f"soak: row {i}", "value": 1.0, "bound": 2.0, "unit": "", "met": i != 2} for i in range(3)]
+    res = {
+        "throughput": [tp("single", "sqlite", 100_000.0), tp("three", "sqlite", 30_000.0)],
+        "limits": [], "latency": [lat("sqlite", 12.0), lat("redis-aof", 25.0)], "recovery": [], "ha": [],
+        "peer": [{"peer": "millwheel-single-sqlite-eo-strong", "workload": "uniform-1k",
+                  "result": {"records_per_s": 70_000.0}},
+                 {"peer": "flink", "workload": "uniform-1k", "result": {"records_per_s": 50_000.0}}],
+        "service": [{"figure": "backlog", "store": "sqlite",
+                     "result": {"records_per_s": 18_000.0, "correct": {"ok": True}}}],
+        "long": [], "soak": [{"result": {"targets": soak_rows}}],
+    }
+    rows = {t["target"]: t for t in ratios_and_targets(res)[1]}
+    got = {name: (rows[name]["value"], rows[name]["bound"], rows[name]["met"]) for name in (
+        "service >= 0.8x local", "Flink SQL >= 1.3x (default settings)", "SQLite p95 <= 20 ms",
+        "Redis p95 <= 20 ms", "soak")}
+    assert got == {"service >= 0.8x local": (0.6, 0.8, False),
+                   "Flink SQL >= 1.3x (default settings)": (1.4, 1.3, True),
+                   "SQLite p95 <= 20 ms": (12.0, 20.0, True), "Redis p95 <= 20 ms": (25.0, 20.0, False),
+                   "soak": (1, 0, False)}
+    res["soak"] = []
+    assert {t["target"]: t for t in ratios_and_targets(res)[1]}["soak"]["met"] is None  # not run: unknown

@@ -45,7 +45,7 @@ def test_a_failing_share_is_parked_in_the_store_and_comes_back_in_order(tmp_path
     assert box.in_memory() == 160 and len(box) == 300
 
     # The healthy consumer's entries are all planned (the failing one is in backoff).
-    sent = plan(box, set(), consumers, 1000, unit_of, keep=10, chunk=40)
+    sent = plan(box, consumers, 1000, unit_of, keep=10, chunk=40)
     assert {p.consumer for p in sent} == {"good"} and len(sent) == 150
     box.ack(token, [(p.consumer, p.record.record_id) for p in sent])
     assert box.in_memory() == 10 and len(box) == 150
@@ -56,7 +56,7 @@ def test_a_failing_share_is_parked_in_the_store_and_comes_back_in_order(tmp_path
     consumers.succeeded(("bad", 0))
     got: list[str] = []
     for _ in range(20):
-        batch = plan(box, set(), consumers, 15, unit_of, keep=10, chunk=40)
+        batch = plan(box, consumers, 15, unit_of, keep=10, chunk=40)
         if not batch:
             break
         assert box.in_memory() <= 2 * 40
@@ -76,7 +76,7 @@ def test_an_unregistered_consumer_is_parked_and_returns_when_registered_again(tm
     only_good = UnitOf(Topology((topology().computations[0],)))
     consumers = ConsumerBackoff()
     consumers.failed(("bad", UNKNOWN), "not a registered computation")
-    sent = plan(box, set(), consumers, 100, only_good, keep=5, chunk=20)
+    sent = plan(box, consumers, 100, only_good, keep=5, chunk=20)
     assert {p.consumer for p in sent} == {"good"} and box.in_memory() == 65 and len(box) == 120
     box.ack(token, [(p.consumer, p.record.record_id) for p in sent])
 
@@ -84,7 +84,7 @@ def test_an_unregistered_consumer_is_parked_and_returns_when_registered_again(tm
     # and comes back into memory, to be routed to its new ranges.
     again = UnitOf(topology(bad_ranges=3))
     consumers.parked_under = only_good  # what the worker sets when the registry changes
-    batch = plan(box, set(), consumers, 100, again, keep=5, chunk=20)
+    batch = plan(box, consumers, 100, again, keep=5, chunk=20)
     assert not box.parked and not consumers.failing
     assert len(batch) == 60 and {p.consumer for p in batch} == {"bad"}
     assert {again(p) for p in batch} == {("bad", 0), ("bad", 1), ("bad", 2)}
