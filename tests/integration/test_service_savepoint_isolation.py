@@ -146,7 +146,11 @@ def test_heartbeats_are_answered_while_a_savepoint_is_read(tmp_path: Path) -> No
         assert all(alive for _t, alive, _u in samples), "a worker was declared dead during the savepoint"
         slowest = max(t for t, _a, _u in samples)
         assert slowest < 1.0, f"ClusterStatus took {slowest:.2f} s during the savepoint's read"
-        assert all(unowned for _t, _a, unowned in samples), "a range was assigned during the cut's read"
+        # Nobody's while read; placed again only at its end (a sample may land between the
+        # placing and the answer's next phase: a trailing one may show them placed).
+        unowned = [u for _t, _a, u in samples]
+        assert unowned == sorted(unowned, reverse=True) and sum(unowned) >= 5, \
+            f"a range was assigned during the cut's read: {samples}"
         # Placed again where they ran: a savepoint does not reshuffle the assignment.
         wait_for(lambda: all(r.worker_id for r in c.client.status().ranges), 60, "every range placed again")
         assert _owners(c) == before
