@@ -1,26 +1,31 @@
 """CreateSavepoint and RestoreSavepoint: a consistent cut of the whole service as one
 file (millwheel/savepoint/), and that file restored into an empty service on any store.
 
-**The cut** (:meth:`Savepoints._cut`), under the controller's lock (no heartbeat is
-answered meanwhile): every key range (computations' and injectors') gets a fresh
-sequencer token from the store, for the same owner (with ``stop``: for no owner), as an
-update does (services/controller/update.py). From that store write on, no worker can
-write anything of any range: a checkpoint, an ack, a watermark, an attempt count under
-the old token is fenced, and the new token reaches the owner only in a heartbeat answer,
-after the lock is released. Everything is read then, from the store, under the lock:
-the store is the cut. What a batch checkpointed just before is in it whole (its state,
-timers, productions, consumed IDs); what it had not is not, and its records are still
-pending in their producers' outboxes (their acks were fenced), so the restored service
-delivers them again and the consumer's consumed IDs drop what was already taken. Log
-appends are not fenced, but every entry appended late is still in the outbox it came
-from, and appending it again in the restored service is a no-op (by record ID).
+**The cut** (:meth:`Savepoints._cut`). Under the controller's lock, every key range
+(computations' and injectors') gets a fresh sequencer token from the store for *no
+owner* and is held (``Assigner.held``: placed nowhere, not re-issued). From that store
+write on, no worker can write anything of any range: a checkpoint, an ack, a
+watermark, an attempt count under the old token is fenced. The lock is then released
+and everything is read from the store without it (issue 22: a cut of 1M keys held it
+85 s, no heartbeat answered): the store is the cut. What a batch checkpointed just
+before is in it whole (its state, timers, productions, consumed IDs); what it had not
+is not, and its records are still pending in their producers' outboxes (their acks
+were fenced), so they are delivered again (here after the cut, there after a restore)
+and the consumer's consumed IDs drop what was already taken. Log appends are not
+fenced, but every entry appended late is still in the outbox it came from, and
+appending it again in the restored service is a no-op (by record ID). Under the lock
+again, the ranges are placed back on the workers that ran them (with ``stop``: on
+none; the stop is stored before the fence, so a new leader keeps it). The hold is the
+leader's memory: a controller killed during the read leaves the ranges fenced for
+nobody, and the next leader places them as usual. The registry's lock is held for the
+whole cut, so registrations, updates, unregistrations and rescales wait for it.
 
 A rescale copying a computation's data (services/controller/rescale.py: off the lock,
 its ranges fenced) is waited for before the cut: the cut would otherwise read a half
 moved layout, and its fresh tokens would fence the rescale's writes.
 
-The file is written to a temporary file during the cut, and sent after the lock is
-released: processing is paused for the fence and the reads, not for the transfer.
+The file is written to a temporary file during the cut, and sent after the ranges are
+placed again: processing is paused for the fence and the reads, not for the transfer.
 
 **Restore** (:meth:`Savepoints.RestoreSavepoint`): the file is spooled to disk (at most
 MAX_FILE_BYTES), its checksum and every frame checked, its registry admitted as a
