@@ -148,18 +148,19 @@ class Savepoints:
             report("fencing", 0)
             with self.lock:
                 a = self.assigner
+                fence: dict[tuple[str, int], str | None] = {}
                 try:
                     fence = self._fence_all(stop)
+                    created = self.clock.now_us()
+                    reg = registry_dict(self.registry)
+                    carried = CarriedRegistry(self.registry.topology, {}, {})
+                    # Sinks' tokens: an external system keeps the last one that wrote it, and
+                    # refuses lower ones; a restore starts the sinks above these.
+                    sink_tokens = {sink_node(s.name): self.store.current_token(sink_node(s.name), 0)
+                                   for s in self.registry.topology.sinks}
                 except Exception:  # the store failed: whatever was fenced is placed again
-                    a.release({})
+                    a.release(fence)
                     raise
-                created = self.clock.now_us()
-                reg = registry_dict(self.registry)
-                carried = CarriedRegistry(self.registry.topology, {}, {})
-                # Sinks' tokens: an external system keeps the last one that wrote it, and
-                # refuses lower ones; a restore starts the sinks above these.
-                sink_tokens = {sink_node(s.name): self.store.current_token(sink_node(s.name), 0)
-                               for s in self.registry.topology.sinks}
             fenced_s = time.monotonic() - started
             try:  # off the controller's lock: every range is fenced for nobody, so the store is the cut
                 writer = Writer(spool)
