@@ -34,7 +34,7 @@ from tests.integration.test_service_rescale_isolation import topology
 
 pytestmark = [pytest.mark.timeout(400), pytest.mark.slow]
 SECOND = 1_000_000
-BALLAST = 120_000  # keys of state (and as many consumed IDs): a read of seconds here
+BALLAST = 200_000  # keys of state (and as many consumed IDs): a read of seconds here
 N = 800
 KEYS = 23
 
@@ -137,7 +137,7 @@ def test_heartbeats_are_answered_while_a_savepoint_is_read(tmp_path: Path) -> No
             if "reading" in phases:
                 samples.append((took, all(w.alive for w in status.workers) and len(status.workers) == 2,
                                 not any(r.worker_id for r in status.ranges)))
-            time.sleep(0.2)
+            time.sleep(0.1)
         cutting.join(120)
         assert summary, phases
         s = summary[0]
