@@ -27,20 +27,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.cases.savepoint import controller, fill
+from bench.cases.savepoint import controller, fill, poll_status
 from bench.harness import private_store
-from services.client import ControllerClient
 
 GRID = [(10_000, 2, 8), (10_000, 8, 3), (100_000, 2, 8), (100_000, 8, 3)]
-
-
-def _poll(address: str, done: threading.Event, waits: list[float]) -> None:
-    """ClusterStatus every 0.1 s until ``done``: how long each took."""
-    with ControllerClient(address, timeout_s=3600) as other:
-        while not done.wait(0.1):
-            t = time.monotonic()
-            other.status()
-            waits.append(time.monotonic() - t)
 
 
 def run(keys: int, kind: str, old: int, new: int) -> dict[str, Any]:
@@ -54,7 +44,7 @@ def run(keys: int, kind: str, old: int, new: int) -> dict[str, Any]:
                 client.timeout_s = 3600
                 waits: list[float] = []
                 done = threading.Event()
-                poller = threading.Thread(target=_poll, args=(client.address, done, waits))
+                poller = threading.Thread(target=poll_status, args=(client.address, done, waits))
                 poller.start()
                 started = time.monotonic()
                 try:

@@ -5,7 +5,10 @@ A store is filled through the store protocol with one computation (8 key ranges)
 controller process (no workers: the cut fences every range all the same) on that
 SQLite store takes a savepoint over gRPC (``CreateSavepoint``: its summary's
 ``pause_us`` is how long processing would pause); a second controller on a fresh store
-of kind STORE restores it (``RestoreSavepoint``).
+of kind STORE restores it (``RestoreSavepoint``). Also measured: the longest a
+ClusterStatus call took while the savepoint was taken (asked every 0.1 s from a second
+client, as bench/cases/rescale.py does: it takes the controller's lock, as every
+worker's heartbeat does, so it is the longest a heartbeat would have waited).
 
     python -m bench.cases.savepoint [KEYS] [STORE]     # STORE: sqlite (default), redis
 """
@@ -17,6 +20,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -61,6 +65,15 @@ def fill(url: str, keys: int, ranges: int = RANGES) -> None:
         store.close()
 
 
+def poll_status(address: str, done: threading.Event, waits: list[float]) -> None:
+    """ClusterStatus every 0.1 s until ``done``: how long each took."""
+    with ControllerClient(address, timeout_s=3600) as other:
+        while not done.wait(0.1):
+            t = time.monotonic()
+            other.status()
+            waits.append(time.monotonic() - t)
+
+
 def controller(url: str, tmp: Path, name: str) -> tuple[subprocess.Popen[bytes], ControllerClient]:
     port = free_port()
     log = open(tmp / f"{name}.log", "wb")  # noqa: SIM115 (the process keeps it)
@@ -87,14 +100,22 @@ def run(keys: int, kind: str) -> dict[str, Any]:
         path = tmp / "bench.mwsp"
         proc, client = controller(src_url, tmp, "src")
         try:
+            waits: list[float] = []
+            done = threading.Event()
+            poller = threading.Thread(target=poll_status, args=(client.address, done, waits))
+            poller.start()
             started = time.monotonic()
             summary = None
-            with open(path, "wb") as out:
-                for msg in client.stub.CreateSavepoint(pb.CreateSavepointRequest()):
-                    out.write(msg.chunk)
-                    if msg.phase == "done":
-                        summary = msg.summary
-            create_s = time.monotonic() - started
+            try:
+                with open(path, "wb") as out:
+                    for msg in client.stub.CreateSavepoint(pb.CreateSavepointRequest()):
+                        out.write(msg.chunk)
+                        if msg.phase == "done":
+                            summary = msg.summary
+            finally:
+                create_s = time.monotonic() - started
+                done.set()
+                poller.join()
         finally:
             client.close()
             proc.kill()
@@ -116,7 +137,9 @@ def run(keys: int, kind: str) -> dict[str, Any]:
                 server.stop()
         return {"keys": keys, "store": kind, "file_bytes": summary.bytes, "bytes_per_key": summary.bytes / keys,
                 "create_s": round(create_s, 3), "cut_pause_s": round(summary.pause_us / 1e6, 3),
-                "restore_s": round(restore_s, 3), "restored_ranges": resp.summary.counts.get("ranges", 0)}
+                "restore_s": round(restore_s, 3), "restored_ranges": resp.summary.counts.get("ranges", 0),
+                "status_calls": len(waits), "status_max_s": round(max(waits, default=0.0), 3),
+                "load_avg_1m": round(os.getloadavg()[0], 2)}
 
 
 def main() -> None:

@@ -38,9 +38,12 @@ The file holds your data (state and records): keep it as secret as the store.
 CREATE = DESCRIPTION + """
 create takes the cut: every key range is fenced at a checkpoint boundary and read
 from the store; processing pauses for that long only (the summary says how long),
-then goes on. The file is written to FILE.partial, its checksum checked, then
-renamed to FILE. With --stop (stop with savepoint), the service takes no more
-records at the cut (Inject is refused) and runs nothing after it: what it emitted is
+then goes on, each range on the worker that ran it. Heartbeats and the console are
+answered meanwhile (the controller's lock is held for the fence and the placing only);
+registrations, updates and rescales asked for meanwhile wait for the cut. The file
+is written to FILE.partial, its checksum checked, then renamed to FILE. With --stop
+(stop with savepoint), the service takes no more records at the cut (Inject is
+refused) and runs nothing after it: what it emitted is
 exactly what precedes the cut, and the restored service emits the rest.
 
 

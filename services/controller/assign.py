@@ -103,6 +103,10 @@ class Assigner:
         # Rescales under way on this leader (services/controller/rescale.py): computation ->
         # "copying" (its data moves off the lock; its tokens are the rescale's) or "cleanup".
         self.rescaling: dict[str, str] = {}
+        # Ranges a savepoint's cut is reading (services/controller/savepoint.py): fenced for
+        # nobody, placed nowhere and not re-issued until the cut places them again. Memory
+        # only: a new leader places them as usual (unless the stop is stored).
+        self.held: set[Unit] = set()
         grace_until = time.monotonic() + grace_s
         for name, value in store.list_meta(WORKER_PREFIX).items():
             data = json.loads(value)
@@ -203,7 +207,7 @@ class Assigner:
             return unit[0] not in self.workers[wid].refuses
 
         for unit in sorted(self.units):
-            if unit[0] in self.frozen:  # a rescale's: assigned to nobody until it is done
+            if unit[0] in self.frozen or unit in self.held:  # a rescale's or a cut's: nobody's until done
                 continue
             if unit in self.moving:  # counts for where it is going
                 target = self.moving[unit]
@@ -261,8 +265,10 @@ class Assigner:
 
     def reissue(self, unit: Unit) -> None:
         """A fresh token for the same owner (its old one was fenced by someone else); not
-        for a range being rescaled (its tokens are the rescale's until it is done)."""
-        if unit in self.units and unit not in self.moving and unit[0] not in self.frozen:
+        for a range being rescaled (its tokens are the rescale's until it is done) or read by
+        a savepoint's cut."""
+        if unit in self.units and unit not in self.moving and unit[0] not in self.frozen \
+                and unit not in self.held:
             self._move(unit, self.units[unit].worker_id)
 
     def reissue_now(self, unit: Unit) -> int:
@@ -281,6 +287,25 @@ class Assigner:
         self._changed(unit)
         self.store.put_meta(_unit_key(unit), json.dumps({"worker": owner, "token": token}).encode())
         return token
+
+    def release(self, previous: dict[Unit, str | None]) -> int:
+        """A savepoint's cut is done (the caller holds the lock): its held ranges are
+        placed again, each back on its ``previous`` owner while that worker is alive, not
+        draining and willing to run it (a cut does not reshuffle the assignment); the rest
+        by the usual rebalance. Returns the moves planned (their tokens are acquired off
+        the lock, as any move's)."""
+        units, self.held = self.held, set()
+        moves = 0
+        for unit in sorted(units):
+            wid = previous.get(unit)
+            w = self.workers.get(wid or "")
+            if self.stopped or unit not in self.units or unit in self.moving or unit[0] in self.frozen \
+                    or self.units[unit].worker_id is not None or w is None or not w.alive or w.draining \
+                    or unit[0] in w.refuses:
+                continue
+            self._move(unit, wid)
+            moves += 1
+        return moves + self.rebalance()
 
     # -- store calls, made off the lock ----------------------------------------------
     def _later(self, key: tuple[str, Any], call: Callable[[], None]) -> None:
@@ -319,7 +344,7 @@ class Assigner:
             if unit not in self.units:  # unregistered meanwhile: the fresh token fences all
                 return
             w = self.workers.get(worker_id or "")
-            if worker_id is not None and self.stopped:  # stopped with a savepoint meanwhile
+            if worker_id is not None and (self.stopped or unit in self.held):  # a savepoint's meanwhile
                 worker_id = None
             elif worker_id is not None and (w is None or not w.alive or w.draining):
                 log.info("range %s/%d: %s left before its move completed; placed again",

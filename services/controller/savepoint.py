@@ -1,26 +1,31 @@
 """CreateSavepoint and RestoreSavepoint: a consistent cut of the whole service as one
 file (millwheel/savepoint/), and that file restored into an empty service on any store.
 
-**The cut** (:meth:`Savepoints._cut`), under the controller's lock (no heartbeat is
-answered meanwhile): every key range (computations' and injectors') gets a fresh
-sequencer token from the store, for the same owner (with ``stop``: for no owner), as an
-update does (services/controller/update.py). From that store write on, no worker can
-write anything of any range: a checkpoint, an ack, a watermark, an attempt count under
-the old token is fenced, and the new token reaches the owner only in a heartbeat answer,
-after the lock is released. Everything is read then, from the store, under the lock:
-the store is the cut. What a batch checkpointed just before is in it whole (its state,
-timers, productions, consumed IDs); what it had not is not, and its records are still
-pending in their producers' outboxes (their acks were fenced), so the restored service
-delivers them again and the consumer's consumed IDs drop what was already taken. Log
-appends are not fenced, but every entry appended late is still in the outbox it came
-from, and appending it again in the restored service is a no-op (by record ID).
+**The cut** (:meth:`Savepoints._cut`). Under the controller's lock, every key range
+(computations' and injectors') gets a fresh sequencer token from the store for *no
+owner* and is held (``Assigner.held``: placed nowhere, not re-issued). From that store
+write on, no worker can write anything of any range: a checkpoint, an ack, a
+watermark, an attempt count under the old token is fenced. The lock is then released
+and everything is read from the store without it (issue 22: a cut of 1M keys held it
+85 s, no heartbeat answered): the store is the cut. What a batch checkpointed just
+before is in it whole (its state, timers, productions, consumed IDs); what it had not
+is not, and its records are still pending in their producers' outboxes (their acks
+were fenced), so they are delivered again (here after the cut, there after a restore)
+and the consumer's consumed IDs drop what was already taken. Log appends are not
+fenced, but every entry appended late is still in the outbox it came from, and
+appending it again in the restored service is a no-op (by record ID). Under the lock
+again, the ranges are placed back on the workers that ran them (with ``stop``: on
+none; the stop is stored before the fence, so a new leader keeps it). The hold is the
+leader's memory: a controller killed during the read leaves the ranges fenced for
+nobody, and the next leader places them as usual. The registry's lock is held for the
+whole cut, so registrations, updates, unregistrations and rescales wait for it.
 
 A rescale copying a computation's data (services/controller/rescale.py: off the lock,
 its ranges fenced) is waited for before the cut: the cut would otherwise read a half
 moved layout, and its fresh tokens would fence the rescale's writes.
 
-The file is written to a temporary file during the cut, and sent after the lock is
-released: processing is paused for the fence and the reads, not for the transfer.
+The file is written to a temporary file during the cut, and sent after the ranges are
+placed again: processing is paused for the fence and the reads, not for the transfer.
 
 **Restore** (:meth:`Savepoints.RestoreSavepoint`): the file is spooled to disk (at most
 MAX_FILE_BYTES), its checksum and every frame checked, its registry admitted as a
@@ -51,7 +56,7 @@ from millwheel.savepoint.format import MAX_FILE_BYTES, SavepointFileError, Write
 from millwheel.state.protocol import StateStore
 
 from ..generated import millwheel_pb2 as pb
-from ..rpc.status import NotLeaderError, PreconditionError, rpc, rpc_stream
+from ..rpc.status import NotLeaderError, PreconditionError, UnavailableError, rpc, rpc_stream
 from .assign import STOPPED_KEY, Assigner
 from .drain import DrainHost, drain, drained
 from .registry import Registry
@@ -138,61 +143,90 @@ class Savepoints:
                 last[0] = time.monotonic()
                 report("reading", items)
 
-        with self._between_rescales(report):
+        with self._between_rescales(report):  # the registry's lock: no registration, update, rescale
             started = time.monotonic()
             report("fencing", 0)
-            if stop:
-                self.store.put_meta(STOPPED_KEY, json.dumps({"at_us": self.clock.now_us()}).encode())
-                self.assigner.stopped = True
-            # Tokens taken here and now, under the lock (range moves take theirs off it):
-            # from each acquire on, the range's old owner can write nothing, so what is
-            # read below is the cut.
-            for unit in sorted(self.assigner.units):
-                if stop:
-                    self.assigner.move_now(unit, None)  # nobody runs it any more
-                else:
-                    self.assigner.reissue_now(unit)  # the owner goes on after the cut, from the store
-            created = self.clock.now_us()
-            writer = Writer(spool)
-            reg = registry_dict(self.registry)
-            # Sinks' tokens: an external system keeps the last one that wrote it, and
-            # refuses lower ones; a restore starts the sinks above these.
-            sink_tokens = {sink_node(s.name): self.store.current_token(sink_node(s.name), 0)
-                           for s in self.registry.topology.sinks}
-            writer.frame({"t": "header", "created_us": created, "stopped": stop, "registry": reg,
-                          "source_store": self.store.url.split(":", 1)[0], "sink_tokens": sink_tokens})
-            counts: dict[str, int] = {}
-            carried = CarriedRegistry(self.registry.topology, {}, {})
-            capture.capture_nodes(self.store, carried.nodes(), writer, counts, progress)
-            logs = capture.capture_logs(self.store, sorted(carried.streams()), writer, counts, progress)
-            digest = writer.finish()
-            spool.flush()
-            for w in self.assigner.workers.values():
-                self.assigner.touch(w.worker_id)  # the lock held their heartbeats, not them
+            with self.lock:
+                a = self.assigner
+                fence: dict[tuple[str, int], str | None] = {}
+                try:
+                    fence = self._fence_all(stop)
+                    created = self.clock.now_us()
+                    reg = registry_dict(self.registry)
+                    carried = CarriedRegistry(self.registry.topology, {}, {})
+                    # Sinks' tokens: an external system keeps the last one that wrote it, and
+                    # refuses lower ones; a restore starts the sinks above these.
+                    sink_tokens = {sink_node(s.name): self.store.current_token(sink_node(s.name), 0)
+                                   for s in self.registry.topology.sinks}
+                except Exception:  # the store failed: whatever was fenced is placed again
+                    a.release(fence)
+                    raise
+            fenced_s = time.monotonic() - started
+            try:  # off the controller's lock: every range is fenced for nobody, so the store is the cut
+                writer = Writer(spool)
+                writer.frame({"t": "header", "created_us": created, "stopped": stop, "registry": reg,
+                              "source_store": self.store.url.split(":", 1)[0], "sink_tokens": sink_tokens})
+                counts: dict[str, int] = {}
+                capture.capture_nodes(self.store, carried.nodes(), writer, counts, progress)
+                logs = capture.capture_logs(self.store, sorted(carried.streams()), writer, counts, progress)
+                digest = writer.finish()
+                spool.flush()
+            finally:
+                with self.lock:
+                    placing = time.monotonic()
+                    moves = a.release(fence)  # back on their owners (none with stop)
+                    lock_s = fenced_s + time.monotonic() - placing
+                    held_by_another = self.assigner is not a or not self.leading()
             pause_us = int((time.monotonic() - started) * 1e6)
+            if held_by_another:  # deposed during the read: a new leader may have let workers write
+                raise UnavailableError("savepoint: this controller stopped leading while the cut was read "
+                                       "(its file may not be one cut); nothing was written: take it again")
         topo = self.registry.topology
         self.store.put_meta(LAST_KEY, json.dumps({"created_us": created, "bytes": writer.bytes, "sha256": digest,
                                                   "stopped": stop, "pause_us": pause_us}).encode())
-        log.warning("savepoint taken%s: %d bytes, %d ranges, cut paused processing %.3f s", " (service stopped)"
-                    if stop else "", writer.bytes, counts.get("ranges", 0), pause_us / 1e6)
+        log.warning("savepoint taken%s: %d bytes, %d ranges, cut paused processing %.3f s (the controller's lock "
+                    "held %.3f s of it; %d ranges placed again)", " (service stopped)" if stop else "",
+                    writer.bytes, counts.get("ranges", 0), pause_us / 1e6, lock_s, moves)
         return pb.SavepointSummary(sha256=digest, bytes=writer.bytes, created_us=created, pause_us=pause_us,
                                    stopped=stop, counts=counts, computations=len(topo.computations),
                                    injectors=len(topo.injectors),
                                    log_last={s: last_seq for s, (_start, last_seq) in logs.items()})
 
+    def _fence_all(self, stop: bool) -> dict[tuple[str, int], str | None]:
+        """Every range (computations', injectors', sinks') given a fresh token for nobody,
+        here and now (the caller holds the lock; range moves take theirs off it): from
+        each acquire on, whoever ran the range can write nothing of it. Without ``stop``
+        the ranges are held (placed nowhere, not re-issued) until :meth:`Assigner.release`
+        places them again; returns who ran each. With ``stop`` the stop is stored first,
+        so a new leader keeps them unplaced."""
+        a = self.assigner
+        if stop:
+            self.store.put_meta(STOPPED_KEY, json.dumps({"at_us": self.clock.now_us()}).encode())
+            a.stopped = True
+        previous = {unit: owner.worker_id for unit, owner in a.units.items()}
+        a.held.update(a.units)
+        for unit in sorted(a.units):
+            a.move_now(unit, None)
+        return previous
+
     @contextlib.contextmanager
     def _between_rescales(self, report: Callable[[str, int], None]) -> Iterator[None]:
-        """The controller's lock, taken when no rescale is copying data (its ranges' data
-        is half moved and their tokens are the rescale's: services/controller/rescale.py).
-        The cut waits for the copy to end, not refused: a drain before it has already
-        stopped the intake. Checked every RESCALE_POLL_S, the lock released in between."""
+        """The registry's lock (``Registry.changing``), taken when no rescale is copying
+        data (its ranges' data is half moved and their tokens are the rescale's:
+        services/controller/rescale.py), and held for the whole cut: a registration, an
+        update, an unregistration or a rescale asked for meanwhile waits for the cut (none
+        of them changes what is read). The cut waits for a copy to end, not refused: a
+        drain before it has already stopped the intake. Checked every RESCALE_POLL_S, the
+        lock released in between."""
         logged = False
         while True:
-            self.lock.acquire()
-            copying = sorted(n for n, phase in self.assigner.rescaling.items() if phase == COPYING)
+            changing = self.registry.changing  # (a new election replaces the registry)
+            changing.acquire()
+            with self.lock:
+                copying = sorted(n for n, phase in self.assigner.rescaling.items() if phase == COPYING)
             if not copying:
                 break
-            self.lock.release()
+            changing.release()
             if not logged:
                 log.warning("savepoint: waiting for the rescale of %s to finish its copy", ", ".join(copying))
                 logged = True
@@ -201,7 +235,7 @@ class Savepoints:
         try:
             yield
         finally:
-            self.lock.release()
+            changing.release()
 
     # -- restore ---------------------------------------------------------------------------
     @rpc

@@ -84,7 +84,9 @@ class Updating:
             raise InvalidSpecError("UpdateComputation: give either 'spec' or 'rollback', not both")
         if not request.rollback and not request.HasField("spec"):
             raise InvalidSpecError("UpdateComputation: 'spec' (or 'rollback') is required")
-        with self.lock:
+        # The registry's lock first (as every registry change takes it): an update asked for
+        # during a savepoint's cut waits for it (services/controller/savepoint.py).
+        with self.registry.changing, self.lock:
             if request.rollback:
                 old = self.registry.computation(request.rollback)  # NOT_FOUND first
                 new = self.registry.previous.get(old.name)
