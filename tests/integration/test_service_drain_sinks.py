@@ -63,9 +63,16 @@ class Drain:
             time.sleep(0.05)
 
     def wait(self, timeout: float = 120) -> tuple[int, str, str]:
-        out, _ = self.proc.communicate(timeout=timeout)
+        # Not communicate(): it would read stderr too, racing the reader thread for the
+        # last lines (seen: the drain's final error went to communicate and was lost).
+        assert self.proc.stdout is not None
+        out: list[str] = []
+        reader = threading.Thread(target=lambda: out.append(self.proc.stdout.read()), daemon=True)  # type: ignore[union-attr]
+        reader.start()
+        self.proc.wait(timeout=timeout)
+        reader.join(5)
         self._reader.join(5)
-        return self.proc.returncode, out, "".join(self.err)
+        return self.proc.returncode, "".join(out), "".join(self.err)
 
 
 def started(tmp_path: Path, redis_url: str, pg: PostgresServer, items: list[dict[str, str]]) -> Cluster:
