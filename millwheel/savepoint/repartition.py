@@ -110,28 +110,28 @@ def copy(store: StateStore, src: str, old: int, dst: str, new: int, tokens: Toke
     return moved
 
 
-def _ids_of(store: StateStore, src: str, s: int, dst: str, new: int, tokens: Tokens, now_us: int) -> int:
-    """Range ``s``'s consumed IDs into ``dst``'s ranges 0..new-1, in pages."""
+def _paged(store: StateStore, src: str, s: int, write: Callable[[list[str]], int]) -> int:
+    """Range ``s``'s consumed IDs read in pages of ``ID_PAGE``, each handed to ``write``
+    (which returns how many it wrote)."""
     n = 0
     page: list[str] = []
     for rid in store.iter_ids(src, s):
         page.append(rid)
         if len(page) >= ID_PAGE:
-            n, page = n + _ids_everywhere(store, dst, new, page, tokens, now_us), []
-    return n + _ids_everywhere(store, dst, new, page, tokens, now_us)
+            n, page = n + write(page), []
+    return n + write(page)
+
+
+def _ids_of(store: StateStore, src: str, s: int, dst: str, new: int, tokens: Tokens, now_us: int) -> int:
+    """Range ``s``'s consumed IDs into ``dst``'s ranges 0..new-1, in pages."""
+    return _paged(store, src, s, lambda page: _ids_everywhere(store, dst, new, page, tokens, now_us))
 
 
 def spread_ids(store: StateStore, src: str, s: int, dst: str, new: int, tokens: Tokens, now_us: int) -> int:
     """Range ``s``'s consumed IDs (staged ``once``) into every one of ``dst``'s ``new``
     ranges: a page read once, written to each range, in one store transaction per
     page where the store has write groups (:func:`_grouped`)."""
-    n = 0
-    page: list[str] = []
-    for rid in store.iter_ids(src, s):
-        page.append(rid)
-        if len(page) >= ID_PAGE:
-            n, page = n + _spread(store, dst, new, page, tokens, now_us), []
-    return n + _spread(store, dst, new, page, tokens, now_us)
+    return _paged(store, src, s, lambda page: _spread(store, dst, new, page, tokens, now_us))
 
 
 def _spread(store: StateStore, dst: str, new: int, ids: list[str], tokens: Tokens, now_us: int) -> int:

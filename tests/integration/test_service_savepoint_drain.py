@@ -12,8 +12,6 @@ Inject refused, ranges still running, no file; a stop with savepoint still works
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
 import signal
@@ -27,9 +25,9 @@ from millwheel.record import Record
 from millwheel.sources import ListSource
 from millwheel.state import open_store
 from millwheel.topology import CodeRef, ComputationSpec, InjectorSpec, InputSpec, Options, Topology
-from services.cli import main as cli
 from services.rpc.status import PreconditionError
 from tests.integration.service_cluster import PIPELINE_CODE, Cluster, expected_outputs, wait_for
+from tests.support.savepoints import run_cli
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 SECOND = 1_000_000
@@ -47,13 +45,6 @@ def topology(extra: tuple[ComputationSpec, ...] = ()) -> Topology:
 
 def records() -> list[Record]:
     return [Record(f"k{i % 7}", f"r{i}".encode(), 1_000 * SECOND + i * 50_000, f"id{i}") for i in range(N)]
-
-
-def run_cli(*args: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = cli(list(args))
-    return code, out.getvalue(), err.getvalue()
 
 
 @pytest.fixture

@@ -13,8 +13,6 @@ route (a consumer keys the results by user code) is refused and changes nothing.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
 import signal
@@ -29,10 +27,10 @@ import pytest
 from millwheel.keys import KeyExtractor
 from millwheel.record import Record
 from millwheel.topology import CodeRef, ComputationSpec, InjectorSpec, InputSpec, Options, Topology
-from services.cli import main as cli
 from services.rpc.convert import spec_to_proto
 from services.rpc.status import PreconditionError
 from tests.integration.service_cluster import PIPELINE_CODE, Cluster, wait_for
+from tests.support.savepoints import run_cli
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 SECOND = 1_000_000
@@ -83,13 +81,6 @@ def check_against_reference(out: list[tuple[str, bytes, int, str]], recs: list[R
         assert all(j >= s for j in late), f"{key}: a record injected after the update was counted by the old code"
         splits[key] = s
     return splits
-
-
-def run_cli(*args: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = cli(list(args))
-    return code, out.getvalue(), err.getvalue()
 
 
 @pytest.fixture
