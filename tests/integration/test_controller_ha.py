@@ -42,6 +42,7 @@ from tests.integration.service_cluster import (
     wait_for,
 )
 from tests.support import pipelines
+from tests.support.pause import stop_outside_writes
 from tests.support.redis_server import RedisServer, free_port
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
@@ -223,7 +224,7 @@ def test_deposed_leader_resumed_writes_nothing(ha: HACluster, tmp_path: Path) ->
     def pause() -> None:
         old = ha.lease()
         assert old is not None and old.holder.startswith(leader)
-        os.kill(paused.pid, signal.SIGSTOP)
+        stop_outside_writes(paused.pid)  # a SQLite write lock held while stopped would stop all
         wait_for(lambda: ha.leader() not in (None, leader), 15, "a standby to lead")
         lease = ha.lease()
         assert lease is not None and lease.epoch > old.epoch

@@ -27,12 +27,24 @@ def test_watch_streams_on_the_health_port_cannot_stop_the_probes(tmp_path: Path)
             stub = health_pb2_grpc.HealthStub(ch)
             for _ in range(20):
                 watchers.append(stub.Watch(health_pb2.HealthCheckRequest()))
-            # Every Watch is refused at once, saying where Watch is served...
+            # Every Watch is refused at once: saying where Watch is served, or (calls past
+            # the port's concurrency cap, when the flood outruns the refusals on a loaded
+            # machine) by grpcio's cap itself; none stays open...
+            codes = []
             for call in watchers:
                 with pytest.raises(grpc.RpcError) as info:
                     next(call)
-                assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
-                assert "answers Check only" in (info.value.details() or "")
+                codes.append(info.value.code())
+                if info.value.code() == grpc.StatusCode.UNIMPLEMENTED:
+                    assert "answers Check only" in (info.value.details() or "")
+                else:
+                    assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, info.value
+            assert grpc.StatusCode.UNIMPLEMENTED in codes
+            # ...a Watch sent alone is refused with the message...
+            with pytest.raises(grpc.RpcError) as info:
+                next(stub.Watch(health_pb2.HealthCheckRequest(), timeout=10))
+            assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
+            assert "answers Check only" in (info.value.details() or "")
             # ...and the probe's Check answers, here and on a fresh connection.
             assert stub.Check(health_pb2.HealthCheckRequest(), timeout=10).status == \
                 health_pb2.HealthCheckResponse.SERVING

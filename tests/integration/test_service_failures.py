@@ -28,6 +28,7 @@ from tests.integration.service_cluster import (
     wait_for,
 )
 from tests.support import pipelines
+from tests.support.pause import stop_outside_writes
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 DISORDER = 2 * pipelines.SECOND
@@ -115,12 +116,12 @@ def test_zombie_worker_writes_nothing_visible(cluster: Cluster, tmp_path: Path) 
     def pause_until_moved() -> None:
         held.extend(cluster.ranges_of(zombie_id))
         assert held
-        os.kill(zombie.pid, signal.SIGSTOP)
+        stop_outside_writes(zombie.pid)  # a SQLite write lock held while stopped would stop all
         wait_for(lambda: not cluster.ranges_of(zombie_id), 20, "the paused worker's ranges to move")
         # Resume it while the controller cannot tell it about the move, so it goes on
         # working on its old ranges with its old tokens for a while: a true zombie.
         assert cluster.controller is not None
-        os.kill(cluster.controller.pid, signal.SIGSTOP)
+        stop_outside_writes(cluster.controller.pid)
         os.kill(zombie.pid, signal.SIGCONT)
         try:
             # A sender with a stale view hands it a new record for a range it held:
