@@ -34,6 +34,7 @@ from ..rpc.status import UnavailableError, rpc, rpc_stream
 from .assign import Assigner
 from .leader import Elector
 from .registry import Registry
+from .rescale_journal import read_keyed
 from .watermarks import Watermarks
 
 log = logging.getLogger("millwheel.controller")
@@ -104,8 +105,9 @@ class Queries:
         spec = self._looked_up(lambda: self._computation(request.computation))
         if not request.key:
             raise InvalidSpecError(f"GetState of {spec.name!r}: key must not be empty")
-        state = self.store.read_state(spec.name, [request.key]).get(request.key)
-        timers = self.store.read_key_timers(spec.name, request.key)
+        state, timers = read_keyed(self.store, spec.name, lambda node: (
+            self.store.read_state(node, [request.key]).get(request.key),
+            self.store.read_key_timers(node, request.key)))
         return pb.GetStateResponse(
             exists=state is not None or bool(timers), state=state or b"",
             timers=[convert.timer_to_proto(t) for t in timers],
@@ -118,7 +120,8 @@ class Queries:
         size = request.page_size or 100
         if not 1 <= size <= 10_000:
             raise InvalidSpecError(f"ListKeys: page_size must be 1..10000, got {size}")
-        keys = self.store.list_keys(spec.name, request.page_token or None, size + 1)
+        keys = read_keyed(self.store, spec.name,
+                          lambda node: self.store.list_keys(node, request.page_token or None, size + 1))
         more = len(keys) > size
         keys = keys[:size]
         return pb.ListKeysResponse(keys=keys, next_page_token=keys[-1] if more else "")

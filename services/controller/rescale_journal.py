@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 from millwheel.runtime.crash import crash_hook_from_env
 from millwheel.savepoint import repartition
@@ -31,6 +31,7 @@ from .watermarks import Watermarks
 
 log = logging.getLogger("millwheel.controller")
 
+T = TypeVar("T")
 JOURNAL = "rescale/"  #: metadata: rescale/NAME -> the rescale under way (JSON)
 STAGE = "rescale:"  #: the staging node's prefix (names never hold ':')
 COPYING, CLEANUP = "copying", "cleanup"  #: Assigner.rescaling's phases (a rescale under way here)
@@ -48,6 +49,33 @@ def check_not_copying(assigner: Assigner, name: str, what: str) -> None:
         raise PreconditionError(f"{what} of {name[:200]!r}: a rescale of {name[:200]!r} is under way (its data "
                                 "is being copied); nothing changed: send this again once it is done (the "
                                 "rescale's call returns then; the console shows it meanwhile)")
+
+
+def read_keyed(store: StateStore, name: str, read: Callable[[str], T]) -> T:
+    """``read(node)`` of computation ``name``'s keyed data (state, timers, keys) whole,
+    also while a rescale's step 4 clears and refills it: while the journal says
+    ``commit`` the staging node, whole from then until the journal moves on, is read
+    instead. Kept when the journal said the same before and after the read (the data
+    read was not being rewritten meanwhile), else read again; a standby answers the
+    same way (the journal is in the store)."""
+    before = _phase(store, name)
+    for _ in range(8):  # a rescale moves through four phases; eight reads outlast two
+        value = read(STAGE + name if before == "commit" else name)
+        after = _phase(store, name)
+        if after == before:
+            return value
+        before = after
+    return value
+
+
+def _phase(store: StateStore, name: str) -> str | None:
+    raw = store.get_meta(JOURNAL + name)
+    if raw is None:
+        return None
+    try:
+        return str(json.loads(raw).get("phase"))
+    except (ValueError, AttributeError):
+        return None
 
 
 def tokens(store: StateStore, known: dict[tuple[str, int], int]) -> Callable[[str, int], int]:

@@ -18,6 +18,7 @@ from millwheel.keys import key_range
 from millwheel.spec import computation_to_dict
 from millwheel.topology import ComputationSpec, injector_node
 
+from ..controller.rescale_journal import read_keyed
 from .snapshot import Snapshotter
 
 MAX_NAME = 200
@@ -140,8 +141,8 @@ class Tracker:
         spec = self._spec(q)
         key = self._key(q)
         store = self.snap.controller.store
-        raw = store.read_state(spec.name, [key]).get(key)
-        timers = store.read_key_timers(spec.name, key)
+        raw, timers = read_keyed(store, spec.name, lambda node: (
+            store.read_state(node, [key]).get(key), store.read_key_timers(node, key)))
         out: dict[str, Any] = {
             "computation": spec.name, "key": key, "exists": raw is not None or bool(timers),
             "range": key_range(key, spec.options.key_ranges), "state_bytes": len(raw or b""),
@@ -161,7 +162,8 @@ class Tracker:
         spec = self._spec(q)
         limit = _int(q, "limit", DEFAULT_PAGE, 1, MAX_PAGE)
         after = self._key(q, "after", required=False)
-        keys = self.snap.controller.store.list_keys(spec.name, after or None, limit + 1)
+        store = self.snap.controller.store
+        keys = read_keyed(store, spec.name, lambda node: store.list_keys(node, after or None, limit + 1))
         more = len(keys) > limit
         keys = keys[:limit]
         return {"computation": spec.name, "keys": keys, "next_after": keys[-1] if more and keys else None}

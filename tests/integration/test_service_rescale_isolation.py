@@ -7,8 +7,8 @@ so no output of theirs) is rescaled 2 -> 8 while a second pipeline, the canary, 
 being fed. During the copy the canary's output log must grow, ClusterStatus must answer
 within a second every time with every worker alive (their heartbeats are answered),
 a second rescale or an unregistration of the computation being copied is refused with
-nothing changed, and a savepoint asked for meanwhile waits for the copy (its cut holds
-the new layout). Both outputs must equal the failure-free run's record by record.
+nothing changed, a savepoint asked for meanwhile waits for the copy (its cut holds
+the new layout), and GetState answers keys that never change every time. Both outputs must equal the failure-free run's record by record.
 """
 
 from __future__ import annotations
@@ -109,7 +109,23 @@ def test_the_rest_of_the_cluster_runs_on_while_a_computation_is_rescaled(tmp_pat
                 if msg.phase == "done":
                     summary.append(msg.summary)
         cutting = threading.Thread(target=savepoint)
+        # GetState of keys that never change answers them all along: while the copy
+        # clears and refills counts' ranges, from the staged copy (it missed keys there).
+        probes = [f"ballast-{i:06d}" for i in (0, 7_777, BALLAST - 1)]
+        misses: list[str] = []
+        reads: list[int] = []
+
+        def read_probes() -> None:
+            while rescaling.is_alive():
+                for k in probes:
+                    got = c.client.state("counts", k)
+                    reads.append(1)
+                    if not got.exists or got.state != b"x" * 64:
+                        misses.append(k)
+                time.sleep(0.02)
+        reader = threading.Thread(target=read_probes)
         rescaling.start()
+        reader.start()
         while rescaling.is_alive():
             t = time.monotonic()
             status = c.client.status()
@@ -126,10 +142,12 @@ def test_the_rest_of_the_cluster_runs_on_while_a_computation_is_rescaled(tmp_pat
                 cutting.start()
             time.sleep(0.2)
         rescaling.join()
+        reader.join(60)
         cutting.join(120)
         stop.set()
         resp = answer[0]
         assert resp.changed and resp.computation.spec.options.key_ranges == 8 and resp.keys >= BALLAST
+        assert not misses and len(reads) >= 30, f"GetState missed {len(misses)} of {len(reads)} reads: {misses[:5]}"
         assert len(samples) >= 5, f"{len(samples)} ClusterStatus answers during a pause of {resp.pause_us / 1e6:.1f} s"
         assert all(alive for _t, _p, alive in samples), "a worker was declared dead during the rescale"
         slowest = max(t for t, _p, _a in samples)
