@@ -11,6 +11,7 @@ import pytest
 
 from millwheel.state.sqlite_store import SQLiteStore
 from tests.support import pipelines
+from tests.support.random_kills import kill_at_random_moments
 
 
 def millwheel_run(spec: Path, db: Path, crash_at: str | None = None) -> subprocess.Popen[bytes]:
@@ -52,20 +53,9 @@ def test_kill9_at_random_moments(
 ) -> None:
     spec, reference = spec_and_reference
     db = tmp_path / "s.db"
-    rng = random.Random(11)
-    kills = 0
-    for _attempt in range(20):
-        proc = millwheel_run(spec, db)
-        try:
-            proc.wait(timeout=rng.uniform(0.6, 1.6))  # start-up takes ~0.5 s
-        except subprocess.TimeoutExpired:
-            proc.send_signal(signal.SIGKILL)
-            proc.wait()
-            kills += 1
-            continue
-        assert proc.returncode == 0, proc.stderr.read().decode() if proc.stderr else ""
-        break
-    else:
+    # waits of 0.6 s and more: start-up takes ~0.5 s
+    kills, finished = kill_at_random_moments(lambda: millwheel_run(spec, db), random.Random(11), 20, (0.6, 1.6))
+    if not finished:
         pytest.fail("never finished")
     assert kills >= 1, "the run finished before any kill; make the workload bigger"
     assert pipelines.outputs(SQLiteStore(db)) == reference

@@ -16,6 +16,7 @@ import pytest
 from millwheel.state.sqlite_store import SQLiteStore
 from millwheel.state.url_display import redact
 from tests.support import pipelines
+from tests.support.random_kills import kill_at_random_moments
 
 WP = ("--writer-process",)
 Reference = tuple[Path, pipelines.Outputs]
@@ -75,20 +76,9 @@ def test_kill9_runner_at_random_moments(tmp_path: Path, long_spec_and_reference:
     """Up to six kills at random moments, then a run to the end."""
     spec, reference = long_spec_and_reference
     db = tmp_path / "s.db"
-    rng = random.Random(5)
-    kills = 0
-    for _attempt in range(6):
-        proc = run(spec, db)
-        try:
-            proc.wait(timeout=rng.uniform(0.6, 2.0))  # start-up takes ~0.5 s
-        except subprocess.TimeoutExpired:
-            proc.send_signal(signal.SIGKILL)
-            proc.wait()
-            kills += 1
-            continue
-        assert proc.returncode == 0, proc.stderr.read().decode() if proc.stderr else ""
-        break
-    else:
+    # waits of 0.6 s and more: start-up takes ~0.5 s
+    kills, finished = kill_at_random_moments(lambda: run(spec, db), random.Random(5), 6, (0.6, 2.0))
+    if not finished:
         finish(spec, db)
     assert kills >= 1, "the run finished before any kill; make the workload bigger"
     assert pipelines.outputs(SQLiteStore(db)) == reference
@@ -112,28 +102,27 @@ def test_kill9_writer_process_stops_the_runner_and_a_restart_recovers(
     naming it (never a success with lost writes); restarts finish the job exactly once."""
     spec, reference = long_spec_and_reference
     db = tmp_path / "s.db"
-    rng = random.Random(23)
-    kills = 0
-    for _attempt in range(6):
+    children: dict[int, int] = {}  # runner PID -> its writer's
+
+    def start() -> subprocess.Popen[bytes]:
         proc = run(spec, db)
-        child = writer_child(proc.pid)
+        children[proc.pid] = writer_child(proc.pid)
+        return proc
+
+    def kill_writer(proc: subprocess.Popen[bytes]) -> bool:
         try:
-            proc.wait(timeout=rng.uniform(0.6, 2.0))
-        except subprocess.TimeoutExpired:
-            try:
-                os.kill(child, signal.SIGKILL)
-            except ProcessLookupError:
-                pass  # it already exited: the run is ending
-            _, err = proc.communicate(timeout=60)
-            if proc.returncode == 0:  # the run ended before the kill landed
-                break
-            assert proc.returncode == 2, err.decode()
-            assert "writer process died" in err.decode()
-            kills += 1
-            continue
-        assert proc.returncode == 0, proc.stderr.read().decode() if proc.stderr else ""
-        break
-    else:
+            os.kill(children[proc.pid], signal.SIGKILL)
+        except ProcessLookupError:
+            pass  # it already exited: the run is ending
+        _, err = proc.communicate(timeout=60)
+        if proc.returncode == 0:  # the run ended before the kill landed
+            return False
+        assert proc.returncode == 2, err.decode()
+        assert "writer process died" in err.decode()
+        return True
+
+    kills, finished = kill_at_random_moments(start, random.Random(23), 6, (0.6, 2.0), kill=kill_writer)
+    if not finished:
         finish(spec, db)
     assert kills >= 1, "the run finished before any kill; make the workload bigger"
     assert pipelines.outputs(SQLiteStore(db)) == reference

@@ -13,8 +13,9 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 from millwheel.record import MAX_TIMESTAMP, Record
 from millwheel.runtime.local_runner import LocalRunner
@@ -69,6 +70,13 @@ class Cluster:
             "controller", "--store", self.store_url, "--port", str(self.port),
             "--heartbeat-timeout", str(self.heartbeat_timeout_s), *self.controller_args])
         wait_for(lambda: _ok(self.client.status), 20, "controller to answer")
+
+    def start(self, workers: int = 2) -> Cluster:
+        """The controller and ``workers`` workers, as most service tests run them."""
+        self.start_controller()
+        for _ in range(workers):
+            self.start_worker()
+        return self
 
     def start_worker(self, *extra: str, env: dict[str, str] | None = None,
                      controller: str | None = None) -> subprocess.Popen[bytes]:
@@ -181,6 +189,61 @@ class WatermarkMonitor:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(5)
+
+
+def start_cluster(tmp: Path, workers: int = 2, **kwargs: Any) -> Cluster:
+    """A :class:`Cluster` (``kwargs`` as its constructor's) started with ``workers``
+    workers; stopped again if a process fails to start, so nothing is left running."""
+    c = Cluster(tmp, **kwargs)
+    try:
+        return c.start(workers)
+    except BaseException:
+        c.stop()
+        raise
+
+
+@contextmanager
+def alongside(during: Callable[[], None] | None) -> Iterator[None]:
+    """Runs ``during`` (if any) in a thread while the block runs, and waits for it after:
+    a fault injected while a call (an update, a rescale) is under way."""
+    side = threading.Thread(target=during) if during is not None else None
+    if side is not None:
+        side.start()
+    try:
+        yield
+    finally:
+        if side is not None:
+            side.join()
+
+
+def sigkill_after(proc: subprocess.Popen[bytes], delay_s: float) -> Callable[[], None]:
+    """A ``during`` for :func:`alongside`: kill -9 ``proc`` ``delay_s`` after it starts."""
+    def kill() -> None:
+        time.sleep(delay_s)
+        os.kill(proc.pid, signal.SIGKILL)
+    return kill
+
+
+def inject_with_a_call(c: Cluster, recs: list[Record], batch: int, at: int, call: Callable[[], None],
+                       during: Callable[[], None] | None = None) -> set[int]:
+    """Inject ``recs`` into the ``events`` injector, and its end of input, 20 ms between
+    messages; after message ``at``, ``call()`` (an update, say) with ``during`` alongside.
+    Returns the indices of the records of message ``at + 2`` and later: sent after the
+    call had answered."""
+    answered = threading.Event()
+    after: set[int] = set()
+
+    def between(i: int) -> None:
+        time.sleep(0.02)
+        if answered.is_set():
+            after.update(range((i + 1) * batch, min(len(recs), (i + 2) * batch)))
+        if i == at:
+            with alongside(during):
+                call()
+                answered.set()
+
+    c.inject("events", "events", recs, batch=batch, done=True, between=between)
+    return after
 
 
 def expected_outputs(tmp: Path, topology: Topology, sources: dict[str, Any],

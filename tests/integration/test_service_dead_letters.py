@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -104,24 +104,10 @@ def check_sums_run(cluster: Cluster, tmp_path: Path, good: list[Record]) -> None
     assert "DEAD-LETTERED" in status and "millwheel errors COMPUTATION" in status
 
 
-@pytest.fixture
-def redis_cluster(tmp_path: Path) -> Iterator[Cluster]:
-    from tests.support.redis_server import RedisServer
-
-    redis = RedisServer(appendonly=True)
-    c = Cluster(tmp_path, store_url=redis.url)
-    try:
-        c.start_controller()
-        yield c
-    finally:
-        c.stop()
-        redis.stop()
-
-
 @pytest.mark.parametrize("store", ["sqlite", "redis"])
 def test_a_bad_record_is_dead_lettered_and_the_rest_flows(store: str, request: pytest.FixtureRequest,
                                                          tmp_path: Path) -> None:
-    cluster: Cluster = request.getfixturevalue("cluster" if store == "sqlite" else "redis_cluster")
+    cluster: Cluster = request.getfixturevalue("cluster" if store == "sqlite" else "redis_service")
     cluster.start_worker()
     cluster.start_worker()
     cluster.register(sums_topology())
@@ -166,7 +152,7 @@ def test_kill9_while_isolating_a_poison_record(store: str, point: str, request: 
     """The only worker dies at ``point`` (its first visit is inside the isolation of the
     first failing batch, except after_checkpoint:1, the first checkpoint of all); a
     replacement recovers; everything, the dead letters included, is exactly once."""
-    cluster: Cluster = request.getfixturevalue("cluster" if store == "sqlite" else "redis_cluster")
+    cluster: Cluster = request.getfixturevalue("cluster" if store == "sqlite" else "redis_service")
     crashing = cluster.start_worker(env={"MILLWHEEL_CRASH_AT": point})
     cluster.register(sums_topology())
     cluster.wait_balanced()

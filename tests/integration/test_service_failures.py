@@ -21,7 +21,6 @@ from services.generated import millwheel_pb2 as pb
 from services.generated import millwheel_pb2_grpc as pb_grpc
 from services.rpc.server import channel
 from tests.integration.service_cluster import (
-    PIPELINE_CODE,
     Cluster,
     WatermarkMonitor,
     expected_outputs,
@@ -33,20 +32,6 @@ from tests.support.pause import stop_outside_writes
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 DISORDER = 2 * pipelines.SECOND
 FAULT_AT = 6  # after this many inject messages
-
-
-@pytest.fixture
-def redis_cluster(tmp_path: Path):
-    from tests.support.redis_server import RedisServer
-
-    redis = RedisServer(appendonly=True)
-    c = Cluster(tmp_path, store_url=redis.url, allow_code=PIPELINE_CODE)
-    try:
-        c.start_controller()
-        yield c
-    finally:
-        c.stop()
-        redis.stop()
 
 
 def run_pipeline(cluster: Cluster, tmp_path: Path, fault: Callable[[], None],
@@ -78,7 +63,7 @@ def run_pipeline(cluster: Cluster, tmp_path: Path, fault: Callable[[], None],
 
 @pytest.mark.parametrize("store", ["sqlite", "redis"])
 def test_kill9_worker_mid_stream(store: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
-    cluster: Cluster = request.getfixturevalue("cluster" if store == "sqlite" else "redis_cluster")
+    cluster: Cluster = request.getfixturevalue("cluster" if store == "sqlite" else "redis_service")
     workers = [cluster.start_worker() for _ in range(3)]
     victim = workers[1]
     victim_id = cluster.worker_id(victim)

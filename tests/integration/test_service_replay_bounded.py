@@ -84,24 +84,10 @@ def stays(cluster: Cluster, n: int, seconds: float) -> list[tuple[str, dict[str,
         time.sleep(0.25)
 
 
-@pytest.fixture
-def redis_cluster(tmp_path: Path) -> Iterator[Cluster]:
-    from tests.support.redis_server import RedisServer
-
-    redis = RedisServer(appendonly=True)
-    c = Cluster(tmp_path, store_url=redis.url, allow_code=PIPELINE_CODE)
-    try:
-        c.start_controller()
-        yield c
-    finally:
-        c.stop()
-        redis.stop()
-
-
 @pytest.mark.parametrize("store", ["sqlite", "redis"])
 def test_a_replay_of_still_failing_code_hands_over_what_was_there_once(
         store: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
-    cluster: Cluster = request.getfixturevalue("cluster" if store == "sqlite" else "redis_cluster")
+    cluster: Cluster = request.getfixturevalue("cluster" if store == "sqlite" else "redis_service")
     cluster.start_worker()
     ten_letters(cluster, tmp_path)
 

@@ -12,54 +12,31 @@ from __future__ import annotations
 
 import contextlib
 import io
-import os
 import signal
-import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import pytest
 
 from millwheel.errors import InvalidSpecError, NotFoundError
 from millwheel.record import Record
 from millwheel.sources import ListSource
-from millwheel.topology import CodeRef, ComputationSpec, InjectorSpec, InputSpec, Options, Topology
 from services.cli import main as cli
 from services.rpc.status import PreconditionError, UnavailableError
-from tests.integration.service_cluster import Cluster, expected_outputs, wait_for
+from tests.integration.service_cluster import Cluster, alongside, expected_outputs, sigkill_after, wait_for
+from tests.support import tagged_counts
 from tests.support.redis_server import RedisServer
+from tests.support.tagged_counts import topology
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
-SECOND = 1_000_000
 N = 1600
 BATCH = 40
 KEYS = 23
 
 
-def topology() -> Topology:
-    tag = ComputationSpec("tag", (InputSpec("events"),), ("tagged",), CodeRef("map", {"value": "'t:' + value"}),
-                          Options(key_ranges=3))
-    counts = ComputationSpec("counts", (InputSpec("tagged"),), ("counts",),
-                             CodeRef("window_aggregate", {"size_us": 2 * SECOND, "aggregation": "count"}),
-                             Options(key_ranges=2))
-    return Topology((tag, counts), (InjectorSpec("events", "events"),), ("counts",))
-
-
 def records() -> list[Record]:
-    return [Record(f"k{i % KEYS}", f"r{i}".encode(), 1_000 * SECOND + i * 50_000, f"id{i}") for i in range(N)]
-
-
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    c = Cluster(tmp_path)
-    try:
-        c.start_controller()
-        c.start_worker()
-        c.start_worker()
-        yield c
-    finally:
-        c.stop()
+    return tagged_counts.records(N, KEYS)
 
 
 def ranges_of(c: Cluster, node: str) -> list[int]:
@@ -88,28 +65,22 @@ def run(c: Cluster, tmp_path: Path, steps: dict[int, Callable[[], None]]) -> Non
 
 
 def rescale(c: Cluster, n: int, during: Callable[[], None] | None = None) -> Any:
-    side = threading.Thread(target=during) if during is not None else None
-    if side is not None:
-        side.start()
-    try:
+    with alongside(during):
         resp = c.client.rescale("counts", n)
-    finally:
-        if side is not None:
-            side.join()
     assert resp.changed and resp.computation.spec.options.key_ranges == n
     wait_for(lambda: ranges_of(c, "counts") == list(range(n)), 30, f"counts to have {n} ranges")
     return resp
 
 
-def test_rescale_2_8_3_mid_stream_exact(cluster: Cluster, tmp_path: Path) -> None:
+def test_rescale_2_8_3_mid_stream_exact(two_workers: Cluster, tmp_path: Path) -> None:
     answers: list[Any] = []
-    run(cluster, tmp_path, {12: lambda: answers.append(rescale(cluster, 8)),
-                            25: lambda: answers.append(rescale(cluster, 3))})
+    run(two_workers, tmp_path, {12: lambda: answers.append(rescale(two_workers, 8)),
+                                25: lambda: answers.append(rescale(two_workers, 3))})
     up, down = answers
     assert (up.previous_key_ranges, down.previous_key_ranges) == (2, 8)
     assert up.keys > 0 and up.timers > 0 and down.keys > 0  # open windows moved with their keys
     assert up.computation.version == 2 and down.computation.version == 3
-    info = cluster.client.describe("counts")
+    info = two_workers.client.describe("counts")
     assert info.spec.options.key_ranges == 3 and len(info.ranges) == 3
 
 
@@ -119,23 +90,17 @@ def test_rescale_on_redis_where_state_lives_per_range(tmp_path: Path) -> None:
     with RedisServer() as redis:
         c = Cluster(tmp_path, store_url=redis.url)
         try:
-            c.start_controller()
-            c.start_worker()
-            c.start_worker()
+            c.start()
             run(c, tmp_path, {12: lambda: rescale(c, 8), 25: lambda: rescale(c, 3)})
         finally:
             c.stop()
 
 
-def test_rescale_with_a_worker_killed_during_it(cluster: Cluster, tmp_path: Path) -> None:
-    victim = cluster.workers[0]
-
-    def kill() -> None:
-        time.sleep(0.02)  # the call is under way: ranges fenced, data moving
-        os.kill(victim.pid, signal.SIGKILL)
-
-    run(cluster, tmp_path, {12: lambda: rescale(cluster, 8, during=kill),
-                            25: lambda: rescale(cluster, 3)})
+def test_rescale_with_a_worker_killed_during_it(two_workers: Cluster, tmp_path: Path) -> None:
+    victim = two_workers.workers[0]
+    kill = sigkill_after(victim, 0.02)  # 20 ms in, the call is under way: ranges fenced, data moving
+    run(two_workers, tmp_path, {12: lambda: rescale(two_workers, 8, during=kill),
+                                25: lambda: rescale(two_workers, 3)})
     assert victim.wait(10) == -signal.SIGKILL
 
 
@@ -145,9 +110,7 @@ def test_controller_killed_mid_rescale_ends_in_one_layout(tmp_path: Path, point:
     written): the next controller completes the new one. Either way the output is exact."""
     c = Cluster(tmp_path, env={"MILLWHEEL_CRASH_AT": f"{point}:1"})
     try:
-        c.start_controller()
-        c.start_worker()
-        c.start_worker()
+        c.start()
 
         def crash_and_restart() -> None:
             with pytest.raises(UnavailableError):  # the controller dies under the call
@@ -177,8 +140,8 @@ def settled(c: Cluster) -> bytes | None:
     return first if c.client.state("counts", "k1").state == first else None
 
 
-def test_refused_rescales_change_nothing(cluster: Cluster) -> None:
-    c = cluster
+def test_refused_rescales_change_nothing(two_workers: Cluster) -> None:
+    c = two_workers
     c.register(topology())
     c.wait_balanced()
     c.inject("events", "events", records()[:200], batch=50)

@@ -8,7 +8,8 @@ being fed. During the copy the canary's output log must grow, ClusterStatus must
 within a second every time with every worker alive (their heartbeats are answered),
 a second rescale or an unregistration of the computation being copied is refused with
 nothing changed, a savepoint asked for meanwhile waits for the copy (its cut holds
-the new layout), and GetState answers keys that never change every time. Both outputs must equal the failure-free run's record by record.
+the new layout), and GetState answers keys that never change every time. Both outputs
+must equal the failure-free run's record by record.
 """
 
 from __future__ import annotations
@@ -20,65 +21,30 @@ from typing import Any
 
 import pytest
 
-from millwheel.keys import key_range
-from millwheel.record import Record
 from millwheel.sources import ListSource
-from millwheel.state import open_store
-from millwheel.state.protocol import Checkpoint
-from millwheel.topology import CodeRef, ComputationSpec, InjectorSpec, InputSpec, Options, Topology
 from services.client import ControllerClient
-from services.controller.registry import Registry
 from services.generated import millwheel_pb2 as pb
 from services.rpc.status import PreconditionError
 from tests.integration.service_cluster import Cluster, expected_outputs, wait_for
+from tests.support import isolation
+from tests.support.isolation import topology, write_ballast
+from tests.support.tagged_counts import records
 
 pytestmark = [pytest.mark.timeout(400), pytest.mark.slow]
-SECOND = 1_000_000
 BALLAST = 20_000  # keys of state (and as many consumed IDs): a copy of several seconds here
 N = 800
 KEYS = 23
 
 
-def topology() -> Topology:
-    counts = ComputationSpec("counts", (InputSpec("events"),), ("counts",),
-                             CodeRef("window_aggregate", {"size_us": 2 * SECOND, "aggregation": "count"}),
-                             Options(key_ranges=2))
-    canary = ComputationSpec("canary", (InputSpec("pings"),), ("pongs",),
-                             CodeRef("map", {"value": "'pong:' + value"}), Options(key_ranges=2))
-    return Topology((counts, canary), (InjectorSpec("events", "events"), InjectorSpec("pings", "pings")),
-                    ("counts", "pongs"))
-
-
-def ballast(url: str, topo: Topology) -> None:
-    """The topology registered and BALLAST keys of counts written, before any process runs."""
-    store = open_store(url)
-    try:
-        Registry(store).register_topology(list(topo.computations), list(topo.injectors), list(topo.log_streams))
-        by_range: dict[int, list[str]] = {}
-        for i in range(BALLAST):
-            k = f"ballast-{i:06d}"
-            by_range.setdefault(key_range(k, 2), []).append(k)
-        for r, keys in by_range.items():
-            token = store.acquire("counts", r)
-            for j in range(0, len(keys), 2000):
-                part = keys[j:j + 2000]
-                store.checkpoint(Checkpoint("counts", r, token, 1, state_writes={k: b"x" * 64 for k in part},
-                                            consumed_ids=[f"ballast-id-{k}" for k in part]))
-    finally:
-        store.close()
-
-
 def test_the_rest_of_the_cluster_runs_on_while_a_computation_is_rescaled(tmp_path: Path) -> None:
     topo = topology()
     c = Cluster(tmp_path)
-    ballast(c.store_url, topo)
-    events = [Record(f"k{i % KEYS}", f"r{i}".encode(), 1_000 * SECOND + i * 50_000, f"id{i}") for i in range(N)]
-    pings = [Record(f"p{i % 7}", f"{i}".encode(), 2_000 * SECOND + i * 1000, f"ping{i}") for i in range(3000)]
+    write_ballast(c.store_url, topo, BALLAST, 2000)
+    events = records(N, KEYS)
+    pings = isolation.pings()
     slow = ControllerClient(c.address, timeout_s=300)
     try:
-        c.start_controller()
-        c.start_worker()
-        c.start_worker()
+        c.start()
         c.wait_balanced()
         c.inject("events", "events", events[:N // 2], batch=40)
         fed = threading.Event()

@@ -24,39 +24,19 @@ import pytest
 from millwheel.record import Record
 from millwheel.sources import ListSource
 from millwheel.state import open_store
-from millwheel.topology import CodeRef, ComputationSpec, InjectorSpec, InputSpec, Options, Topology
+from millwheel.topology import CodeRef, ComputationSpec, InputSpec, Options
 from services.rpc.status import PreconditionError
 from tests.integration.service_cluster import PIPELINE_CODE, Cluster, expected_outputs, wait_for
+from tests.support import tagged_counts
 from tests.support.savepoints import run_cli
+from tests.support.tagged_counts import SECOND, topology
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
-SECOND = 1_000_000
 N = 1200
 
 
-def topology(extra: tuple[ComputationSpec, ...] = ()) -> Topology:
-    tag = ComputationSpec("tag", (InputSpec("events"),), ("tagged",), CodeRef("map", {"value": "'t:' + value"}),
-                          Options(key_ranges=3))
-    counts = ComputationSpec("counts", (InputSpec("tagged"),), ("counts",),
-                             CodeRef("window_aggregate", {"size_us": 2 * SECOND, "aggregation": "count"}),
-                             Options(key_ranges=2))
-    return Topology((tag, counts, *extra), (InjectorSpec("events", "events"),), ("counts",))
-
-
 def records() -> list[Record]:
-    return [Record(f"k{i % 7}", f"r{i}".encode(), 1_000 * SECOND + i * 50_000, f"id{i}") for i in range(N)]
-
-
-@pytest.fixture
-def cluster(tmp_path: Path):
-    c = Cluster(tmp_path)
-    try:
-        c.start_controller()
-        c.start_worker()
-        c.start_worker()
-        yield c
-    finally:
-        c.stop()
+    return tagged_counts.records(N)
 
 
 def run_drain(c: Cluster, tmp_path: Path, kill: bool = False) -> None:
@@ -106,12 +86,12 @@ def run_drain(c: Cluster, tmp_path: Path, kill: bool = False) -> None:
     assert all(not r.worker_id for r in c.client.status().ranges)
 
 
-def test_drain_fires_the_last_windows_and_stops(cluster: Cluster, tmp_path: Path) -> None:
-    run_drain(cluster, tmp_path)
+def test_drain_fires_the_last_windows_and_stops(two_workers: Cluster, tmp_path: Path) -> None:
+    run_drain(two_workers, tmp_path)
 
 
-def test_drain_with_a_worker_killed_during_it(cluster: Cluster, tmp_path: Path) -> None:
-    run_drain(cluster, tmp_path, kill=True)
+def test_drain_with_a_worker_killed_during_it(two_workers: Cluster, tmp_path: Path) -> None:
+    run_drain(two_workers, tmp_path, kill=True)
 
 
 def test_drain_timeout_leaves_the_service_draining(tmp_path: Path) -> None:

@@ -21,43 +21,17 @@ from typing import Any
 
 import pytest
 
-from millwheel.keys import key_range
-from millwheel.record import Record
 from millwheel.sources import ListSource
-from millwheel.state import open_store
-from millwheel.state.protocol import Checkpoint
 from services.client import ControllerClient
-from services.controller.registry import Registry
 from services.generated import millwheel_pb2 as pb
 from tests.integration.service_cluster import Cluster, expected_outputs, wait_for
-from tests.integration.test_service_rescale_isolation import topology
+from tests.support.isolation import pings, topology, write_ballast
+from tests.support.tagged_counts import records
 
 pytestmark = [pytest.mark.timeout(400), pytest.mark.slow]
-SECOND = 1_000_000
 BALLAST = 200_000  # keys of state (and as many consumed IDs): a read of seconds here
 N = 800
 KEYS = 23
-
-
-def ballast(url: str) -> None:
-    """The topology registered and BALLAST keys of counts written (state and consumed
-    IDs, no timers), before any process runs."""
-    store = open_store(url)
-    try:
-        topo = topology()
-        Registry(store).register_topology(list(topo.computations), list(topo.injectors), list(topo.log_streams))
-        by_range: dict[int, list[str]] = {}
-        for i in range(BALLAST):
-            k = f"ballast-{i:06d}"
-            by_range.setdefault(key_range(k, 2), []).append(k)
-        for r, keys in by_range.items():
-            token = store.acquire("counts", r)
-            for j in range(0, len(keys), 5000):
-                part = keys[j:j + 5000]
-                store.checkpoint(Checkpoint("counts", r, token, 1, state_writes={k: b"x" * 64 for k in part},
-                                            consumed_ids=[f"ballast-id-{k}" for k in part]))
-    finally:
-        store.close()
 
 
 def _owners(c: Cluster) -> dict[tuple[str, int], str]:
@@ -70,16 +44,12 @@ class _Run:
     def __init__(self, tmp: Path) -> None:
         self.tmp = tmp
         self.c = Cluster(tmp)
-        ballast(self.c.store_url)
-        self.events = [Record(f"k{i % KEYS}", f"r{i}".encode(), 1_000 * SECOND + i * 50_000, f"id{i}")
-                       for i in range(N)]
-        self.pings = [Record(f"p{i % 7}", f"{i}".encode(), 2_000 * SECOND + i * 1000, f"ping{i}")
-                      for i in range(3000)]
+        write_ballast(self.c.store_url, topology(), BALLAST, 5000)
+        self.events = records(N, KEYS)
+        self.pings = pings()
         self.stop = threading.Event()
         self.fed = threading.Event()
-        self.c.start_controller()
-        self.c.start_worker()
-        self.c.start_worker()
+        self.c.start()
         self.c.wait_balanced()
         self.c.inject("events", "events", self.events[:N // 2], batch=40)
         self.feeder = threading.Thread(target=self._feed)

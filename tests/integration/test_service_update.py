@@ -18,8 +18,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -29,48 +27,32 @@ from millwheel.errors import InvalidSpecError, NotFoundError
 from millwheel.record import Record
 from millwheel.sources import ListSource
 from millwheel.spec import computation_to_dict
-from millwheel.topology import CodeRef, ComputationSpec, InjectorSpec, InputSpec, Options, Topology
+from millwheel.topology import CodeRef, ComputationSpec, InputSpec, Options, Topology
 from services.rpc.convert import spec_to_proto
 from services.rpc.status import PreconditionError
-from tests.integration.service_cluster import ROOT, Cluster, expected_outputs, wait_for
+from tests.integration.service_cluster import (
+    ROOT,
+    Cluster,
+    expected_outputs,
+    inject_with_a_call,
+    sigkill_after,
+    wait_for,
+)
+from tests.support import tagged_counts
+from tests.support.tagged_counts import WINDOW, count_spec, tag_spec
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
-SECOND = 1_000_000
-WINDOW = 2 * SECOND
 N = 1200
 BATCH = 40
 UPDATE_AT = 10  # inject messages before the update
 
 
-def tag_spec(version: str, key_ranges: int = 3) -> ComputationSpec:
-    return ComputationSpec("tag", (InputSpec("events"),), ("tagged",),
-                           CodeRef("map", {"value": f"'{version}:' + value"}), Options(key_ranges=key_ranges))
-
-
-def count_spec(size_us: int = WINDOW) -> ComputationSpec:
-    return ComputationSpec("counts", (InputSpec("tagged"),), ("counts",),
-                           CodeRef("window_aggregate", {"size_us": size_us, "aggregation": "count"}),
-                           Options(key_ranges=2))
-
-
 def topology() -> Topology:
-    return Topology((tag_spec("v1"), count_spec()), (InjectorSpec("events", "events"),), ("tagged", "counts"))
+    return tagged_counts.topology(tag="v1", log_streams=("tagged", "counts"))
 
 
 def records(n: int = N) -> list[Record]:
-    return [Record(f"k{i % 7}", f"r{i}".encode(), 1_000 * SECOND + i * 50_000, f"id{i}") for i in range(n)]
-
-
-@pytest.fixture
-def cluster(tmp_path: Path):
-    c = Cluster(tmp_path)
-    try:
-        c.start_controller()
-        c.start_worker()
-        c.start_worker()
-        yield c
-    finally:
-        c.stop()
+    return tagged_counts.records(n)
 
 
 def registry_view(c: Cluster) -> list[tuple[str, Any, int, bool]]:
@@ -96,24 +78,12 @@ def run_update(c: Cluster, tmp_path: Path, during: Any = None) -> None:
     c.register(topo)
     c.wait_balanced()
     recs = records()
-    after_update: set[str] = set()
-    updated = threading.Event()
 
-    def between(i: int) -> None:
-        time.sleep(0.02)
-        if updated.is_set():
-            after_update.update(f"r{j}" for j in range((i + 1) * BATCH, min(N, (i + 2) * BATCH)))
-        if i == UPDATE_AT:
-            side = threading.Thread(target=during) if during is not None else None
-            if side is not None:
-                side.start()
-            resp = c.client.update(spec_to_proto(tag_spec("v2")))
-            assert resp.changed and resp.previous_version == 1 and resp.computation.version == 2
-            updated.set()
-            if side is not None:
-                side.join()
+    def update() -> None:
+        resp = c.client.update(spec_to_proto(tag_spec("v2")))
+        assert resp.changed and resp.previous_version == 1 and resp.computation.version == 2
 
-    c.inject("events", "events", recs, batch=BATCH, done=True, between=between)
+    after_update = {f"r{j}" for j in inject_with_a_call(c, recs, BATCH, UPDATE_AT, update, during)}
     c.wait_watermark("counts", timeout=120)
 
     out = c.outputs("tagged")
@@ -138,23 +108,19 @@ def run_update(c: Cluster, tmp_path: Path, during: Any = None) -> None:
     assert _spec(info.spec).code.params["value"] == "'v2:' + value"
 
 
-def test_update_mid_stream(cluster: Cluster, tmp_path: Path) -> None:
-    run_update(cluster, tmp_path)
+def test_update_mid_stream(two_workers: Cluster, tmp_path: Path) -> None:
+    run_update(two_workers, tmp_path)
 
 
-def test_update_with_a_worker_killed_during_the_switch(cluster: Cluster, tmp_path: Path) -> None:
-    victim = cluster.workers[0]
-
-    def kill() -> None:
-        time.sleep(0.05)  # the call is under way: new tokens, ranges being rebuilt
-        os.kill(victim.pid, signal.SIGKILL)
-
-    run_update(cluster, tmp_path, during=kill)
+def test_update_with_a_worker_killed_during_the_switch(two_workers: Cluster, tmp_path: Path) -> None:
+    victim = two_workers.workers[0]
+    # 50 ms in, the call is under way: new tokens, ranges being rebuilt
+    run_update(two_workers, tmp_path, during=sigkill_after(victim, 0.05))
     assert victim.wait(10) == -signal.SIGKILL
 
 
-def test_refused_updates_change_nothing_then_drop_and_rollback(cluster: Cluster) -> None:
-    c = cluster
+def test_refused_updates_change_nothing_then_drop_and_rollback(two_workers: Cluster) -> None:
+    c = two_workers
     c.register(topology())
     c.wait_balanced()
     # Records without the end of input: windows of "counts" stay open.

@@ -14,10 +14,7 @@ route (a consumer keys the results by user code) is refused and changes nothing.
 from __future__ import annotations
 
 import json
-import os
 import signal
-import threading
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -26,30 +23,28 @@ import pytest
 
 from millwheel.keys import KeyExtractor
 from millwheel.record import Record
-from millwheel.topology import CodeRef, ComputationSpec, InjectorSpec, InputSpec, Options, Topology
+from millwheel.topology import CodeRef, ComputationSpec, InjectorSpec, InputSpec, Topology
 from services.rpc.convert import spec_to_proto
 from services.rpc.status import PreconditionError
-from tests.integration.service_cluster import PIPELINE_CODE, Cluster, wait_for
+from tests.integration.service_cluster import PIPELINE_CODE, Cluster, inject_with_a_call, sigkill_after, wait_for
+from tests.support import tagged_counts
 from tests.support.savepoints import run_cli
+from tests.support.tagged_counts import SECOND
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
-SECOND = 1_000_000
 OLD, NEW = 2 * SECOND, 3 * SECOND
 N = 1200
 BATCH = 40
 KEYS = 7
 UPDATE_AT = 12  # inject messages before the update
-T0 = 1_000 * SECOND
 
 
 def count_spec(size_us: int) -> ComputationSpec:
-    return ComputationSpec("counts", (InputSpec("events"),), ("counts",),
-                           CodeRef("window_aggregate", {"size_us": size_us, "aggregation": "count"}),
-                           Options(key_ranges=2))
+    return tagged_counts.count_spec(size_us, stream="events")
 
 
 def records() -> list[Record]:
-    return [Record(f"k{i % KEYS}", f"r{i}".encode(), T0 + i * 50_000, f"id{i}") for i in range(N)]
+    return tagged_counts.records(N, KEYS)
 
 
 def windows(timestamps: list[int], size: int) -> Counter[tuple[int, int, int]]:
@@ -83,18 +78,6 @@ def check_against_reference(out: list[tuple[str, bytes, int, str]], recs: list[R
     return splits
 
 
-@pytest.fixture
-def cluster(tmp_path: Path):
-    c = Cluster(tmp_path)
-    try:
-        c.start_controller()
-        c.start_worker()
-        c.start_worker()
-        yield c
-    finally:
-        c.stop()
-
-
 def run_flush(c: Cluster, tmp_path: Path, during: Any = None) -> None:
     topo = Topology((count_spec(OLD),), (InjectorSpec("events", "events"),), ("counts",))
     c.register(topo)
@@ -105,27 +88,15 @@ def run_flush(c: Cluster, tmp_path: Path, during: Any = None) -> None:
                                     "code": {"name": "window_aggregate",
                                              "params": {"size_us": NEW, "aggregation": "count"}},
                                     "options": {"key_ranges": 2}}))
-    after_update: set[int] = set()
-    updated = threading.Event()
     answer: dict[str, Any] = {}
 
-    def between(i: int) -> None:
-        time.sleep(0.02)
-        if updated.is_set():
-            after_update.update(range((i + 1) * BATCH, min(N, (i + 2) * BATCH)))
-        if i == UPDATE_AT:
-            side = threading.Thread(target=during) if during is not None else None
-            if side is not None:
-                side.start()
-            code, out, err = run_cli("update", str(new_file), "--on-open-windows", "flush",
-                                     "--controller", c.address, "--json")
-            assert code == 0, err
-            answer.update(json.loads(out))
-            updated.set()
-            if side is not None:
-                side.join()
+    def update() -> None:
+        code, out, err = run_cli("update", str(new_file), "--on-open-windows", "flush",
+                                 "--controller", c.address, "--json")
+        assert code == 0, err
+        answer.update(json.loads(out))
 
-    c.inject("events", "events", recs, batch=BATCH, done=True, between=between)
+    after_update = inject_with_a_call(c, recs, BATCH, UPDATE_AT, update, during)
     c.wait_watermark("counts", timeout=120)
     assert answer["changed"] and answer["version"] == 2 and answer["dropped_windows"] == 0
     assert answer["flushed_windows"] > 0, answer  # windows were open at the switch
@@ -136,18 +107,14 @@ def run_flush(c: Cluster, tmp_path: Path, during: Any = None) -> None:
     assert not c.client.state("counts", "k1").exists
 
 
-def test_update_flush_mid_stream(cluster: Cluster, tmp_path: Path) -> None:
-    run_flush(cluster, tmp_path)
+def test_update_flush_mid_stream(two_workers: Cluster, tmp_path: Path) -> None:
+    run_flush(two_workers, tmp_path)
 
 
-def test_update_flush_with_a_worker_killed_during_the_switch(cluster: Cluster, tmp_path: Path) -> None:
-    victim = cluster.workers[0]
-
-    def kill() -> None:
-        time.sleep(0.05)  # the call is under way: windows flushed, ranges being rebuilt
-        os.kill(victim.pid, signal.SIGKILL)
-
-    run_flush(cluster, tmp_path, during=kill)
+def test_update_flush_with_a_worker_killed_during_the_switch(two_workers: Cluster, tmp_path: Path) -> None:
+    victim = two_workers.workers[0]
+    # 50 ms in, the call is under way: windows flushed, ranges being rebuilt
+    run_flush(two_workers, tmp_path, during=sigkill_after(victim, 0.05))
     assert victim.wait(10) == -signal.SIGKILL
 
 

@@ -14,10 +14,7 @@ twice in a buffer would change a window's count and every later total.
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 from typing import Iterator
 
@@ -27,32 +24,12 @@ from millwheel.runtime.local_runner import LocalRunner
 from millwheel.state import open_store
 from millwheel.state.sqlite_store import SQLiteStore
 from services.cli.local import load_target
-from tests.support import pipelines
+from tests.support import pipelines, spark_pipeline
 from tests.support.redis_server import RedisServer
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def write_spec(tmp: Path) -> Path:
-    events = pipelines.write_events_jsonl(tmp / "events.jsonl", pipelines.workload(n=12_000, users=6))
-    spec = tmp / "pipeline.yaml"
-    spec.write_text(f"""
-injectors:
-  - {{name: events, stream: events, file: {events.name}, max_disorder_us: 2000000}}
-log_streams: [counts]
-computations:
-  - name: counts
-    inputs: [{{stream: events, key: "json:user"}}]
-    outputs: [counts]
-    code: {{name: spark_aggregate, params: {{size_us: 60000000, aggregation: count}}}}
-    options: {{key_ranges: 2}}
-  - name: totals
-    inputs: [counts]
-    outputs: [totals]
-    code: tests.support.pipelines:RunningTotal
-    options: {{key_ranges: 2}}
-""")
-    return spec
+    return spark_pipeline.write_spec(tmp, 12_000, 60_000_000, "aggregation: count")  # 60 s windows
 
 
 def buffered(store_url: str) -> dict[int, int]:
@@ -88,17 +65,6 @@ def reference_run(spec: Path, db: Path) -> tuple[pipelines.Outputs, list[int]]:
     return pipelines.outputs(SQLiteStore(db)), partial_at
 
 
-def millwheel_run(spec: Path, store_url: str, crash_at: str | None) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    env.pop("MILLWHEEL_CRASH_AT", None)
-    if crash_at:
-        env["MILLWHEEL_CRASH_AT"] = crash_at
-    return subprocess.Popen(
-        [sys.executable, "-m", "services.cli", "run", str(spec), "--store", store_url, "--quiet"],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-    )
-
-
 @pytest.fixture(params=["sqlite", "redis"])
 def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     if request.param == "sqlite":
@@ -119,14 +85,14 @@ def test_kill9_with_a_window_buffer_half_written_then_restart_is_exactly_once(
         ref_counts[result["start"]] = ref_counts.get(result["start"], 0) + result["count"]
     assert len(reference["counts"]) > 50 and len(partial_at) >= 3
     crash_at = partial_at[len(partial_at) // 2]
-    proc = millwheel_run(spec, store_url, f"after_checkpoint:{crash_at}")
+    proc = spark_pipeline.millwheel_run(spec, store_url, f"after_checkpoint:{crash_at}")
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == -signal.SIGKILL, err.decode()[-2000:]
     held = buffered(store_url)
     assert held and any(0 < n < ref_counts[start] for start, n in held.items()), (held, ref_counts)
     crashed = pipelines.outputs_of(store_url)
     assert len(crashed["counts"]) < len(reference["counts"])  # it died mid-run
-    proc = millwheel_run(spec, store_url, None)
+    proc = spark_pipeline.millwheel_run(spec, store_url, None)
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err.decode()[-2000:]
     assert pipelines.outputs_of(store_url) == reference

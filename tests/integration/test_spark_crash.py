@@ -13,51 +13,24 @@ import json
 import os
 import signal
 import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
 from millwheel.runtime.local_runner import LocalRunner
 from millwheel.state.sqlite_store import SQLiteStore
 from services.cli.local import load_target
-from tests.support import pipelines
+from tests.support import pipelines, spark_pipeline
 
-ROOT = Path(__file__).resolve().parents[2]
 MARKER_ENV = "MILLWHEEL_TEST_SLOW_JOB_MARKER"
 
 
 def write_spec(tmp: Path, code_params: str) -> Path:
-    # several injector batches, so several jobs
-    events = pipelines.write_events_jsonl(tmp / "events.jsonl", pipelines.workload(n=20_000, users=6))
-    spec = tmp / "pipeline.yaml"
-    spec.write_text(f"""
-injectors:
-  - {{name: events, stream: events, file: {events.name}, max_disorder_us: 2000000}}
-log_streams: [counts]
-computations:
-  - name: counts
-    inputs: [{{stream: events, key: "json:user"}}]
-    outputs: [counts]
-    code: {{name: spark_aggregate, params: {{size_us: 10000000, {code_params}}}}}
-    options: {{key_ranges: 2}}
-  - name: totals
-    inputs: [counts]
-    outputs: [totals]
-    code: tests.support.pipelines:RunningTotal
-    options: {{key_ranges: 2}}
-""")
-    return spec
+    return spark_pipeline.write_spec(tmp, 20_000, 10_000_000, code_params)  # 10 s windows
 
 
 def millwheel_run(spec: Path, db: Path, env_extra: dict[str, str]) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), **env_extra}
-    if "MILLWHEEL_CRASH_AT" not in env_extra:
-        env.pop("MILLWHEEL_CRASH_AT", None)
-    return subprocess.Popen(
-        [sys.executable, "-m", "services.cli", "run", str(spec), "--store", f"sqlite:///{db}", "--quiet"],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-    )
+    env = dict(env_extra)
+    return spark_pipeline.millwheel_run(spec, f"sqlite:///{db}", env.pop("MILLWHEEL_CRASH_AT", None), env)
 
 
 def windows(outputs: dict[str, list[tuple[str, bytes, int, str]]]) -> list[tuple[str, int]]:
@@ -136,13 +109,7 @@ def test_kill9_while_the_spark_job_runs_then_restart_is_exactly_once(tmp_path: P
     marker.unlink()
     db = tmp_path / "s.db"
     proc = millwheel_run(spec, db, {MARKER_ENV: str(marker)})
-    deadline = time.monotonic() + 180
-    while not marker.exists():
-        assert proc.poll() is None, proc.communicate()[1].decode()[-2000:]
-        assert time.monotonic() < deadline, "the Spark job never started"
-        time.sleep(0.1)
-    proc.send_signal(signal.SIGKILL)
-    proc.communicate(timeout=60)
+    spark_pipeline.kill_once_the_job_runs(proc, marker, 180)
     assert pipelines.outputs(SQLiteStore(db))["counts"] == []  # nothing of the job was emitted
     proc = millwheel_run(spec, db, {MARKER_ENV: str(marker)})
     _, err = proc.communicate(timeout=240)

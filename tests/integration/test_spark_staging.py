@@ -13,13 +13,13 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from millwheel.spark.stage import STAGING_ENV, sweep_staging
 from millwheel.state.sqlite_store import SQLiteStore
 from tests.integration.test_spark_crash import MARKER_ENV, millwheel_run, write_spec
 from tests.support import pipelines
+from tests.support.spark_pipeline import kill_once_the_job_runs
 
 
 def test_sweep_removes_only_directories_of_dead_owners_on_this_host(tmp_path: Path) -> None:
@@ -54,13 +54,7 @@ def test_staging_left_by_a_worker_killed_mid_job_is_removed_by_the_next_start(tm
     env = {MARKER_ENV: str(marker), STAGING_ENV: str(staging)}
     db = tmp_path / "s.db"
     proc = millwheel_run(spec, db, env)
-    deadline = time.monotonic() + 240
-    while not marker.exists():
-        assert proc.poll() is None, proc.communicate()[1].decode()[-2000:]
-        assert time.monotonic() < deadline, "the Spark job never started"
-        time.sleep(0.1)
-    proc.send_signal(signal.SIGKILL)
-    proc.communicate(timeout=60)
+    kill_once_the_job_runs(proc, marker, 240)
     left = [p.name for p in staging.iterdir()]
     assert len(left) == 1 and left[0].startswith(f"w{proc.pid}@"), left  # the job's directory, left behind
     assert any((staging / left[0]).rglob("part-0.json"))

@@ -154,18 +154,19 @@ computations:
 
 def millwheel_run(
     spec: Path, url: str, crash_at: str | None = None, extra_env: dict[str, str] | None = None,
-    batch_size: int = 250, extra_args: tuple[str, ...] = (),
+    batch_size: int | None = 250, extra_args: tuple[str, ...] = (),
 ) -> subprocess.Popen[bytes]:
     """``python -m services.cli run SPEC --store URL`` as a child process (kill it with -9).
 
-    Small batches by default, so a crash point's N-th visit falls inside the run."""
+    Small batches by default, so a crash point's N-th visit falls inside the run
+    (``batch_size=None``: the CLI's own default)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), **(extra_env or {})}
     env.pop("MILLWHEEL_CRASH_AT", None)
     if crash_at:
         env["MILLWHEEL_CRASH_AT"] = crash_at
+    batch = ["--batch-size", str(batch_size)] if batch_size is not None else []
     return subprocess.Popen(
-        [sys.executable, "-m", "services.cli", "run", str(spec), "--store", url, "--quiet",
-         "--batch-size", str(batch_size), *extra_args],
+        [sys.executable, "-m", "services.cli", "run", str(spec), "--store", url, "--quiet", *batch, *extra_args],
         cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )
 

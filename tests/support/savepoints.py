@@ -1,5 +1,5 @@
-"""What the savepoint service tests share: the pipeline, the records, the CLI run in
-process, and the whole mid-stream scenario (take a savepoint on one store while records
+"""What the savepoint service tests share: the pipeline (tagged_counts'), its records,
+the CLI run in process, and the whole mid-stream scenario (take a savepoint on one store while records
 flow, restore it on another, feed the rest, compare with the failure-free run).
 
 Used by tests/integration/test_service_savepoint.py (SQLite -> redis-server, refused
@@ -19,11 +19,11 @@ from typing import Any, Callable
 from millwheel.record import Record
 from millwheel.savepoint.format import Writer
 from millwheel.sources import ListSource
-from millwheel.topology import CodeRef, ComputationSpec, InjectorSpec, InputSpec, Options, Topology
 from services.cli import main as cli
-from tests.integration.service_cluster import Cluster, expected_outputs, wait_for
+from tests.integration.service_cluster import Cluster, expected_outputs, start_cluster, wait_for
+from tests.support import tagged_counts
+from tests.support.tagged_counts import topology
 
-SECOND = 1_000_000
 N = 1200
 BATCH = 40
 CUT_AT = 12  # inject messages before the savepoint starts
@@ -31,17 +31,8 @@ CUT_AT = 12  # inject messages before the savepoint starts
 Entry = tuple[str, bytes, int, str]
 
 
-def topology() -> Topology:
-    tag = ComputationSpec("tag", (InputSpec("events"),), ("tagged",), CodeRef("map", {"value": "'t:' + value"}),
-                          Options(key_ranges=3))
-    counts = ComputationSpec("counts", (InputSpec("tagged"),), ("counts",),
-                             CodeRef("window_aggregate", {"size_us": 2 * SECOND, "aggregation": "count"}),
-                             Options(key_ranges=2))
-    return Topology((tag, counts), (InjectorSpec("events", "events"),), ("counts",))
-
-
 def records() -> list[Record]:
-    return [Record(f"k{i % 7}", f"r{i}".encode(), 1_000 * SECOND + i * 50_000, f"id{i}") for i in range(N)]
+    return tagged_counts.records(N)
 
 
 class _Enough(Exception):
@@ -62,11 +53,7 @@ def log_entries(c: Cluster, stream: str) -> list[tuple[int, Entry]]:
 def start(tmp: Path, name: str, store_url: str | None = None, workers: int = 2) -> Cluster:
     d = tmp / name
     d.mkdir()
-    c = Cluster(d, store_url=store_url)
-    c.start_controller()
-    for _ in range(workers):
-        c.start_worker()
-    return c
+    return start_cluster(d, workers, store_url=store_url)
 
 
 def send_restore(c: Cluster, content: bytes) -> Any:

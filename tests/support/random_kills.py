@@ -1,0 +1,42 @@
+"""kill -9 at random moments, the loop the crash tests of ``millwheel run`` share:
+start a run, let it go on for a random while, kill it if it has not finished, again,
+until one run finishes by itself or the attempts are used up.
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+import subprocess
+from typing import Callable
+
+Run = subprocess.Popen[bytes]
+
+
+def kill_runner(proc: Run) -> bool:
+    """kill -9 of the run itself; it always counts as a kill."""
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    return True
+
+
+def kill_at_random_moments(start: Callable[[], Run], rng: random.Random, attempts: int,
+                           within: tuple[float, float], kill: Callable[[Run], bool] = kill_runner
+                           ) -> tuple[int, bool]:
+    """Up to ``attempts`` runs from ``start()``, each waited for a time drawn uniformly
+    from ``within`` (seconds) and then ended by ``kill(proc)``, which returns False when
+    the run turned out to have finished by itself instead. A run that finishes must exit 0.
+    Returns the number of kills and whether a run finished."""
+    kills = 0
+    for _attempt in range(attempts):
+        proc = start()
+        try:
+            proc.wait(timeout=rng.uniform(*within))
+        except subprocess.TimeoutExpired:
+            if not kill(proc):
+                return kills, True
+            kills += 1
+            continue
+        assert proc.returncode == 0, proc.stderr.read().decode() if proc.stderr else ""
+        return kills, True
+    return kills, False
