@@ -7,6 +7,13 @@ store the new position and token, commit. A retry after any crash (ours, the
 database's) starts from the committed position, and ``record_id`` is the primary key,
 so no row is written twice.
 
+A writer that stops inside its transaction (a worker paused, its host partitioned) would
+hold the progress row's lock, and the sink's new owner would wait on it for as long as
+the zombie lives. Each connection therefore sets ``idle_in_transaction_session_timeout``
+(:data:`STALLED_TRANSACTION_MS`): PostgreSQL ends a session idle that long inside a
+transaction, rolls it back and frees its locks, and the new owner goes on. A healthy
+batch sends its statements back to back, far inside that.
+
 The table is created if missing::
 
     record_id    TEXT PRIMARY KEY
@@ -40,6 +47,9 @@ from millwheel.record import Record
 from millwheel.state.url_display import redact
 
 PROGRESS_TABLE = "millwheel_sink_progress"
+# How long a session may sit idle inside a transaction before PostgreSQL ends it (a
+# stalled writer must not hold the progress row's lock for ever); milliseconds.
+STALLED_TRANSACTION_MS = 10_000
 
 
 def row_values(position: int, rec: Record) -> tuple[Any, ...]:
@@ -97,7 +107,15 @@ class PostgresSink:
     def _connect(self) -> Any:
         if self.conn is None or self.conn.closed:
             try:
-                self.conn = psycopg.connect(self.url, connect_timeout=5, autocommit=False)
+                conn = psycopg.connect(self.url, connect_timeout=5, autocommit=False)
+                try:
+                    conn.execute("SELECT set_config('idle_in_transaction_session_timeout', %s, false)",
+                                 (str(STALLED_TRANSACTION_MS),))
+                    conn.commit()
+                except psycopg.Error:
+                    conn.close()
+                    raise
+                self.conn = conn
             except psycopg.Error as exc:
                 raise ConnectorError(f"{self._where()}: cannot connect: {_message(exc, self.url)}") from None
         return self.conn

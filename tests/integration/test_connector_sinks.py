@@ -4,6 +4,8 @@ nothing once a newer one took the sink over, and the table/stream holds what was
 from __future__ import annotations
 
 import json
+import threading
+import time
 from typing import Any
 
 import pytest
@@ -41,6 +43,36 @@ def test_postgres_sink_retry_and_zombie(pg: PostgresServer) -> None:
     rows = pg.rows("t1")
     assert [r[0] for r in rows] == sorted(f"r{p}" for p in range(1, 11))  # each once
     assert rows[0][2:5] == (0, 10, {"start": 0, "end": 10, "value": 1})  # window start/end, JSONB value
+    for sink in (old, new):
+        sink.close()
+
+
+def test_postgres_sink_a_writer_stalled_in_its_transaction_does_not_block_the_new_owner(
+        pg: PostgresServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A zombie stopped between its progress-row lock and its commit (seen: a worker
+    SIGSTOPped there; the new owner's INSERT waited on its lock until the test's end)."""
+    from millwheel.connectors import postgres
+    monkeypatch.setattr(postgres, "STALLED_TRANSACTION_MS", 1500)
+    old = postgres.PostgresSink({"url": pg.url, "table": "t3"})
+    assert old.open("s", 0, token=1) == 0
+    assert old.write_batch(batch(1, 5), 1) == 5
+    # The zombie's next batch stops after its lock: the transaction is open, nothing more is sent.
+    old.conn.execute(f"SELECT token FROM {postgres.PROGRESS_TABLE} WHERE sink = 's@t3' FOR UPDATE")
+    new = postgres.PostgresSink({"url": pg.url, "table": "t3"})
+    opened: list[int] = []
+    taker = threading.Thread(target=lambda: opened.append(new.open("s", 0, token=2)), daemon=True)
+    started = time.monotonic()
+    taker.start()
+    taker.join(30)
+    assert opened == [5], "the new owner still waits on the stalled writer's lock after 30 s"
+    print(f"the new owner opened after {time.monotonic() - started:.1f} s")
+    assert new.write_batch(batch(6, 3), 2) == 8
+    # The zombie resumes: its session was ended, and once reconnected the token fences it.
+    with pytest.raises(ConnectorError):
+        old.write_batch(batch(6, 10), 1)
+    with pytest.raises(FencedError):
+        old.write_batch(batch(6, 10), 1)
+    assert [r[0] for r in pg.rows("t3")] == sorted(f"r{p}" for p in range(1, 9))
     for sink in (old, new):
         sink.close()
 
