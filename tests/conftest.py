@@ -29,3 +29,29 @@ def redis_cluster() -> Iterator[RedisClusterNodes]:
     tests keep apart by key prefix (``?prefix=``), as deployments sharing a cluster do."""
     with RedisClusterNodes() as nodes:
         yield nodes
+
+
+LOG_TAIL_LINES = 40
+LOG_TAIL_FILES = 8
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A failing test's report ends with the last lines of each log its services wrote
+    into its ``tmp_path`` (controller.log, worker0.log, ...): CI keeps only the report,
+    and a flake seen once must be readable from it."""
+    outcome = yield
+    report = outcome.get_result()
+    if not report.failed or call.when != "call":
+        return
+    tmp = getattr(item, "funcargs", {}).get("tmp_path")
+    if not isinstance(tmp, Path):
+        return
+    logs = sorted(tmp.rglob("*.log"), key=lambda p: p.stat().st_mtime, reverse=True)[:LOG_TAIL_FILES]
+    for path in sorted(logs):
+        try:
+            lines = path.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
+        except OSError:
+            continue
+        report.sections.append((f"last {len(lines)} lines of {path.relative_to(tmp)}",
+                                "\n".join(line[:300] for line in lines)))

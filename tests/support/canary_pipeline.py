@@ -65,7 +65,22 @@ class Canary:
                 return took
             time.sleep(0.1)
         raise AssertionError(f"canary round {self.rounds}: after {timeout_s:.0f} s the sink holds "
-                             f"{sorted(got.items())}, wanted {sorted(want.items())}")
+                             f"{sorted(got.items())}, wanted {sorted(want.items())}; {self.describe()}")
+
+    def describe(self) -> str:
+        """The controller's view of the canary (its ranges' owners, alive or not, and
+        watermarks), for a failure message: where did the round stop?"""
+        try:
+            status = self.client.status()
+        except Exception as exc:  # noqa: BLE001 - a description, never a second failure
+            return f"cluster status unavailable: {exc}"
+        alive = {w.worker_id: w.alive for w in status.workers}
+        ranges = [f"{r.node}/{r.range_id}@{r.worker_id}(alive={alive.get(r.worker_id)}, token {r.token}, "
+                  f"watermark {r.watermark}, pending {r.pending}{', failing' if r.HasField('failure') else ''})"
+                  for r in status.ranges if r.node in (COMPUTATION, f"injector:{INJECTOR}")]
+        wms = [f"{w.node}: low {w.low_watermark} input {w.input_low_watermark}"
+               for w in status.watermarks if w.node in (COMPUTATION, f"injector:{INJECTOR}")]
+        return f"ranges {ranges}; watermarks {wms}; workers {sorted(alive.items())}"
 
     def _windows(self, lo: int, hi: int) -> Counter[tuple[str, int]]:
         """(key, window start) -> count, of the windows in [lo, hi) in the sink; a
