@@ -10,6 +10,9 @@ with its own ID, so a window's count shows a record lost or counted twice.
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 from millwheel.record import Record
 from millwheel.topology import CodeRef, ComputationSpec, InjectorSpec, InputSpec, Options, Topology
 
@@ -39,3 +42,14 @@ def topology(extra: tuple[ComputationSpec, ...] = (), tag: str = "t",
 
 def records(n: int, keys: int = 7) -> list[Record]:
     return [Record(f"k{i % keys}", f"r{i}".encode(), T0 + i * 50_000, f"id{i}") for i in range(n)]
+
+
+def counted(client: Any, keys: int = 7) -> int:
+    """Records ``counts`` has taken so far: the counts of its open windows (each key's
+    state) plus those of the windows it closed (its log stream). Equal to the records
+    injected once none is in flight any more, which an update or rescale that drops
+    open windows must wait for: a record still in flight is counted by the new version."""
+    open_ = sum(v[0] for k in range(keys)
+                for v in json.loads(client.state("counts", f"k{k}").state or b"{}").values())
+    closed = sum(json.loads(r.value)["count"] for _seq, r in client.subscribe("counts"))
+    return open_ + closed
