@@ -55,6 +55,7 @@ class Canary:
         self.client.inject([pb.InjectRequest(injector=INJECTOR, stream=STREAM, records=records),
                             pb.InjectRequest(injector=INJECTOR, stream=STREAM,
                                              watermark=base + 100 * SECOND)])
+        injected = time.monotonic() - started  # said if the round fails: was it the call?
         deadline = started + timeout_s
         got: Counter[tuple[str, int]] = Counter()
         while time.monotonic() < deadline:
@@ -65,7 +66,8 @@ class Canary:
                 return took
             time.sleep(0.1)
         raise AssertionError(f"canary round {self.rounds}: after {timeout_s:.0f} s the sink holds "
-                             f"{sorted(got.items())}, wanted {sorted(want.items())}; {self.describe()}")
+                             f"{sorted(got.items())}, wanted {sorted(want.items())} "
+                             f"(its Inject call took {injected:.1f} s); {self.describe()}")
 
     def describe(self) -> str:
         """The controller's view of the canary (its ranges' owners, alive or not, and
