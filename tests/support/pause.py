@@ -3,7 +3,10 @@
 A process stopped inside a SQLite write holds the file's write lock (the WAL's
 exclusive lock bytes, or the rollback journal's lock bytes) until it runs again, and
 every other process on that file waits for it: the embedded store's limit (one machine,
-one file), not the lease's or the sequencer's. A test that pauses a leader or a worker
+one file), not the lease's or the sequencer's. So does one stopped while it holds the
+service's writer hand-over lock (an ``flock`` on ``PATH.writers``, taken just before
+SQLite's and let go just after: services/store_lock.py): seen once, a leader stopped
+in that gap kept every standby from writing its lease claim. A test that pauses a leader or a worker
 to make a zombie means "a process that stopped answering", so it pauses it at a moment
 it holds no such lock, found in ``/proc/locks``; on Redis it pauses at once.
 """
@@ -22,15 +25,20 @@ _JOURNAL_LOCKS = 0x40000000
 
 
 def holds_sqlite_write_lock(pid: int) -> bool:
-    """Whether ``pid`` holds an exclusive POSIX lock on SQLite's lock bytes."""
+    """Whether ``pid`` holds an exclusive POSIX lock on SQLite's lock bytes, or an
+    exclusive ``flock`` (the only one our processes take is the writer hand-over's)."""
     try:
         lines = Path("/proc/locks").read_text().splitlines()
     except OSError:
         return False
     for line in lines:
         fields = line.split()
-        # "1: POSIX  ADVISORY  WRITE 1234 08:01:5678 120 120"
-        if len(fields) < 8 or fields[1] != "POSIX" or fields[3] != "WRITE" or fields[4] != str(pid):
+        # "1: POSIX  ADVISORY  WRITE 1234 08:01:5678 120 120", "2: FLOCK  ADVISORY  WRITE 1234 ... 0 EOF"
+        if len(fields) < 8 or fields[3] != "WRITE" or fields[4] != str(pid):
+            continue
+        if fields[1] == "FLOCK":
+            return True
+        if fields[1] != "POSIX":
             continue
         try:
             start = int(fields[6])
