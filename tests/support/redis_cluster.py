@@ -56,6 +56,10 @@ class RedisClusterNodes:
                         "--cluster-config-file", f"nodes-{port}.conf",
                         "--cluster-node-timeout", str(NODE_TIMEOUT_MS),
                         "--cluster-replica-validity-factor", "0",  # any replica may take over
+                        # As docs/redis.md says to deploy: a stopped master's slots wait, the
+                        # others serve (the default "yes" answers CLUSTERDOWN for every slot
+                        # until its replica is promoted; seen: the controller lost its lease).
+                        "--cluster-require-full-coverage", "no",
                         "--appendfilename", f"appendonly-{port}.aof",
                     ],
                 ))
