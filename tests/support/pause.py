@@ -6,9 +6,10 @@ every other process on that file waits for it: the embedded store's limit (one m
 one file), not the lease's or the sequencer's. So does one stopped while it holds the
 service's writer hand-over lock (an ``flock`` on ``PATH.writers``, taken just before
 SQLite's and let go just after: services/store_lock.py): seen once, a leader stopped
-in that gap kept every standby from writing its lease claim. A test that pauses a leader or a worker
-to make a zombie means "a process that stopped answering", so it pauses it at a moment
-it holds no such lock, found in ``/proc/locks``; on Redis it pauses at once.
+in that gap kept every standby from writing its lease claim. A test that pauses a
+leader or a worker to make a zombie means "a process that stopped answering", so it
+pauses it at a moment it holds neither lock, found in ``/proc/locks``; on Redis it
+pauses at once.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ _WAL_LOCKS = range(120, 128)
 _JOURNAL_LOCKS = 0x40000000
 
 
-def holds_sqlite_write_lock(pid: int) -> bool:
+def holds_store_write_lock(pid: int) -> bool:
     """Whether ``pid`` holds an exclusive POSIX lock on SQLite's lock bytes, or an
     exclusive ``flock`` (the only one our processes take is the writer hand-over's)."""
     try:
@@ -55,7 +56,7 @@ def stop_outside_writes(pid: int, tries: int = 100) -> None:
     for _ in range(tries):
         os.kill(pid, signal.SIGSTOP)
         time.sleep(0.02)  # the stop takes effect
-        if not holds_sqlite_write_lock(pid):
+        if not holds_store_write_lock(pid):
             return
         os.kill(pid, signal.SIGCONT)
         time.sleep(0.03)
