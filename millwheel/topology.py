@@ -29,6 +29,7 @@ from millwheel.limits import (
     MIN_LOG_RETENTION_US,
     check_name,
 )
+from millwheel.nodes import injector_node  # noqa: F401 (re-exported: where callers find it)
 
 
 class LatePolicy(enum.StrEnum):
@@ -340,5 +341,3 @@ class Topology:
             visit(spec.name, [])
 
 
-def injector_node(name: str) -> str:
-    return f"injector:{name}"

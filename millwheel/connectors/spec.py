@@ -15,6 +15,7 @@ from typing import Any, Mapping
 
 from millwheel.errors import InvalidSpecError
 from millwheel.limits import MAX_DURATION_US, check_name
+from millwheel.nodes import sink_node  # noqa: F401 (re-exported: where callers find it)
 from millwheel.state.url_display import redact
 
 #: Fields every source accepts besides its type's own.
@@ -176,7 +177,3 @@ def _columns(settings: Mapping[str, Any], where: str) -> None:
 def sink_to_dict(sink: SinkSpec) -> dict[str, Any]:
     return {"name": sink.name, "stream": sink.stream, **sink.connector.settings}
 
-
-def sink_node(name: str) -> str:
-    """The node (one key range) whose owner runs sink ``name``."""
-    return f"sink:{name}"
