@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.service_cluster import PIPELINE_CODE, Cluster, start_cluster
 from tests.support.redis_server import RedisServer
+from tests.support.service_cluster import PIPELINE_CODE, Cluster, start_cluster
 
 
 @pytest.fixture

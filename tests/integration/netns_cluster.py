@@ -20,9 +20,9 @@ from pathlib import Path
 
 from services.client import ControllerClient
 from services.rpc.security import Security
-from tests.integration.service_cluster import PIPELINE_CODE, ROOT, Cluster, wait_for
 from tests.support import netns
 from tests.support.redis_server import REDIS_SERVER
+from tests.support.service_cluster import PIPELINE_CODE, ROOT, Cluster, wait_for
 
 TOKEN = "client-" + secrets.token_urlsafe(24)
 SECRET = "cluster-" + secrets.token_urlsafe(24)

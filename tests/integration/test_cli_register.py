@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.service_cluster import Cluster
+from tests.support.service_cluster import Cluster
 
 ROOT = Path(__file__).resolve().parents[2]
 GOOD = """injectors:

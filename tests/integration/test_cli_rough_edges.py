@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.service_cluster import Cluster, wait_for
 from tests.support.redis_server import free_port
+from tests.support.service_cluster import Cluster, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 OLD = 1_600_000_000_000_000  # 2020-09-13: a lag of years

@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.integration.service_cluster import ROOT, Cluster, wait_for
 from tests.integration.test_connectors_service import owner_of
 from tests.support.connector_pipeline import entries, expected_sums, message_sums, spec
 from tests.support.nats_server import NatsServer
+from tests.support.service_cluster import ROOT, Cluster, wait_for
 
 pytest.importorskip("nats")
 

@@ -22,10 +22,10 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.integration.service_cluster import ROOT, Cluster, wait_for
 from tests.support.connector_pipeline import entries, expected_sums, spec, table_sums
 from tests.support.postgres_server import PostgresServer
 from tests.support.redis_server import RedisServer
+from tests.support.service_cluster import ROOT, Cluster, wait_for
 
 pytest.importorskip("psycopg")
 SINK = "sink:sums.postgres"

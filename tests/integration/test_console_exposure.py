@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from services.rpc.security import Security
-from tests.integration.service_cluster import Cluster, wait_for
 from tests.integration.ui_cluster import SECRET, TOKEN
 from tests.support.certs import CertificateAuthority
 from tests.support.redis_server import RedisServer, free_port
+from tests.support.service_cluster import Cluster, wait_for
 
 pytestmark = pytest.mark.timeout(120)
 PASSWORD = "hunter2-" + "x" * 12

@@ -28,9 +28,9 @@ from services.client import ControllerClient, inject_messages
 from services.generated import millwheel_pb2 as pb
 from services.rpc.security import Security
 from services.rpc.status import UnavailableError
-from tests.integration.service_cluster import ROOT, Cluster, expected_outputs, wait_for
 from tests.support import pipelines
 from tests.support.redis_server import free_port
+from tests.support.service_cluster import ROOT, Cluster, expected_outputs, wait_for
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 DISORDER = 2 * pipelines.SECOND

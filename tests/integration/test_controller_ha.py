@@ -32,7 +32,10 @@ from millwheel.state.lease import Lease
 from millwheel.topology import Topology
 from services.client import ControllerClient
 from services.rpc.security import Security
-from tests.integration.service_cluster import (
+from tests.support import pipelines
+from tests.support.pause import stop_outside_writes
+from tests.support.redis_server import RedisServer, free_port
+from tests.support.service_cluster import (
     PIPELINE_CODE,
     ROOT,
     Cluster,
@@ -41,9 +44,6 @@ from tests.integration.service_cluster import (
     expected_outputs,
     wait_for,
 )
-from tests.support import pipelines
-from tests.support.pause import stop_outside_writes
-from tests.support.redis_server import RedisServer, free_port
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 DISORDER = 2 * pipelines.SECOND

@@ -20,8 +20,8 @@ import pytest
 import yaml
 
 from millwheel.record import Record
-from tests.integration.service_cluster import ROOT, wait_for
 from tests.integration.ui_cluster import T0, Console, clicks, start_console
+from tests.support.service_cluster import ROOT, wait_for
 
 pytestmark = pytest.mark.timeout(240)
 DEPLOY = ROOT / "deploy"

@@ -11,8 +11,8 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from tests.integration.service_cluster import Cluster
 from tests.support.redis_server import free_port
+from tests.support.service_cluster import Cluster
 
 pytestmark = [pytest.mark.timeout(120)]
 

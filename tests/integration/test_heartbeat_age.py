@@ -16,7 +16,7 @@ import pytest
 
 from millwheel.keys import KeyExtractor
 from millwheel.topology import CodeRef, ComputationSpec, InjectorSpec, InputSpec, Options, Topology
-from tests.integration.service_cluster import Cluster
+from tests.support.service_cluster import Cluster
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
 

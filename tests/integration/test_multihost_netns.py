@@ -37,9 +37,9 @@ from tests.integration.netns_cluster import (
     reachable,
     start_redis,
 )
-from tests.integration.service_cluster import WatermarkMonitor, expected_outputs, wait_for
 from tests.integration.test_controller_ha import MOVE
 from tests.support import netns, pipelines
+from tests.support.service_cluster import WatermarkMonitor, expected_outputs, wait_for
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 WHY_NOT = netns.unavailable()

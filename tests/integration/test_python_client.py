@@ -16,8 +16,8 @@ from millwheel.record import MAX_TIMESTAMP, Timer
 from millwheel.topology import Topology
 from services.client import ControllerClient
 from services.generated import millwheel_pb2 as pb
-from tests.integration.service_cluster import PIPELINE_CODE, Cluster, expected_outputs
 from tests.support import pipelines
+from tests.support.service_cluster import PIPELINE_CODE, Cluster, expected_outputs
 
 
 def test_register_inject_subscribe_with_core_types(tmp_path: Path) -> None:

@@ -19,9 +19,9 @@ from redis.crc import key_slot
 from millwheel.errors import InvalidSpecError, StoreError
 from millwheel.state import open_store
 from millwheel.state.protocol import Checkpoint
-from tests.integration.service_cluster import PIPELINE_CODE, Cluster, expected_outputs, wait_for
 from tests.support import pipelines
 from tests.support.redis_cluster import RedisClusterNodes
+from tests.support.service_cluster import PIPELINE_CODE, Cluster, expected_outputs, wait_for
 
 pytestmark = pytest.mark.timeout(300)
 

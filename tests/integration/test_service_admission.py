@@ -1,6 +1,6 @@
 """One client cannot starve the control plane or the other clients.
 
-A real controller and two real workers (tests/integration/service_cluster.py). The
+A real controller and two real workers (tests/support/service_cluster.py). The
 controller listens on ``localhost``, i.e. on 127.0.0.1 and on [::1]: the "attacker"
 dials [::1] and is one client (a host), the test's own client, the workers and the
 canary dial 127.0.0.1 and are another. While the attacker holds its streams:
@@ -35,7 +35,7 @@ from services.generated import millwheel_pb2_grpc as pb_grpc
 from services.rpc.controller_link import NoAnswer, await_start
 from services.rpc.convert import spec_to_proto
 from services.rpc.security import Security
-from tests.integration.service_cluster import Cluster
+from tests.support.service_cluster import Cluster
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 SECOND = 1_000_000

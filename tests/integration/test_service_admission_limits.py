@@ -22,8 +22,8 @@ from services.metrics import scrape
 from services.rpc.controller_link import await_start
 from services.rpc.convert import spec_to_proto
 from services.rpc.security import Security
-from tests.integration.service_cluster import Cluster, wait_for
 from tests.support.redis_server import free_port
+from tests.support.service_cluster import Cluster, wait_for
 
 pytestmark = [pytest.mark.timeout(120)]
 LOGGED = "out"

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from services.generated import millwheel_pb2 as pb
-from tests.integration.service_cluster import Cluster, wait_for
 from tests.support.canary_pipeline import Canary
+from tests.support.service_cluster import Cluster, wait_for
 
 pytestmark = pytest.mark.timeout(300)
 CODE = "tests.support.misbehaving_code"

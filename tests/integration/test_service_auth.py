@@ -36,10 +36,10 @@ from millwheel.topology import Topology
 from services.generated import millwheel_pb2 as pb
 from services.rpc.convert import spec_to_proto
 from services.rpc.security import Security
-from tests.integration.service_cluster import ROOT, Cluster, expected_outputs, spec_dicts, wait_for
 from tests.support import pipelines
 from tests.support.certs import CertificateAuthority
 from tests.support.redis_server import free_port
+from tests.support.service_cluster import ROOT, Cluster, expected_outputs, spec_dicts, wait_for
 
 pytestmark = pytest.mark.timeout(240)
 DISORDER = 2 * pipelines.SECOND

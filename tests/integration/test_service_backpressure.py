@@ -20,7 +20,7 @@ from millwheel.computation import Computation, Context
 from millwheel.record import Record
 from millwheel.topology import CodeRef, ComputationSpec, InjectorSpec, InputSpec, LatePolicy, Options, Topology
 from services.client import inject_messages
-from tests.integration.service_cluster import Cluster, wait_for
+from tests.support.service_cluster import Cluster, wait_for
 
 pytestmark = pytest.mark.timeout(180)
 LIMIT = 100  # injector outbox bound, records

@@ -27,7 +27,7 @@ from millwheel.record import MAX_TIMESTAMP, Record
 from millwheel.runtime.failures import dead_letter_id
 from millwheel.sources import ListSource
 from millwheel.topology import CodeRef, ComputationSpec, ErrorPolicy, InjectorSpec, InputSpec, Options, Topology
-from tests.integration.service_cluster import ROOT, Cluster, expected_outputs, wait_for
+from tests.support.service_cluster import ROOT, Cluster, expected_outputs, wait_for
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 S = 1_000_000

@@ -22,11 +22,11 @@ from typing import Any
 
 import pytest
 
-from tests.integration.service_cluster import ROOT, Cluster, wait_for
 from tests.integration.test_connectors_service import reference_rows, register
 from tests.support.connector_pipeline import entries
 from tests.support.postgres_server import PostgresServer
 from tests.support.redis_server import RedisServer
+from tests.support.service_cluster import ROOT, Cluster, wait_for
 
 pytest.importorskip("psycopg")
 pytestmark = [pytest.mark.timeout(400), pytest.mark.slow]

@@ -12,8 +12,8 @@ import pytest
 from millwheel.errors import AlreadyExistsError, InvalidSpecError, NotFoundError
 from services.generated import millwheel_pb2 as pb
 from services.rpc.server import channel
-from tests.integration.service_cluster import PIPELINE_CODE, Cluster
 from tests.support import pipelines
+from tests.support.service_cluster import PIPELINE_CODE, Cluster
 
 pytestmark = pytest.mark.timeout(120)
 LIMIT = 1000

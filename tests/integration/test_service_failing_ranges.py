@@ -30,9 +30,9 @@ import pytest
 import redis
 
 from services.generated import millwheel_pb2 as pb
-from tests.integration.service_cluster import ROOT, Cluster, wait_for
 from tests.support.canary_pipeline import Canary
 from tests.support.redis_server import RedisServer, free_port
+from tests.support.service_cluster import ROOT, Cluster, wait_for
 
 pytestmark = pytest.mark.timeout(400)
 CODE = "tests.support.misbehaving_code"

@@ -20,14 +20,14 @@ from millwheel.topology import Topology
 from services.generated import millwheel_pb2 as pb
 from services.generated import millwheel_pb2_grpc as pb_grpc
 from services.rpc.server import channel
-from tests.integration.service_cluster import (
+from tests.support import pipelines
+from tests.support.pause import stop_outside_writes
+from tests.support.service_cluster import (
     Cluster,
     WatermarkMonitor,
     expected_outputs,
     wait_for,
 )
-from tests.support import pipelines
-from tests.support.pause import stop_outside_writes
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 DISORDER = 2 * pipelines.SECOND

@@ -38,7 +38,7 @@ from services.client import ControllerClient
 from services.controller.limits import InjectLimits
 from services.generated import millwheel_pb2 as pb
 from services.rpc.server import channel
-from tests.integration.service_cluster import PIPELINE_CODE, Cluster, expected_outputs, wait_for
+from tests.support.service_cluster import PIPELINE_CODE, Cluster, expected_outputs, wait_for
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 SECOND = 1_000_000

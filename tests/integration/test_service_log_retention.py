@@ -28,7 +28,7 @@ from millwheel.keys import KeyExtractor
 from millwheel.record import Record
 from millwheel.topology import CodeRef, ComputationSpec, InjectorSpec, InputSpec, Options, Topology
 from services.client import ControllerClient, inject_messages
-from tests.integration.service_cluster import ROOT, Cluster, wait_for
+from tests.support.service_cluster import ROOT, Cluster, wait_for
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 S = 1_000_000

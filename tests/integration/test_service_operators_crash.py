@@ -31,9 +31,9 @@ import pytest
 from millwheel.record import MAX_TIMESTAMP, Record
 from millwheel.topology import CodeRef, ComputationSpec, InjectorSpec, InputSpec, LatePolicy, Options, Topology
 from services.generated import millwheel_pb2 as pb
-from tests.integration.service_cluster import Cluster, wait_for
 from tests.support import operator_refs as ref
 from tests.support.operator_refs import DISORDER, LATENESS, S
+from tests.support.service_cluster import Cluster, wait_for
 
 pytestmark = [pytest.mark.timeout(400), pytest.mark.slow]
 GAP, LOWER, UPPER = 5 * S, -5 * S, 10 * S

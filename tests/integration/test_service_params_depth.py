@@ -15,7 +15,7 @@ import pytest
 from millwheel.limits import MAX_PARAMS_DEPTH
 from services.generated import millwheel_pb2 as pb
 from services.generated import millwheel_pb2_grpc as pb_grpc
-from tests.integration.service_cluster import Cluster
+from tests.support.service_cluster import Cluster
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -12,8 +12,8 @@ import threading
 import time
 from pathlib import Path
 
-from tests.integration.service_cluster import PIPELINE_CODE, ROOT, Cluster, wait_for
 from tests.support import pipelines
+from tests.support.service_cluster import PIPELINE_CODE, ROOT, Cluster, wait_for
 
 
 def test_pending_outbox_per_range_rises_and_drains(tmp_path: Path) -> None:

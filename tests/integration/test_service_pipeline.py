@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from millwheel.record import MAX_TIMESTAMP
-from tests.integration.service_cluster import PIPELINE_CODE, Cluster, expected_outputs, wait_for
 from tests.support import pipelines
+from tests.support.service_cluster import PIPELINE_CODE, Cluster, expected_outputs, wait_for
 
 pytestmark = pytest.mark.timeout(240)
 DISORDER = 2 * pipelines.SECOND

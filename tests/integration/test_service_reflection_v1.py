@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from millwheel.record import MAX_TIMESTAMP
-from tests.integration.service_cluster import PIPELINE_CODE, Cluster
 from tests.support import pipelines
+from tests.support.service_cluster import PIPELINE_CODE, Cluster
 
 pytestmark = pytest.mark.timeout(120)
 

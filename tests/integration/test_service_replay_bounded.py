@@ -31,7 +31,7 @@ from millwheel.runtime.failures import dead_letter_id
 from millwheel.topology import CodeRef, ComputationSpec, InjectorSpec, InputSpec, Options, Topology
 from services.generated import millwheel_pb2 as pb
 from services.generated import millwheel_pb2_grpc as pb_grpc
-from tests.integration.service_cluster import PIPELINE_CODE, Cluster, wait_for
+from tests.support.service_cluster import PIPELINE_CODE, Cluster, wait_for
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 S = 1_000_000

@@ -24,9 +24,9 @@ from millwheel.record import Record
 from millwheel.sources import ListSource
 from services.cli import main as cli
 from services.rpc.status import PreconditionError, UnavailableError
-from tests.integration.service_cluster import Cluster, alongside, expected_outputs, sigkill_after, wait_for
 from tests.support import tagged_counts
 from tests.support.redis_server import RedisServer
+from tests.support.service_cluster import Cluster, alongside, expected_outputs, sigkill_after, wait_for
 from tests.support.tagged_counts import topology
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]

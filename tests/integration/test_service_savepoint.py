@@ -20,7 +20,6 @@ import pytest
 
 from millwheel.errors import InvalidSpecError, PermissionDeniedError
 from services.rpc.status import PreconditionError
-from tests.integration.service_cluster import wait_for
 from tests.support.redis_server import RedisServer
 from tests.support.savepoints import (
     BATCH,
@@ -34,6 +33,7 @@ from tests.support.savepoints import (
     start,
     topology,
 )
+from tests.support.service_cluster import wait_for
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 

@@ -18,9 +18,9 @@ import pytest
 
 from millwheel.errors import InvalidSpecError
 from millwheel.state import open_store
-from tests.integration.service_cluster import Cluster
 from tests.support.redis_cluster import RedisClusterNodes
 from tests.support.savepoints import flipped, mid_stream, send_restore
+from tests.support.service_cluster import Cluster
 
 pytestmark = [pytest.mark.timeout(400), pytest.mark.slow]
 

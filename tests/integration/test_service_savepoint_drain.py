@@ -26,9 +26,9 @@ from millwheel.sources import ListSource
 from millwheel.state import open_store
 from millwheel.topology import CodeRef, ComputationSpec, InputSpec, Options
 from services.rpc.status import PreconditionError
-from tests.integration.service_cluster import PIPELINE_CODE, Cluster, expected_outputs, wait_for
 from tests.support import tagged_counts
 from tests.support.savepoints import run_cli
+from tests.support.service_cluster import PIPELINE_CODE, Cluster, expected_outputs, wait_for
 from tests.support.tagged_counts import SECOND, topology
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]

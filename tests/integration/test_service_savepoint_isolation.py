@@ -24,8 +24,8 @@ import pytest
 from millwheel.sources import ListSource
 from services.client import ControllerClient
 from services.generated import millwheel_pb2 as pb
-from tests.integration.service_cluster import Cluster, expected_outputs, wait_for
 from tests.support.isolation import pings, topology, write_ballast
+from tests.support.service_cluster import Cluster, expected_outputs, wait_for
 from tests.support.tagged_counts import records
 
 pytestmark = [pytest.mark.timeout(400), pytest.mark.slow]

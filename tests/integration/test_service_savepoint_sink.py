@@ -21,10 +21,10 @@ from millwheel.connectors.spec import sinks_from_list
 from millwheel.sources import ListSource
 from millwheel.topology import Topology
 from services.rpc.convert import spec_to_proto
-from tests.integration.service_cluster import Cluster, expected_outputs, wait_for
 from tests.support.postgres_server import PostgresServer
 from tests.support.redis_server import RedisServer
 from tests.support.savepoints import BATCH, records, run_cli, start, topology
+from tests.support.service_cluster import Cluster, expected_outputs, wait_for
 
 pytest.importorskip("psycopg")
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]

@@ -10,8 +10,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from tests.integration.service_cluster import Cluster, WatermarkMonitor, expected_outputs, wait_for
 from tests.support import pipelines
+from tests.support.service_cluster import Cluster, WatermarkMonitor, expected_outputs, wait_for
 
 DISORDER = 2 * pipelines.SECOND
 

@@ -30,8 +30,8 @@ from services.client import ControllerClient
 from services.generated import millwheel_pb2 as pb
 from services.rpc.security import Security
 from services.rpc.server import channel
-from tests.integration.service_cluster import ROOT, wait_for
 from tests.support.redis_server import free_port
+from tests.support.service_cluster import ROOT, wait_for
 
 pytestmark = [pytest.mark.timeout(300)]
 
@@ -357,7 +357,7 @@ def test_workers_import_only_allowed_code(tmp_path: Path) -> None:
     """The controller allows a module (so the registration is taken) but a worker does
     not: that worker never imports it. A worker that allows it does (the proof file
     shows the test can tell)."""
-    from tests.integration.service_cluster import Cluster
+    from tests.support.service_cluster import Cluster
 
     proof = tmp_path / "proof"
     cluster = Cluster(tmp_path, allow_code="tests.support.proof_code", worker_args=["--allow-code", ""])

@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 
 from millwheel.state.redis_store import RedisStore
-from tests.integration.service_cluster import PIPELINE_CODE, Cluster, expected_outputs
 from tests.support import pipelines
 from tests.support.redis_cluster import RedisClusterNodes
+from tests.support.service_cluster import PIPELINE_CODE, Cluster, expected_outputs
 
 pytestmark = pytest.mark.timeout(420)
 

@@ -20,8 +20,8 @@ import pytest
 
 from millwheel.errors import MillWheelError
 from services.generated import millwheel_pb2 as pb
-from tests.integration.service_cluster import Cluster
 from tests.support.canary_pipeline import COMPUTATION, Canary
+from tests.support.service_cluster import Cluster
 
 pytestmark = pytest.mark.timeout(300)
 CENTURY_US = 100 * 365 * 86_400 * 1_000_000

@@ -30,7 +30,8 @@ from millwheel.spec import computation_to_dict
 from millwheel.topology import CodeRef, ComputationSpec, InputSpec, Options, Topology
 from services.rpc.convert import spec_to_proto
 from services.rpc.status import PreconditionError
-from tests.integration.service_cluster import (
+from tests.support import tagged_counts
+from tests.support.service_cluster import (
     ROOT,
     Cluster,
     expected_outputs,
@@ -38,7 +39,6 @@ from tests.integration.service_cluster import (
     sigkill_after,
     wait_for,
 )
-from tests.support import tagged_counts
 from tests.support.tagged_counts import WINDOW, count_spec, tag_spec
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]

@@ -26,9 +26,9 @@ from millwheel.record import Record
 from millwheel.topology import CodeRef, ComputationSpec, InjectorSpec, InputSpec, Topology
 from services.rpc.convert import spec_to_proto
 from services.rpc.status import PreconditionError
-from tests.integration.service_cluster import PIPELINE_CODE, Cluster, inject_with_a_call, sigkill_after, wait_for
 from tests.support import tagged_counts
 from tests.support.savepoints import run_cli
+from tests.support.service_cluster import PIPELINE_CODE, Cluster, inject_with_a_call, sigkill_after, wait_for
 from tests.support.tagged_counts import SECOND
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from millwheel.topology import Options, Productions
-from tests.integration.service_cluster import Cluster
 from tests.integration.test_service_failures import run_pipeline
 from tests.support import pipelines
+from tests.support.service_cluster import Cluster
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 WEAK = Options(productions=Productions.WEAK, key_ranges=3)

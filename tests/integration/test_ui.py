@@ -25,8 +25,8 @@ from typing import Any
 import pytest
 
 from millwheel.record import Record
-from tests.integration.service_cluster import ROOT, wait_for
 from tests.integration.ui_cluster import T0, Console, clicks, console_with_clicks, readme_pipeline
+from tests.support.service_cluster import ROOT, wait_for
 
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

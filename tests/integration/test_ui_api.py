@@ -27,7 +27,6 @@ from millwheel.record import MAX_TIMESTAMP, MIN_TIMESTAMP, Record
 from millwheel.spec import computation_to_dict
 from services.rpc.convert import spec_dict_to_proto, spec_from_proto
 from services.rpc.security import Security
-from tests.integration.service_cluster import ROOT, Cluster, wait_for
 from tests.integration.ui_cluster import (
     SECRET,
     T0,
@@ -38,6 +37,7 @@ from tests.integration.ui_cluster import (
 )
 from tests.support.certs import CertificateAuthority
 from tests.support.redis_server import free_port
+from tests.support.service_cluster import ROOT, Cluster, wait_for
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -12,8 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.integration.service_cluster import ROOT, wait_for
 from tests.support.redis_server import free_port
+from tests.support.service_cluster import ROOT, wait_for
 
 
 def children(port: int) -> list[int]:

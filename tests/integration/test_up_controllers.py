@@ -15,9 +15,9 @@ import pytest
 from millwheel.record import Record
 from services.client import ControllerClient
 from services.rpc.security import Security
-from tests.integration.service_cluster import PIPELINE_CODE, expected_outputs, wait_for
 from tests.integration.test_up_cleanup import _role, children, processes_mentioning, up
 from tests.support import pipelines
+from tests.support.service_cluster import PIPELINE_CODE, expected_outputs, wait_for
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
 

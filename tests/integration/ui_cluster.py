@@ -21,8 +21,8 @@ import yaml
 from millwheel.record import Record
 from services.rpc.convert import spec_dict_to_proto
 from services.rpc.security import Security
-from tests.integration.service_cluster import ROOT, Cluster, wait_for
 from tests.support.redis_server import free_port
+from tests.support.service_cluster import ROOT, Cluster, wait_for
 
 T0 = 1_700_000_000_000_000
 TOKEN = "client-" + secrets.token_urlsafe(24)

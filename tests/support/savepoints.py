@@ -20,8 +20,8 @@ from millwheel.record import Record
 from millwheel.savepoint.format import Writer
 from millwheel.sources import ListSource
 from services.cli import main as cli
-from tests.integration.service_cluster import Cluster, expected_outputs, start_cluster, wait_for
 from tests.support import tagged_counts
+from tests.support.service_cluster import Cluster, expected_outputs, start_cluster, wait_for
 from tests.support.tagged_counts import topology
 
 N = 1200
