@@ -17,7 +17,7 @@ capacity measured first by a short backlog run (or ``--rate``), for ``--minutes`
 
 At the end it sends ``done``, waits for every window and compares the sink's rows
 with the exact expected counts (every window once), then computes the targets
-(:mod:`bench.report.soak_series`): RSS and store-size growth <= 10% over the last 20
+(:mod:`bench.cases.soak_series`): RSS and store-size growth <= 10% over the last 20
 minutes (the last 2/3 of a shorter run), lag flat there, output exact. It writes
 ``STEM.csv`` (the samples), ``STEM.png`` (one panel per series family) and
 ``STEM.json`` (everything) into ``--out`` (default bench/results/).
@@ -55,9 +55,9 @@ from pathlib import Path
 from typing import Any
 
 from bench import pipelines
+from bench.cases import soak_series
 from bench.cases.service import INJECTOR, Service, SinkReader
 from bench.harness import ROOT, commit, log, private_store
-from bench.report import soak_series
 from bench.workload import DISORDER_US, PAD, SECOND, WINDOW_US
 from millwheel.record import Record
 from millwheel.topology import Topology

@@ -1,4 +1,4 @@
-"""The soak's conclusions from its series (bench/report/soak_series.py) and its workload
+"""The soak's conclusions from its series (bench/cases/soak_series.py) and its workload
 (bench/cases/soak.py), on synthetic series: the growth over the final window, the
 target rows, the exact-output check. No service is started and nothing is timed."""
 
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from bench.cases import soak_series as ss
 from bench.cases.soak import Feed, Plan, compare, topology
-from bench.report import soak_series as ss
 from bench.workload import DISORDER_US, WINDOW_US
 
 
