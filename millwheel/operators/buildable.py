@@ -21,7 +21,7 @@ from millwheel.computation import Computation
 from millwheel.errors import InvalidSpecError
 from millwheel.operators.holistic_window import window_aggregate
 from millwheel.operators.join import IntervalJoin
-from millwheel.operators.session import SessionWindow
+from millwheel.operators.session_window import SessionWindow
 from millwheel.operators.transform import Filter, Map
 from millwheel.spark import spark_aggregate
 from millwheel.topology import ComputationSpec
