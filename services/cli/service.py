@@ -228,7 +228,7 @@ def stop_controller(server: Any, service: Any, console: Any) -> None:
         console.close()
     service.close()
     server.stop(grace=1.0).wait(2.0)
-    service.store.close()
+    service.plane.store.close()
 
 
 def cmd_worker(args: argparse.Namespace) -> int:

@@ -49,9 +49,9 @@ from typing import Any, Callable, Protocol
 import grpc
 
 from millwheel.errors import MillWheelError
+from millwheel.nodes import injector_node, is_injector, sink_node
 from millwheel.record import MAX_TIMESTAMP
 from millwheel.state.protocol import StateStore
-from millwheel.topology import injector_node
 
 from ..generated import millwheel_pb2 as pb
 from .assign import DRAINING_KEY, Assigner
@@ -69,17 +69,21 @@ class DrainTimeoutError(MillWheelError):
 
 
 class DrainHost(Protocol):
-    """What the drain uses of the controller (services/controller/service.py)."""
+    """What the drain reads of the controller (services/controller/plane.py's
+    ControlPlane is one): at each use, since a change of leadership replaces the
+    registry and the assignment."""
 
     store: StateStore
     registry: Registry
     assigner: Assigner
     lock: threading.RLock
 
-    _sinks_down: dict[str, dict[str, float]]  # worker -> its failing sinks -> seconds (heartbeats)
-    _sink_positions: dict[str, dict[str, int]]  # worker -> its sinks -> committed log position
+    sinks_down: dict[str, dict[str, float]]  # worker -> its failing sinks -> seconds (heartbeats)
+    sink_positions: dict[str, dict[str, int]]  # worker -> its sinks -> committed log position
 
-    def _hand_over(self, node: str, batch: pb.DeliverBatch) -> pb.DeliverAck: ...
+
+#: How the drain hands an injector's closing batch to its owner (services/controller/inject.py).
+HandOver = Callable[[str, pb.DeliverBatch], pb.DeliverAck]
 
 
 def start_draining(host: DrainHost, now_us: int) -> None:
@@ -90,7 +94,7 @@ def start_draining(host: DrainHost, now_us: int) -> None:
             host.assigner.draining = True
 
 
-def drain(host: DrainHost, timeout_s: float, report: Callable[[str, int, str], None]) -> None:
+def drain(host: DrainHost, hand_over: HandOver, timeout_s: float, report: Callable[[str, int, str], None]) -> None:
     """Steps 1-3 (the caller takes the cut); DrainTimeoutError past ``timeout_s``."""
     started = time.monotonic()
     deadline = started + (timeout_s if timeout_s > 0 else DEFAULT_TIMEOUT_S)
@@ -106,8 +110,8 @@ def drain(host: DrainHost, timeout_s: float, report: Callable[[str, int, str], N
             stored = host.store.read_watermarks(node)
             short.extend((stored.get(r, -(2**63)), node, r) for r in range(ranges)
                          if stored.get(r, -(2**63)) < MAX_TIMESTAMP)
-        for node in sorted({n for _, n, _ in short if n.startswith("injector:")}):
-            _close(host, node)
+        for node in sorted({n for _, n, _ in short if is_injector(n)}):
+            _close(host, hand_over, node)
         pending = 0 if short else _pending(host.store, nodes)
         behind = [] if short or pending else sinks_behind(host)
         if not short and not pending and not behind:
@@ -138,13 +142,13 @@ def drain(host: DrainHost, timeout_s: float, report: Callable[[str, int, str], N
         time.sleep(POLL_S)
 
 
-def _close(host: DrainHost, node: str) -> None:
+def _close(host: DrainHost, hand_over: HandOver, node: str) -> None:
     """Step 2 for one injector: +inf to its owner (an Inject ``done`` without records).
     A failure (no owner yet, its outbox full) is retried at the next round."""
     batch = pb.DeliverBatch(computation=node, range_id=0, topology_version=host.registry.version,
                             inject_session=secrets.token_hex(8), inject_seq=1, watermark=MAX_TIMESTAMP)
     try:
-        host._hand_over(node, batch)
+        hand_over(node, batch)
     except MillWheelError:
         pass
 
@@ -170,9 +174,9 @@ def sinks_behind(host: DrainHost) -> list[SinkBehind]:
     highest reported committed position is short of their stream log's last entry."""
     sinks = host.registry.topology.sinks
     with host.lock:
-        reported = [dict(p) for p in host._sink_positions.values()]
-        owners = {s.name: host.assigner.units.get((f"sink:{s.name}", 0)) for s in sinks}
-        down = {name: host._sinks_down.get(o.worker_id or "", {}).get(name)
+        reported = [dict(p) for p in host.sink_positions.values()]
+        owners = {s.name: host.assigner.units.get((sink_node(s.name), 0)) for s in sinks}
+        down = {name: host.sinks_down.get(o.worker_id or "", {}).get(name)
                 for name, o in owners.items() if o is not None}
     out = []
     for sink in sinks:

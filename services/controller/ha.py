@@ -20,7 +20,8 @@ On election the new leader reloads the registry and the assignment from the stor
 gives the workers found there ``takeover_grace_s`` to heartbeat before declaring any
 dead, so a leader change moves no range whose worker is alive.
 
-:class:`Replicated` is a mixin of :class:`services.controller.service.ControllerService`.
+:class:`Leadership` is the part that does it; whether this controller leads is
+:meth:`services.controller.plane.ControlPlane.leading`.
 """
 
 from __future__ import annotations
@@ -30,12 +31,9 @@ import json
 import logging
 import threading
 import time
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, Callable, Iterator, Protocol, TypeVar
 
 import grpc
-
-from millwheel.importing import AllowList
-from millwheel.state.protocol import StateStore
 
 from ..generated import millwheel_pb2_grpc as pb_grpc
 from ..rpc.admission import FORWARDED_FOR, peer_host
@@ -44,10 +42,8 @@ from ..rpc.security import process
 from ..rpc.server import channel, check
 from ..rpc.status import NotLeaderError, UnavailableError
 from .assign import Assigner
-from .leader import Elector
+from .plane import ControlPlane
 from .registry import REGISTRY_KEY, Registry
-from .store_work import StoreWork
-from .watermarks import Watermarks
 
 log = logging.getLogger("millwheel.controller")
 
@@ -68,91 +64,84 @@ class RemoteError(UnavailableError):
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+class _Servicer(Protocol):
+    leadership: Leadership
+
+
 def leader_only(fn: F) -> F:
-    """A public write RPC: run by the leader; a standby forwards the call (a well-formed
-    request, by the method's name) and passes the leader's answer back."""
+    """A public write RPC of a servicer holding ``leadership``: run by the leader; a
+    standby forwards the call (a well-formed request, by the method's name) and passes
+    the leader's answer back."""
 
     @functools.wraps(fn)
-    def wrapper(self: Replicated, request: Any, context: grpc.ServicerContext) -> Any:
-        if not self.leading():
+    def wrapper(self: _Servicer, request: Any, context: grpc.ServicerContext) -> Any:
+        if not self.leadership.plane.leading():
             check(request)
-            return self.forward(fn.__name__, request, context)
+            return self.leadership.forward(fn.__name__, request, context)
         return fn(self, request, context)
 
     return wrapper  # type: ignore[return-value]
 
 
-class Replicated:
-    """Leader or standby (a mixin of ControllerService)."""
+class Leadership:
+    """Leader or standby: taking over when elected, the standby's view, forwarding to
+    the leader. It binds itself to the plane's elector at construction (the elector calls
+    :meth:`elected` and :meth:`deposed` from its thread). ``finish_interrupted``: run on
+    election before anything is assigned, with the registry as stored (a rescale cut
+    short is finished or undone: services/controller/rescale.py)."""
 
-    # Set by ControllerService.__init__ (services/controller/service.py).
-    store: StateStore
-    registry: Registry
-    assigner: Assigner
-    lock: threading.RLock
-    work: StoreWork
-    wms: Watermarks
-    elector: Elector
-    allow_code: AllowList
-    heartbeat_timeout_s: float
-    takeover_grace_s: float
-    _registry_changed: Callable[[], None]
-    _finish_interrupted: Callable[[Registry], None]  # services/controller/rescale.py
-
-    _view_at = 0.0
-    _leader_channels: dict[str, grpc.Channel]
-    _forwards: dict[int, tuple[str, Any]]  # forwarded calls in flight: (their leader, the call)
-    _forwards_lock: threading.Lock
-
-    @property
-    def address(self) -> str:
-        return self.elector.address
-
-    _led_epoch: int | None = None  # the epoch whose takeover is complete
-
-    def leading(self) -> bool:
-        """Leads, and has taken over: registry and assignment loaded for this epoch.
-        (Until then a new leader answers like a standby, so no heartbeat meets the
-        read-only view in which every worker looks dead.)"""
-        epoch = self.elector.epoch
-        return epoch is not None and epoch == self._led_epoch and self.elector.is_leader()
-
-    _leaderless_since: float | None = None
+    def __init__(self, plane: ControlPlane, finish_interrupted: Callable[[Registry], None]) -> None:
+        self.plane = plane
+        self._finish_interrupted = finish_interrupted
+        self._view_at = 0.0
+        self._leaderless_since: float | None = None
+        self._leader_channels: dict[str, grpc.Channel] = {}
+        self._forwards: dict[int, tuple[str, Any]] = {}  # forwarded calls in flight: (their leader, the call)
+        self._forwards_lock = threading.Lock()
+        plane.elector.on_elected = self.elected
+        plane.elector.on_deposed = self.deposed
 
     def readiness_problem(self) -> str:
         """'' while this controller can serve a request (it leads, or it knows the
         leader to forward to); else, after two lease TTLs without a leader, why not."""
-        if self.leading() or self.elector.leader_address:
+        elector = self.plane.elector
+        if self.plane.leading() or elector.leader_address:
             self._leaderless_since = None
             return ""
         now = time.monotonic()
         self._leaderless_since = self._leaderless_since or now
-        if now - self._leaderless_since > 2 * self.elector.ttl_s:
+        if now - self._leaderless_since > 2 * elector.ttl_s:
             return f"no controller has led for {now - self._leaderless_since:.0f} s"
         return ""
 
+    def close(self) -> None:
+        for ch in self._leader_channels.values():
+            ch.close()
+
     # -- role changes (called by the elector's thread) --------------------------------
-    def _on_elected(self, epoch: int) -> None:
+    def elected(self, epoch: int) -> None:
         """Take over: the registry and the assignment as stored, workers given a grace."""
+        p = self.plane
         started = time.monotonic()
         # Read outside the lock (a standby's queries go on meanwhile); the moves it
         # decides run off the lock too (services/controller/assign.py).
-        registry = Registry(self.store, self.allow_code)
+        registry = Registry(p.store, p.allow_code)
         self._finish_interrupted(registry)  # a rescale cut short: one layout, before any assignment
-        assigner = Assigner(self.store, self.heartbeat_timeout_s,
-                            grace_s=max(self.takeover_grace_s, self.heartbeat_timeout_s),
-                            work=self.work, lock=self.lock)
-        self.wms.refresh_now(registry.nodes(), TAKEOVER_READ_S)  # serve nothing below the store
-        with self.lock:
-            self.registry, self.assigner = registry, assigner
-            self._registry_changed()  # units for every registered node; moves only orphans
-            self._led_epoch = epoch
+        timeouts = p.timeouts
+        assigner = Assigner(p.store, timeouts.heartbeat_s,
+                            grace_s=max(timeouts.takeover_grace_s, timeouts.heartbeat_s),
+                            work=p.work, lock=p.lock)
+        p.wms.refresh_now(registry.nodes(), TAKEOVER_READ_S)  # serve nothing below the store
+        with p.lock:
+            p.registry, p.assigner = registry, assigner
+            p.registry_changed()  # units for every registered node; moves only orphans
+            p.led_epoch = epoch
         log.warning("leader %s (epoch %d) took over in %.3f s: registry version %d, %d ranges, "
-                    "%d known workers", self.address, epoch, time.monotonic() - started,
-                    self.registry.version, len(self.assigner.units), len(self.assigner.workers))
+                    "%d known workers", p.address, epoch, time.monotonic() - started,
+                    p.registry.version, len(p.assigner.units), len(p.assigner.workers))
 
-    def _on_deposed(self) -> None:
-        self._led_epoch = None
+    def deposed(self) -> None:
+        self.plane.led_epoch = None
         self._view_at = 0.0  # re-read the store's view at the next standby pass
 
     def fresh_view(self) -> bool:
@@ -160,51 +149,52 @@ class Replicated:
         now, since a registration made through the leader reaches a standby's periodic
         pass up to STANDBY_REFRESH_S later. True if the view was re-read (worth looking
         again); False on the leader, whose view is the truth."""
-        if self.leading():
+        if self.plane.leading():
             return False
         self._view_at = 0.0
-        self._standby_pass()
+        self.standby_pass()
         return True
 
-    def _standby_pass(self) -> None:
+    def standby_pass(self) -> None:
         """A standby's view: the registry when its version changed, and the assignment
         (read only, for status and the console), every STANDBY_REFRESH_S."""
+        p = self.plane
         now = time.monotonic()
         if now - self._view_at < STANDBY_REFRESH_S:
             return
         self._view_at = now
-        raw = self.store.get_meta(REGISTRY_KEY)
+        raw = p.store.get_meta(REGISTRY_KEY)
         version = int(json.loads(raw)["version"]) if raw is not None else 0
-        view = Assigner(self.store, self.heartbeat_timeout_s, check_tokens=False)
-        with self.lock:
-            if self.elector.epoch is not None:  # elected meanwhile: the takeover loads its own
+        view = Assigner(p.store, p.timeouts.heartbeat_s, check_tokens=False)
+        with p.lock:
+            if p.elector.epoch is not None:  # elected meanwhile: the takeover loads its own
                 return
-            if version != self.registry.version:
-                self.registry = Registry(self.store, self.allow_code)
+            if version != p.registry.version:
+                p.registry = Registry(p.store, p.allow_code)
             for w in view.workers.values():
                 w.alive = False  # unknown here: heartbeats go to the leader
-            self.assigner = view
+            p.assigner = view
 
     # -- answering for the leader --------------------------------------------------------
     def _not_leader(self) -> str:
-        leader = self.elector.leader_address
-        if leader and leader != self.address:
-            return f"controller {self.address} is a standby; the leader is {leader}"
-        return f"controller {self.address} is a standby and no leader is elected yet; retry shortly"
+        address, leader = self.plane.address, self.plane.elector.leader_address
+        if leader and leader != address:
+            return f"controller {address} is a standby; the leader is {leader}"
+        return f"controller {address} is a standby and no leader is elected yet; retry shortly"
 
     def redirect(self, context: grpc.ServicerContext) -> NotLeaderError:
         """Refuse a worker's call: UNAVAILABLE (raise what this returns), with where the
         leader is in the trailing metadata."""
-        leader = self.elector.leader_address
-        if leader and leader != self.address:
+        leader = self.plane.elector.leader_address
+        if leader and leader != self.plane.address:
             context.set_trailing_metadata(((LEADER_METADATA, leader),))
         return NotLeaderError(self._not_leader())
 
     def _leader_stub(self, context: grpc.ServicerContext) -> tuple[str, pb_grpc.ControllerStub]:
         if any(k == FORWARDED_METADATA for k, _v in context.invocation_metadata()):
             raise NotLeaderError(f"{self._not_leader()} (a forwarded request is not forwarded again)")
-        leader = self.elector.leader_address
-        if not leader or leader == self.address:
+        leader = self.plane.elector.leader_address
+        if not leader or leader == self.plane.address:
             raise NotLeaderError(self._not_leader())
         ch = self._leader_channels.get(leader)
         if ch is None:
@@ -218,14 +208,14 @@ class Replicated:
         leader, stub = self._leader_stub(context)
         remaining = context.time_remaining()
         call = getattr(stub, method).future(request, timeout=min(remaining or 120.0, 120.0),
-                                            metadata=_forwarded(self.address, context))
+                                            metadata=_forwarded(self.plane.address, context))
         return self._forwarded(leader, call, context)
 
     def forward_stream(self, method: str, requests: Iterator[Any], context: grpc.ServicerContext) -> Any:
         """Forward a client-streaming call (Inject) to the leader, message by message as
         they arrive; its trailing metadata (backpressure hints) comes back too."""
         leader, stub = self._leader_stub(context)
-        call = getattr(stub, method).future(requests, metadata=_forwarded(self.address, context))
+        call = getattr(stub, method).future(requests, metadata=_forwarded(self.plane.address, context))
         return self._forwarded(leader, call, context)
 
     def _forwarded(self, leader: str, call: Any, context: grpc.ServicerContext) -> Any:
@@ -248,7 +238,7 @@ class Replicated:
 
     def cancel_stale_forwards(self) -> None:
         """Cancel the forwarded calls whose leader no longer leads (called every reaper pass)."""
-        leader = self.elector.leader_address
+        leader = self.plane.elector.leader_address
         with self._forwards_lock:
             stale = [call for target, call in self._forwards.values() if target != leader]
         for call in stale:
@@ -261,7 +251,7 @@ class Replicated:
         code = exc.code()
         details = exc.details() or code.name
         if code == grpc.StatusCode.UNAVAILABLE:
-            details = f"leader {self.elector.leader_address}: {details}"
+            details = f"leader {self.plane.elector.leader_address}: {details}"
         return RemoteError(details, code)
 
 

@@ -3,38 +3,37 @@ first use, handing batches over to the worker owning the injector (kept-open Del
 streams, a window of messages in flight, retries and backpressure) and counting what
 was accepted.
 
-:class:`Injecting` is a mixin of :class:`services.controller.service.ControllerService`, which
-holds the state it uses (registry, assigner, limits, links, lock).
+:class:`Injection` is the part; :class:`WorkerLinks` the links it (and the dead-letter
+replay) hands batches over on.
 """
 
 from __future__ import annotations
 
 import random
 import secrets
-import threading
 import time
 from collections import deque
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import Any, Callable, Iterator, cast
+from dataclasses import dataclass
+from typing import Any, Iterator, cast
 
 import grpc
 
-from millwheel.clock import SystemClock
 from millwheel.errors import InvalidSpecError, MillWheelError, NotFoundError
+from millwheel.nodes import injector_node
 from millwheel.record import MAX_TIMESTAMP, MIN_TIMESTAMP
-from millwheel.state.protocol import StateStore
-from millwheel.topology import InjectorSpec, injector_node
+from millwheel.topology import InjectorSpec
 
 from ..generated import millwheel_pb2 as pb
-from ..metrics import PrometheusSensors
 from ..rpc.server import check
 from ..rpc.status import BusyError, PreconditionError, UnavailableError, code_for
 from ..rpc.worker_link import LinkError, PeerLink
-from .assign import Assigner
+from .ha import Leadership
 from .inject_split import split
 from .limits import InjectLimits
-from .registry import Registry
+from .plane import ControlPlane
+from .replay import Replayer
 
 Ctx = grpc.ServicerContext
 
@@ -43,25 +42,55 @@ BUSY_RETRY_MS = 500  # the retry hint of an Inject refused for backpressure
 INJECT_BATCH = 5000  # larger Inject messages go to the injector's owner in pieces this big
 
 
-class Injecting:
-    """The Inject RPC and its hand-over to the injector's owner (a mixin of ControllerService)."""
+class WorkerLinks:
+    """The controller's kept-open links to workers (the Inject path's and the dead-letter
+    replay's), guarded by the plane's lock."""
 
-    # Set by ControllerService.__init__ (services/controller/service.py) or defined there.
-    registry: Registry
-    assigner: Assigner
-    store: StateStore
-    limits: InjectLimits
-    clock: SystemClock
-    sensors: PrometheusSensors | None
-    lock: threading.RLock
-    inject_batch: int
-    inject_timeout_s: float
-    inject_wait_s: float
-    _links: dict[str, PeerLink]
-    _stop: threading.Event
-    _after_registration: Callable[[], None]
-    leading: Callable[[], bool]
-    forward_stream: Callable[[str, Iterator[Any], Ctx], Any]
+    def __init__(self, plane: ControlPlane) -> None:
+        self.plane = plane
+        self.links: dict[str, PeerLink] = {}
+
+    def link(self, address: str) -> PeerLink:
+        """The kept-open link to ``address``. Opening one first closes the idle links
+        to addresses no live worker has now: a worker restarted comes back at another
+        port, so without this every address ever injected to would keep its channel
+        and reader thread for the life of the controller."""
+        p = self.plane
+        with p.lock:
+            link = self.links.get(address)
+            if link is None:
+                live = {w.address for w in p.assigner.workers.values() if w.alive}
+                for old in [a for a, k in self.links.items() if a not in live and k.idle()]:
+                    self.links.pop(old).close()
+                    if p.sensors is not None:
+                        p.sensors.forget_destination(old)
+                link = self.links[address] = PeerLink(address, 32, p.sensors)
+            return link
+
+
+@dataclass(frozen=True)
+class InjectSettings:
+    """How the Inject path hands records over."""
+
+    limits: InjectLimits  #: per-message limits (services/controller/limits.py)
+    batch: int = INJECT_BATCH  #: larger messages go to the injector's owner in pieces this big
+    timeout_s: float = 15.0  #: a hand-over retried (to whoever owns the injector) this long
+    wait_s: float = 10.0  #: a message held under backpressure this long before BUSY
+
+
+class Injection:
+    """The Inject RPC and its hand-over to the injector's owner; the dead-letter replay,
+    the other way records enter the service. Constructed with the plane, the leadership
+    part (a standby forwards Inject), the links to workers and its settings."""
+
+    def __init__(self, plane: ControlPlane, leadership: Leadership, links: WorkerLinks,
+                 settings: InjectSettings) -> None:
+        self.plane = plane
+        self.leadership = leadership
+        self.links = links
+        self.settings = settings
+        self.replayer = Replayer(plane, links.link)
+        self._closed: set[str] = set()  # injectors seen closed (a watermark never goes back)
 
     def _injector_for(self, msg: Any, index: int) -> InjectorSpec:
         where = f"inject message {index}"
@@ -69,11 +98,12 @@ class Injecting:
             raise InvalidSpecError(f"{where}: 'injector' (the injector name) is required")
         # Fast path without the controller's lock (heartbeats hold it): the registry's
         # topology is replaced whole on every change, so this reads one version of it.
-        known = self.registry.injector(msg.injector)
+        registry = self.plane.registry
+        known = registry.injector(msg.injector)
         if known is not None and (not msg.stream or msg.stream == known.stream):
             return known
-        with self.registry.changing:  # registry changes one at a time, never under the controller's lock
-            existing = self.registry.injector(msg.injector)
+        with registry.changing:  # registry changes one at a time, never under the controller's lock
+            existing = registry.injector(msg.injector)
             if existing is not None:
                 if msg.stream and msg.stream != existing.stream:
                     raise InvalidSpecError(
@@ -83,16 +113,14 @@ class Injecting:
             if not msg.stream:
                 raise NotFoundError(
                     f"{where}: no injector named {msg.injector!r}; register it or name its 'stream'")
-            topo = self.registry.topology
+            topo = registry.topology
             if not topo.consumers(msg.stream):
                 raise NotFoundError(
                     f"{where}: no registered computation consumes stream {msg.stream!r}")
             spec = InjectorSpec(msg.injector, msg.stream)
-            self.registry.register_injector(spec)
-            self._after_registration()
+            registry.register_injector(spec)
+            self.plane.after_registration()
             return spec
-
-    _closed: set[str] | None = None  # injectors seen closed (a watermark never goes back)
 
     def _check_open(self, spec: InjectorSpec, msg: Any, index: int) -> None:
         """Records for an injector an earlier Inject closed (``done``: its watermark is
@@ -104,10 +132,8 @@ class Injecting:
         if not msg.records or msg.done:
             return
         node = injector_node(spec.name)
-        if self._closed is None:
-            self._closed = set()
         if node not in self._closed:
-            stored = self.store.read_watermarks(node)
+            stored = self.plane.store.read_watermarks(node)
             if not stored or min(stored.values()) < MAX_TIMESTAMP:
                 return
             self._closed.add(node)
@@ -122,9 +148,9 @@ class Injecting:
         an ID get ``INJECTOR/MESSAGE/INDEX``: fixed before the first attempt, so a retried
         hand-over is deduplicated downstream. The records are forwarded as they came
         (validated in place, not rebuilt)."""
-        missing = self.limits.check_message(msg, index, self.clock.now_us())
+        missing = self.settings.limits.check_message(msg, index, self.plane.clock.now_us())
         batch = pb.DeliverBatch(computation=injector_node(spec.name), range_id=0,
-                                topology_version=self.registry.version,
+                                topology_version=self.plane.registry.version,
                                 inject_session=session, inject_seq=index + 1)
         batch.records.extend(msg.records)
         if missing:
@@ -135,26 +161,29 @@ class Injecting:
             batch.watermark = MAX_TIMESTAMP if msg.done else msg.watermark
         return batch
 
-    def _owner_address(self, node: str) -> str | None:
-        # Read without the lock (a stale owner answers NOT_OWNER and we retry).
-        owner = self.assigner.units.get((node, 0))
-        worker = self.assigner.workers.get(owner.worker_id or "") if owner else None
+    def owner_address(self, node: str) -> str | None:
+        """The address of the live worker owning ``node``'s range 0, if any. Read without
+        the lock (a stale owner answers NOT_OWNER and we retry)."""
+        assigner = self.plane.assigner
+        owner = assigner.units.get((node, 0))
+        worker = assigner.workers.get(owner.worker_id or "") if owner else None
         return worker.address if worker is not None and worker.alive else None
 
-    def _hand_over(self, node: str, batch: pb.DeliverBatch) -> pb.DeliverAck:
+    def hand_over(self, node: str, batch: pb.DeliverBatch) -> pb.DeliverAck:
         """One batch to the owner of ``node``'s range 0 over a kept-open Deliver stream,
         retried (to whoever owns it by then) until acked or ``inject_timeout_s``. Sent
         alone, after every earlier message of its call was acked: it resyncs the
         worker's ordering of the call."""
         batch.inject_resync = True
-        deadline = time.monotonic() + self.inject_timeout_s
+        sensors, stop, settings = self.plane.sensors, self.plane.stop, self.settings
+        deadline = time.monotonic() + settings.timeout_s
         problem = "no live worker owns it yet"
         busy_since: float | None = None
         busy_waits = 0
         while True:
-            address = self._owner_address(node)
+            address = self.owner_address(node)
             if address:
-                link = self._link(address)
+                link = self.links.link(address)
                 fut = link.send(batch, wait_s=10)
                 try:
                     if fut is None:
@@ -162,21 +191,21 @@ class Injecting:
                     else:
                         ack = fut.result(timeout=10)
                         if ack.status == pb.DeliverAck.OK:
-                            if busy_since is not None and self.sensors is not None:
-                                self.sensors.backpressure(node, time.monotonic() - busy_since)
+                            if busy_since is not None and sensors is not None:
+                                sensors.backpressure(node, time.monotonic() - busy_since)
                             return ack
                         if ack.status == pb.DeliverAck.BUSY:
                             # Backpressure: hold the message (and so the client's stream)
                             # until the outbox drains, then give up with a retry hint.
                             now = time.monotonic()
                             busy_since = now if busy_since is None else busy_since
-                            if now - busy_since >= self.inject_wait_s or self._stop.is_set():
-                                if self.sensors is not None:
-                                    self.sensors.backpressure(node, now - busy_since)
+                            if now - busy_since >= settings.wait_s or stop.is_set():
+                                if sensors is not None:
+                                    sensors.backpressure(node, now - busy_since)
                                 raise BusyError(f"{ack.message}; retry later", BUSY_RETRY_MS)
                             busy_waits += 1
                             time.sleep(min(0.2, 0.005 * 2 ** min(busy_waits, 6)) * random.uniform(0.5, 1.0))
-                            deadline = time.monotonic() + self.inject_timeout_s
+                            deadline = time.monotonic() + settings.timeout_s
                             continue
                         problem = f"worker {address}: {ack.message}"
                 except LinkError as exc:
@@ -184,47 +213,32 @@ class Injecting:
                 except FutureTimeout:
                     link.reset("an injection is overdue")
                     problem = f"worker {address}: no answer within 10 s"
-            if time.monotonic() > deadline or self._stop.is_set():
+            if time.monotonic() > deadline or stop.is_set():
                 raise UnavailableError(f"cannot inject into {node}: {problem}")
             time.sleep(0.05)
 
-    def _link(self, address: str) -> PeerLink:
-        """The kept-open link to ``address``. Opening one first closes the idle links
-        to addresses no live worker has now: a worker restarted comes back at another
-        port, so without this every address ever injected to would keep its channel
-        and reader thread for the life of the controller."""
-        with self.lock:
-            link = self._links.get(address)
-            if link is None:
-                live = {w.address for w in self.assigner.workers.values() if w.alive}
-                for old in [a for a, k in self._links.items() if a not in live and k.idle()]:
-                    self._links.pop(old).close()
-                    if self.sensors is not None:
-                        self.sensors.forget_destination(old)
-                link = self._links[address] = PeerLink(address, 32, self.sensors)
-            return link
-
-    def Inject(self, request_iterator: Iterator[Any], context: Ctx) -> pb.InjectResponse:
+    def inject(self, request_iterator: Iterator[Any], context: Ctx) -> pb.InjectResponse:
         """Each message is validated whole before it is sent (a bad message adds nothing)
         and checkpointed into the injector's outbox before it counts as accepted. Up to
         ``INJECT_WINDOW`` messages are in flight at once on one ordered stream; the worker
         takes a message only after its predecessor, so after any refusal the rest are
         handed over one by one from the first refused message, in order. A standby
         forwards the call to the leader as it comes (services/controller/ha.py)."""
-        if not self.leading():
+        p = self.plane
+        if not p.leading():
             try:
-                return cast(pb.InjectResponse, self.forward_stream("Inject", request_iterator, context))
+                return cast(pb.InjectResponse, self.leadership.forward_stream("Inject", request_iterator, context))
             except MillWheelError as exc:
                 context.abort(code_for(exc), str(exc))
         call = _InjectCall(self, secrets.token_hex(8))
         try:
             for index, msg in enumerate(request_iterator):
                 check(msg)
-                self.limits.check_names(msg, index)
-                if self.assigner.stopped:  # services/controller/savepoint.py
+                self.settings.limits.check_names(msg, index)
+                if p.assigner.stopped:  # services/controller/savepoint.py
                     raise PreconditionError(f"inject message {index}: this service was stopped with a savepoint "
                                             "and takes no more records; restore the savepoint elsewhere")
-                if self.assigner.draining:  # services/controller/drain.py
+                if p.assigner.draining:  # services/controller/drain.py
                     raise PreconditionError(f"inject message {index}: this service is draining (savepoint "
                                             "create --drain): it takes no more records, and its injectors "
                                             "are closed")
@@ -245,10 +259,21 @@ class Injecting:
         return pb.InjectResponse(accepted=call.accepted, watermark=call.watermark)
 
 
+    def replay_dead_letters(self, request: Any, context: Ctx) -> pb.ReplayDeadLettersResponse:
+        """The dead letters of a computation handed to its ranges again
+        (services/controller/replay.py); refused once the service takes no more records."""
+        check(request)
+        assigner = self.plane.assigner
+        if assigner.stopped or assigner.draining:  # its records would come after the end
+            raise PreconditionError("ReplayDeadLetters: this service is stopped with a savepoint or draining "
+                                    "(savepoint create --drain) and takes no more records")
+        return self.replayer.replay(request.computation, context)
+
+
 class _InjectCall:
     """The messages of one Inject call in flight to the injector's owner, in order."""
 
-    def __init__(self, controller: Injecting, session: str) -> None:
+    def __init__(self, controller: Injection, session: str) -> None:
         self.controller = controller
         self.session = session
         self.accepted = 0  # records of the messages accepted, a prefix of the call
@@ -259,14 +284,14 @@ class _InjectCall:
         self.inflight: deque[tuple[str, pb.DeliverBatch, Future[Any], bool]] = deque()
 
     def send(self, node: str, message: pb.DeliverBatch) -> None:
-        for batch, ends in split(message, self.controller.inject_batch):
+        for batch, ends in split(message, self.controller.settings.batch):
             self.seq += 1
             batch.inject_seq = self.seq
-            address = self.controller._owner_address(node)
-            fut = self.controller._link(address).try_send(batch) if address else None
+            address = self.controller.owner_address(node)
+            fut = self.controller.links.link(address).try_send(batch) if address else None
             if fut is None:  # no owner yet, or no room: the careful path
                 self.settle(0)
-                self._count(batch, self.controller._hand_over(node, batch), ends)
+                self._count(batch, self.controller.hand_over(node, batch), ends)
                 continue
             self.inflight.append((node, batch, fut, ends))
             self.settle(INJECT_WINDOW - 1)
@@ -292,7 +317,7 @@ class _InjectCall:
                 except Exception:  # noqa: BLE001 - resent below in any case
                     pass
             for n, b, _, e in rest:
-                self._count(b, self.controller._hand_over(n, b), e)
+                self._count(b, self.controller.hand_over(n, b), e)
 
     def _count(self, batch: pb.DeliverBatch, ack: pb.DeliverAck, ends_message: bool) -> None:
         self._piece_records += len(batch.records)

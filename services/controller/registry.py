@@ -15,14 +15,15 @@ import json
 import threading
 from typing import Sequence
 
-from millwheel.connectors.spec import SinkSpec, sink_node, sink_to_dict, sinks_from_list
+from millwheel.connectors.spec import SinkSpec, sink_to_dict, sinks_from_list
 from millwheel.errors import AlreadyExistsError, InvalidSpecError, NotFoundError, ResourceLimitError
 from millwheel.importing import AllowList
 from millwheel.limits import MAX_LOG_STREAMS, MAX_NAME_CHARS, MAX_TOTAL_KEY_RANGES
+from millwheel.nodes import injector_node, sink_node
 from millwheel.operators.schema import check_allowed, validate_spec
 from millwheel.spec import computation_from_dict, computation_to_dict, injector_to_dict, spec_parts
 from millwheel.state.protocol import StateStore
-from millwheel.topology import ComputationSpec, InjectorSpec, Topology, injector_node
+from millwheel.topology import ComputationSpec, InjectorSpec, Topology
 
 from ..rpc.status import PreconditionError
 

@@ -37,7 +37,7 @@ from collections import defaultdict
 from concurrent.futures import TimeoutError as FutureTimeout
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Protocol
+from typing import Any, Callable, Iterable, Protocol
 
 from millwheel.errors import NotFoundError
 from millwheel.keys import key_range
@@ -68,7 +68,7 @@ def replay_id(computation: str, letter_id: str) -> str:
 
 
 class ReplayHost(Protocol):
-    """What a replay needs of the controller (:class:`services.controller.service.ControllerService`
+    """What a replay needs of the controller (:class:`services.controller.plane.ControlPlane`
     is one): read at each use, since a change of leadership replaces the registry and
     the assignment."""
 
@@ -83,8 +83,6 @@ class ReplayHost(Protocol):
 
     @property
     def assigner(self) -> Assigner: ...
-
-    def _link(self, address: str) -> PeerLink: ...
 
 
 class Call(Protocol):
@@ -161,10 +159,12 @@ class Cursor:
 
 
 class Replayer:
-    """One per controller: it keeps replays of one computation from running at once."""
+    """One per controller: it keeps replays of one computation from running at once.
+    ``link``: the controller's kept-open link to a worker's address (services/controller/inject.py)."""
 
-    def __init__(self, controller: ReplayHost) -> None:
+    def __init__(self, controller: ReplayHost, link: Callable[[str], PeerLink]) -> None:
         self.controller = controller
+        self.link = link
         self._guard = threading.Lock()
         self._running: dict[str, threading.Lock] = {}
 
@@ -183,7 +183,7 @@ class Replayer:
             raise UnavailableError(f"a replay of {name!r} is still running (a call cut off finishes its "
                                    "last hand-over first); replay again shortly")
         try:
-            return _Run(c, spec, budget).run()
+            return _Run(c, self.link, spec, budget).run()
         finally:
             one.release()
 
@@ -191,8 +191,10 @@ class Replayer:
 class _Run:
     """One replay call (see the module docstring)."""
 
-    def __init__(self, controller: ReplayHost, spec: ComputationSpec, budget: Budget) -> None:
+    def __init__(self, controller: ReplayHost, link: Callable[[str], PeerLink], spec: ComputationSpec,
+                 budget: Budget) -> None:
         self.c = controller
+        self.link = link
         self.spec = spec
         self.name = spec.name
         self.budget = budget
@@ -303,7 +305,7 @@ class _Run:
                                         topology_version=c.registry.version,
                                         records=[convert.record_to_proto(r) for r in records])
                 try:
-                    fut = c._link(worker.address).send(batch, wait_s=min(5.0, left))
+                    fut = self.link(worker.address).send(batch, wait_s=min(5.0, left))
                     if fut is None:
                         problem = "too many batches in flight"
                     else:

@@ -64,28 +64,26 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import grpc
 
-from millwheel.clock import SystemClock
 from millwheel.errors import InvalidSpecError, ResourceLimitError
 from millwheel.limits import MAX_KEY_RANGES, MAX_TOTAL_KEY_RANGES
-from millwheel.state.protocol import StateStore
+from millwheel.nodes import NodeKind, kind_of
 from millwheel.topology import ComputationSpec
 
 from ..generated import millwheel_pb2 as pb
 from ..rpc.server import check
-from ..rpc.status import PreconditionError, UnavailableError, rpc
+from ..rpc.status import PreconditionError, UnavailableError
 from . import rescale_journal as rj
+from . import views
 from .assign import Assigner
-from .ha import leader_only
+from .plane import ControlPlane
 from .registry import Registry
 from .rescale_journal import CLEANUP, COPYING, JOURNAL, crash, journal, tokens
-from .watermarks import Watermarks
 
 log = logging.getLogger("millwheel.controller")
 
@@ -109,42 +107,37 @@ class _Plan:
 
 
 class Rescaling:
-    """The RescaleComputation RPC (a mixin of ControllerService)."""
+    """The RescaleComputation RPC, on the plane it is constructed with; and, on election,
+    the finishing of a rescale cut short (:meth:`finish_interrupted`, handed to the
+    leadership part as a callback)."""
 
-    store: StateStore
-    registry: Registry
-    assigner: Assigner
-    lock: threading.RLock
-    clock: SystemClock
-    wms: Watermarks
-    _registry_changed: Callable[[], None]
-    _info: Callable[[str], pb.ComputationInfo]
+    def __init__(self, plane: ControlPlane) -> None:
+        self.plane = plane
 
-    def _finish_interrupted(self, registry: Registry) -> None:
+    def finish_interrupted(self, registry: Registry) -> None:
         """On election, before anything is assigned (services/controller/ha.py)."""
-        if self.store.list_meta(JOURNAL):
-            rj.recover(self.store, registry, self.wms)
+        if self.plane.store.list_meta(JOURNAL):
+            rj.recover(self.plane.store, registry, self.plane.wms)
 
-    @rpc
-    @leader_only
-    def RescaleComputation(self, request: Any, context: grpc.ServicerContext) -> pb.RescaleComputationResponse:
+    def rescale(self, request: Any, context: grpc.ServicerContext) -> pb.RescaleComputationResponse:
         check(request)
         name, n = request.computation, request.key_ranges
         if not 1 <= n <= MAX_KEY_RANGES:
             raise InvalidSpecError(f"RescaleComputation: key_ranges {n} is outside 1..{MAX_KEY_RANGES}")
+        p = self.plane
         deadline = time.monotonic() + MOVING_WAIT_S
         while True:
-            with self.registry.changing, self.lock:
-                if name in self.assigner.rescaling:
+            with p.registry.changing, p.lock:
+                if name in p.assigner.rescaling:
                     raise PreconditionError(
                         f"rescale of {name[:200]!r}: a rescale of {name[:200]!r} is under way (its "
-                        f"{self.assigner.rescaling[name]} phase); nothing changed: send this again once it is done")
+                        f"{p.assigner.rescaling[name]} phase); nothing changed: send this again once it is done")
                 spec = self._rescalable(name, n)
                 old = spec.options.key_ranges
                 if old == n:  # sent again after a lost answer, or nothing to do
-                    return pb.RescaleComputationResponse(computation=self._info(name), previous_key_ranges=old,
+                    return pb.RescaleComputationResponse(computation=views.info(p, name), previous_key_ranges=old,
                                                          changed=False)
-                if not any(u[0] == name for u in self.assigner.moving):
+                if not any(u[0] == name for u in p.assigner.moving):
                     plan = self._fence(spec, n)
                     break
             if time.monotonic() > deadline:  # a move's token is being acquired off the lock
@@ -156,19 +149,20 @@ class Rescaling:
     def _rescalable(self, name: str, n: int) -> ComputationSpec:
         """The computation, or why it cannot be rescaled (nothing changed). A rescale of
         it that failed after its commit (the store failing) is completed first."""
-        if name.startswith("injector:") or self.registry.injector(name) is not None:
+        registry = self.plane.registry
+        if kind_of(name) is NodeKind.INJECTOR or registry.injector(name) is not None:
             raise PreconditionError(f"rescale of {name[:200]!r}: an injector has one key range (range 0) "
                                     "and cannot be rescaled; rescale the computations it feeds")
-        spec = self.registry.computation(name)  # NOT_FOUND
-        raw = self.store.get_meta(JOURNAL + name)
+        spec = registry.computation(name)  # NOT_FOUND
+        raw = self.plane.store.get_meta(JOURNAL + name)
         if raw is not None:
             self._finish(name, json.loads(raw))
-            spec = self.registry.computation(name)
+            spec = self.plane.registry.computation(name)
         self._room(spec, n)
         return spec
 
     def _room(self, spec: ComputationSpec, n: int) -> None:
-        total = sum(self.registry.nodes().values()) - spec.options.key_ranges + n
+        total = sum(self.plane.registry.nodes().values()) - spec.options.key_ranges + n
         if total > MAX_TOTAL_KEY_RANGES:
             raise ResourceLimitError(f"rescale of {spec.name!r} to {n} key ranges: {total} in the registry in "
                                      f"all, over the limit of {MAX_TOTAL_KEY_RANGES} (nothing changed)")
@@ -177,25 +171,26 @@ class Rescaling:
         """Complete (committed) or undo (staged) a rescale of ``name`` cut short by a
         store failure, then place its ranges again (the caller holds both locks: the
         rare path of a store that failed under a rescale)."""
-        token = tokens(self.store, {})
+        p = self.plane
+        token = tokens(p.store, {})
         if entry.get("phase") == "staging":
-            rj.drop_stage(self.store, name, entry, token)
+            rj.drop_stage(p.store, name, entry, token)
         else:
-            rj.apply(self.store, self.registry, name, entry, token)
-        self.assigner.frozen.discard(name)
-        self._registry_changed()
+            rj.apply(p.store, p.registry, name, entry, token)
+        p.assigner.frozen.discard(name)
+        p.registry_changed()
 
     def _fence(self, spec: ComputationSpec, n: int) -> _Plan:
         """Step 1 (the caller holds both locks)."""
-        name, a = spec.name, self.assigner
+        name, a = spec.name, self.plane.assigner
         plan = _Plan(spec, n, {"phase": "staging", "from": spec.options.key_ranges, "to": n,
-                               "at_us": self.clock.now_us(), "ids": "once"}, {}, a, time.monotonic())
+                               "at_us": self.plane.clock.now_us(), "ids": "once"}, {}, a, time.monotonic())
         a.frozen.add(name)  # placed nowhere until done (also if a store call fails)
         a.rescaling[name] = COPYING
         try:
             for r in range(spec.options.key_ranges):  # nobody runs any of its ranges from here on
                 plan.known[(name, r)] = a.move_now((name, r), None)
-            journal(self.store, name, plan.entry)
+            journal(self.plane.store, name, plan.entry)
         except Exception:
             del a.rescaling[name]
             self._undo(plan)
@@ -205,27 +200,30 @@ class Rescaling:
     def _undo(self, plan: _Plan) -> None:
         """Before the commit: the staged data dropped, the old layout placed again (the
         caller holds both locks, or nothing: then they are taken for the placing)."""
+        p = self.plane
         try:
-            rj.drop_stage(self.store, plan.name, plan.entry, tokens(self.store, plan.known))
+            rj.drop_stage(p.store, plan.name, plan.entry, tokens(p.store, plan.known))
         except Exception as again:  # the journal stays: undone by the next call or leader
             log.warning("rescale of %r: its undo failed (%s): its ranges wait for the next call", plan.name, again)
             return
-        with self.registry.changing, self.lock:
+        with p.registry.changing, p.lock:
             plan.assigner.frozen.discard(plan.name)
-            self._registry_changed()
+            p.registry_changed()
 
     def _rescale(self, plan: _Plan) -> pb.RescaleComputationResponse:
         """Steps 2-6 of the module docstring; the caller holds no lock."""
         name, old, n, a = plan.name, plan.spec.options.key_ranges, plan.n, plan.assigner
-        token = tokens(self.store, plan.known)
+        p = self.plane
+        store = p.store
+        token = tokens(store, plan.known)
         at_us = int(plan.entry["at_us"])
         try:
             locks = contextlib.ExitStack()
             try:  # 2
-                staged, floor = rj.stage(self.store, name, old, n, token, at_us)
+                staged, floor = rj.stage(store, name, old, n, token, at_us)
                 crash("rescale_staged")
-                locks.enter_context(self.registry.changing)
-                locks.enter_context(self.lock)  # held on into 3
+                locks.enter_context(p.registry.changing)
+                locks.enter_context(p.lock)  # held on into 3
                 self._room(plan.spec, n)
             except Exception:  # the store failed (or no room) before the commit: the old layout stands
                 with locks:
@@ -234,35 +232,35 @@ class Rescaling:
             entry = {**plan.entry, "phase": "commit", "watermark": floor}
             try:
                 with locks:
-                    journal(self.store, name, entry)  # 3: the commit
+                    journal(store, name, entry)  # 3: the commit
                     crash("rescale_committed")
-                ids = rj.apply_data(self.store, name, entry, token)  # 4
-                with self.registry.changing, self.lock:  # 5
-                    rj.apply_registry(self.registry, name, n)
+                ids = rj.apply_data(store, name, entry, token)  # 4
+                with p.registry.changing, p.lock:  # 5
+                    rj.apply_registry(p.registry, name, n)
                     entry = {**entry, "phase": "cleanup"}
-                    journal(self.store, name, entry)
+                    journal(store, name, entry)
                     a.frozen.discard(name)
                     a.rescaling[name] = CLEANUP
                     if floor is not None:
-                        self.wms.hold(name, floor, n)
-                    self._registry_changed()  # the new ranges are placed
+                        p.wms.hold(name, floor, n)
+                    p.registry_changed()  # the new ranges are placed
                     pause_us = int((time.monotonic() - plan.started) * 1e6)
             except Exception as exc:  # the journal says how far it got; the next call or leader goes on
                 raise UnavailableError(f"rescale of {name!r} to {n} key ranges: the store failed at its commit "
                                        f"or after it ({exc}); its ranges run again once it is finished: send the "
                                        "rescale again (or the next controller finishes it at its election)") from exc
             try:  # 6
-                rj.drop_stage(self.store, name, entry, token)
+                rj.drop_stage(store, name, entry, token)
             except Exception as exc:  # the journal stays: the next rescale of it or the next leader clears it
                 log.warning("rescale of %r done, but clearing its staging node failed: %s", name, exc)
         finally:
-            with self.lock:
+            with p.lock:
                 a.rescaling.pop(name, None)
         log.warning("computation %r rescaled: %d -> %d key ranges (%d keys, %d timers, %d pending productions, "
                     "%d consumed IDs written); its ranges paused %.3f s", name, old, n, staged.keys,
                     staged.timers, staged.productions, ids, pause_us / 1e6)
-        with self.lock:
-            info = self._info(name)
+        with p.lock:
+            info = views.info(p, name)
         return pb.RescaleComputationResponse(
             computation=info, previous_key_ranges=old, changed=True, pause_us=pause_us,
             keys=staged.keys, timers=staged.timers, productions=staged.productions, consumed_ids=ids)

@@ -32,7 +32,7 @@ BUSY_INTERVAL_S = 0.05  #: between passes while a pass left work over (a backlog
 
 
 class RetentionHost(Protocol):
-    """What the thread needs of the controller (ControllerService is one), read at each
+    """What the thread needs of the controller (services/controller/plane.py's ControlPlane is one), read at each
     pass: a change of leadership replaces the registry."""
 
     @property

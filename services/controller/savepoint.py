@@ -27,7 +27,7 @@ moved layout, and its fresh tokens would fence the rescale's writes.
 The file is written to a temporary file during the cut, and sent after the ranges are
 placed again: processing is paused for the fence and the reads, not for the transfer.
 
-**Restore** (:meth:`Savepoints.RestoreSavepoint`): the file is spooled to disk (at most
+**Restore** (:meth:`Savepoints.restore`): the file is spooled to disk (at most
 MAX_FILE_BYTES), its checksum and every frame checked, its registry admitted as a
 registration (nothing imported), and only then, in an empty service (nothing ever
 registered, no state under the file's names), written range by range under fresh
@@ -47,19 +47,17 @@ from typing import IO, Any, Callable, Iterator
 
 import grpc
 
-from millwheel.clock import SystemClock
-from millwheel.connectors.spec import sink_node
 from millwheel.errors import ResourceLimitError
-from millwheel.importing import AllowList
+from millwheel.nodes import sink_node
 from millwheel.savepoint import capture, restore
 from millwheel.savepoint.format import MAX_FILE_BYTES, SavepointFileError, Writer, frames, verify
-from millwheel.state.protocol import StateStore
 
 from ..generated import millwheel_pb2 as pb
-from ..rpc.status import NotLeaderError, PreconditionError, UnavailableError, rpc, rpc_stream
-from .assign import STOPPED_KEY, Assigner
-from .drain import DrainHost, drain, drained
-from .registry import Registry
+from ..rpc.status import PreconditionError, UnavailableError
+from .assign import STOPPED_KEY
+from .drain import HandOver, drain, drained
+from .ha import Leadership
+from .plane import ControlPlane
 from .rescale_journal import COPYING
 from .savepoint_registry import CarriedRegistry, admit, registry_dict
 
@@ -74,23 +72,19 @@ RESCALE_POLL_S = 0.2  #: how often a cut waiting for a rescale's copy looks agai
 
 
 class Savepoints:
-    """The savepoint RPCs (a mixin of ControllerService)."""
+    """CreateSavepoint (with its drain) and RestoreSavepoint, on the plane; a standby
+    redirects them to the leader (``leadership``); a drain closes injectors through
+    ``hand_over`` (services/controller/inject.py)."""
 
-    store: StateStore
-    registry: Registry
-    assigner: Assigner
-    lock: threading.RLock
-    allow_code: AllowList
-    clock: SystemClock
-    _registry_changed: Callable[[], None]
-    leading: Callable[[], bool]
-    redirect: Callable[[grpc.ServicerContext], NotLeaderError]
+    def __init__(self, plane: ControlPlane, leadership: Leadership, hand_over: HandOver) -> None:
+        self.plane = plane
+        self.leadership = leadership
+        self.hand_over = hand_over
 
     # -- create ----------------------------------------------------------------------------
-    @rpc_stream
-    def CreateSavepoint(self, request: Any, context: grpc.ServicerContext) -> Iterator[pb.CreateSavepointResponse]:
-        if not self.leading():
-            raise self.redirect(context)
+    def create(self, request: Any, context: grpc.ServicerContext) -> Iterator[pb.CreateSavepointResponse]:
+        if not self.plane.leading():
+            raise self.leadership.redirect(context)
         spool = tempfile.TemporaryFile(prefix="millwheel-savepoint-")  # noqa: SIM115 (closed below)
         updates: queue.Queue[tuple[str, int, str] | BaseException | pb.SavepointSummary] = queue.Queue()
         worker = threading.Thread(target=self._cut_thread, args=(bool(request.stop), spool, updates, request),
@@ -122,8 +116,8 @@ class Savepoints:
     def _cut_thread(self, stop: bool, spool: IO[bytes], updates: queue.Queue[Any], request: Any) -> None:
         try:
             if request.drain:  # services/controller/drain.py; then stop with savepoint
-                host: DrainHost = self  # type: ignore[assignment]
-                drain(host, request.drain_timeout_ms / 1000, lambda phase, n, text: updates.put((phase, n, text)))
+                drain(self.plane, self.hand_over, request.drain_timeout_ms / 1000,
+                      lambda phase, n, text: updates.put((phase, n, text)))
                 stop = True
             summary = self._cut(stop, spool, lambda phase, n: updates.put((phase, n, "")))
             summary.drained = bool(request.drain) and drained(dict(summary.counts))
@@ -143,21 +137,23 @@ class Savepoints:
                 last[0] = time.monotonic()
                 report("reading", items)
 
+        p = self.plane
+        store = p.store
         with self._between_rescales(report):  # the registry's lock: no registration, update, rescale
             started = time.monotonic()
             report("fencing", 0)
-            with self.lock:
-                a = self.assigner
+            with p.lock:
+                a = p.assigner
                 fence: dict[tuple[str, int], str | None] = {}
                 try:
                     fence = self._fence_all(stop)
-                    created = self.clock.now_us()
-                    reg = registry_dict(self.registry)
-                    carried = CarriedRegistry(self.registry.topology, {}, {})
+                    created = p.clock.now_us()
+                    reg = registry_dict(p.registry)
+                    carried = CarriedRegistry(p.registry.topology, {}, {})
                     # Sinks' tokens: an external system keeps the last one that wrote it, and
                     # refuses lower ones; a restore starts the sinks above these.
-                    sink_tokens = {sink_node(s.name): self.store.current_token(sink_node(s.name), 0)
-                                   for s in self.registry.topology.sinks}
+                    sink_tokens = {sink_node(s.name): store.current_token(sink_node(s.name), 0)
+                                   for s in p.registry.topology.sinks}
                 except Exception:  # the store failed: whatever was fenced is placed again
                     a.release(fence)
                     raise
@@ -165,24 +161,24 @@ class Savepoints:
             try:  # off the controller's lock: every range is fenced for nobody, so the store is the cut
                 writer = Writer(spool)
                 writer.frame({"t": "header", "created_us": created, "stopped": stop, "registry": reg,
-                              "source_store": self.store.url.split(":", 1)[0], "sink_tokens": sink_tokens})
+                              "source_store": store.url.split(":", 1)[0], "sink_tokens": sink_tokens})
                 counts: dict[str, int] = {}
-                capture.capture_nodes(self.store, carried.nodes(), writer, counts, progress)
-                logs = capture.capture_logs(self.store, sorted(carried.streams()), writer, counts, progress)
+                capture.capture_nodes(store, carried.nodes(), writer, counts, progress)
+                logs = capture.capture_logs(store, sorted(carried.streams()), writer, counts, progress)
                 digest = writer.finish()
                 spool.flush()
             finally:
-                with self.lock:
+                with p.lock:
                     placing = time.monotonic()
                     moves = a.release(fence)  # back on their owners (none with stop)
                     lock_s = fenced_s + time.monotonic() - placing
-                    held_by_another = self.assigner is not a or not self.leading()
+                    held_by_another = p.assigner is not a or not p.leading()
             pause_us = int((time.monotonic() - started) * 1e6)
             if held_by_another:  # deposed during the read: a new leader may have let workers write
                 raise UnavailableError("savepoint: this controller stopped leading while the cut was read "
                                        "(its file may not be one cut); nothing was written: take it again")
-        topo = self.registry.topology
-        self.store.put_meta(LAST_KEY, json.dumps({"created_us": created, "bytes": writer.bytes, "sha256": digest,
+        topo = p.registry.topology
+        store.put_meta(LAST_KEY, json.dumps({"created_us": created, "bytes": writer.bytes, "sha256": digest,
                                                   "stopped": stop, "pause_us": pause_us}).encode())
         log.warning("savepoint taken%s: %d bytes, %d ranges, cut paused processing %.3f s (the controller's lock "
                     "held %.3f s of it; %d ranges placed again)", " (service stopped)" if stop else "",
@@ -199,9 +195,10 @@ class Savepoints:
         the ranges are held (placed nowhere, not re-issued) until :meth:`Assigner.release`
         places them again; returns who ran each. With ``stop`` the stop is stored first,
         so a new leader keeps them unplaced."""
-        a = self.assigner
+        p = self.plane
+        a = p.assigner
         if stop:
-            self.store.put_meta(STOPPED_KEY, json.dumps({"at_us": self.clock.now_us()}).encode())
+            p.store.put_meta(STOPPED_KEY, json.dumps({"at_us": p.clock.now_us()}).encode())
             a.stopped = True
         previous = {unit: owner.worker_id for unit, owner in a.units.items()}
         a.held.update(a.units)
@@ -220,10 +217,10 @@ class Savepoints:
         lock released in between."""
         logged = False
         while True:
-            changing = self.registry.changing  # (a new election replaces the registry)
+            changing = self.plane.registry.changing  # (a new election replaces the registry)
             changing.acquire()
-            with self.lock:
-                copying = sorted(n for n, phase in self.assigner.rescaling.items() if phase == COPYING)
+            with self.plane.lock:
+                copying = sorted(n for n, phase in self.plane.assigner.rescaling.items() if phase == COPYING)
             if not copying:
                 break
             changing.release()
@@ -238,11 +235,10 @@ class Savepoints:
             changing.release()
 
     # -- restore ---------------------------------------------------------------------------
-    @rpc
-    def RestoreSavepoint(self, request_iterator: Iterator[Any], context: grpc.ServicerContext
-                         ) -> pb.RestoreSavepointResponse:
-        if not self.leading():
-            raise self.redirect(context)
+    def restore(self, request_iterator: Iterator[Any], context: grpc.ServicerContext
+                ) -> pb.RestoreSavepointResponse:
+        if not self.plane.leading():
+            raise self.leadership.redirect(context)
         with tempfile.TemporaryFile(prefix="millwheel-restore-") as spool:
             size = 0
             for msg in request_iterator:
@@ -262,7 +258,9 @@ class Savepoints:
         header = next(frames(spool), None)
         if header is None or header.get("t") != "header" or not isinstance(header.get("created_us"), int):
             raise SavepointFileError("savepoint file: its first frame is not a header")
-        carried = admit(header.get("registry"), self.allow_code)
+        p = self.plane
+        store = p.store
+        carried = admit(header.get("registry"), p.allow_code)
         floors = _sink_tokens(header.get("sink_tokens", {}), carried)
         nodes, streams = carried.nodes(), carried.streams()
         summary = restore.check(spool, nodes, streams)
@@ -270,19 +268,19 @@ class Savepoints:
         if missing:
             raise SavepointFileError(f"savepoint file: {len(missing)} key ranges of its registry are missing "
                                      f"from it (first: {missing[0][0][:200]}/{missing[0][1]})")
-        with self.lock:
+        with p.lock:
             self._check_empty(carried, digest)
-            self.store.put_meta(RESTORING_KEY, digest.encode())
-            restore.apply(self.store, spool, nodes, streams, int(header["created_us"]),
-                          self.store.acquire, lambda _k, _n: None)
+            store.put_meta(RESTORING_KEY, digest.encode())
+            restore.apply(store, spool, nodes, streams, int(header["created_us"]),
+                          store.acquire, lambda _k, _n: None)
             for node, floor in floors.items():  # the store has no "set": bumped to it, once per restore
-                while self.store.acquire(node, 0) < floor:
+                while store.acquire(node, 0) < floor:
                     pass
-            self.registry._commit(carried.topology, carried.versions, carried.previous)  # one write: it appears
-            self._registry_changed()
-            self.store.put_meta(RESTORING_KEY, None)
-            for w in self.assigner.workers.values():
-                self.assigner.touch(w.worker_id)
+            p.registry._commit(carried.topology, carried.versions, carried.previous)  # one write: it appears
+            p.registry_changed()
+            store.put_meta(RESTORING_KEY, None)
+            for w in p.assigner.workers.values():
+                p.assigner.touch(w.worker_id)
         took = int((time.monotonic() - started) * 1e6)
         log.warning("savepoint %s restored: %d bytes, %d computations, %d ranges, in %.3f s", digest[:16], size,
                     len(carried.topology.computations), len(summary.ranges), took / 1e6)
@@ -294,26 +292,27 @@ class Savepoints:
                                         computations=len(carried.topology.computations),
                                         injectors=len(carried.topology.injectors),
                                         log_last={s: v[1] for s, v in summary.streams.items()}),
-            log_last={s: self.store.log_end(s)[0] for s in summary.streams})
+            log_last={s: store.log_end(s)[0] for s in summary.streams})
 
     def _check_empty(self, carried: CarriedRegistry, digest: str) -> None:
         """FAILED_PRECONDITION unless nothing was ever registered here and nothing is
         stored under the savepoint's names (a restore of the same file cut short may
         go on: it writes the same again)."""
-        topo = self.registry.topology
-        if self.registry.version != 0 or topo.computations or topo.injectors:
+        registry, store = self.plane.registry, self.plane.store
+        topo = registry.topology
+        if registry.version != 0 or topo.computations or topo.injectors:
             raise PreconditionError(
                 f"restore needs an empty service: this one has {len(topo.computations)} computations and "
-                f"{len(topo.injectors)} injectors registered (registry version {self.registry.version}); "
+                f"{len(topo.injectors)} injectors registered (registry version {registry.version}); "
                 "start a controller on a new store (nothing was written)")
-        if self.store.get_meta(RESTORING_KEY) == digest.encode():
+        if store.get_meta(RESTORING_KEY) == digest.encode():
             return
         for node in carried.nodes():
-            if self.store.list_keys(node, None, 1) or self.store.current_token(node, 0):
+            if store.list_keys(node, None, 1) or store.current_token(node, 0):
                 raise PreconditionError(f"restore needs an empty service: the store already holds key range "
                                         f"data of {node[:200]!r} (nothing was written)")
         for stream in carried.streams():
-            if self.store.log_end(stream)[0]:
+            if store.log_end(stream)[0]:
                 raise PreconditionError(f"restore needs an empty service: the store already has a log of "
                                         f"stream {stream[:200]!r} (nothing was written)")
 

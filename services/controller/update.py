@@ -36,48 +36,34 @@ before 3 (the old spec runs on without them; sending the update again finishes i
 from __future__ import annotations
 
 import logging
-import threading
-from typing import Any, Callable
+from typing import Any
 
 import grpc
 
-from millwheel.clock import SystemClock
 from millwheel.errors import InvalidSpecError
-from millwheel.importing import AllowList
-from millwheel.state.protocol import Checkpoint, StateStore
+from millwheel.state.protocol import Checkpoint
 from millwheel.topology import ComputationSpec
 
 from ..generated import millwheel_pb2 as pb
 from ..rpc import convert
 from ..rpc.server import check
-from ..rpc.status import PreconditionError, rpc
-from .assign import Assigner
+from ..rpc.status import PreconditionError
+from . import views
 from .compat import WINDOW_TAGS, candidate, check_directive, refuse_open_windows, window_change
 from .flush import flush_windows, router
-from .ha import leader_only
-from .registry import Registry
+from .plane import ControlPlane
 from .rescale_journal import check_not_copying
 
 log = logging.getLogger("millwheel.controller")
 
 
-class Updating:
-    """The UpdateComputation RPC (a mixin of ControllerService)."""
+class Updates:
+    """The UpdateComputation RPC, on the plane it is constructed with."""
 
-    # Set by ControllerService.__init__ (services/controller/service.py).
-    store: StateStore
-    registry: Registry
-    assigner: Assigner
-    lock: threading.RLock
-    allow_code: AllowList
-    clock: SystemClock
+    def __init__(self, plane: ControlPlane) -> None:
+        self.plane = plane
 
-    _registry_changed: Callable[[], None]
-    _info: Callable[[str], pb.ComputationInfo]
-
-    @rpc
-    @leader_only
-    def UpdateComputation(self, request: Any, context: grpc.ServicerContext) -> pb.UpdateComputationResponse:
+    def update(self, request: Any, context: grpc.ServicerContext) -> pb.UpdateComputationResponse:
         check(request)
         directive = check_directive(request.on_open_windows)
         if request.rollback and request.HasField("spec"):
@@ -86,50 +72,54 @@ class Updating:
             raise InvalidSpecError("UpdateComputation: 'spec' (or 'rollback') is required")
         # The registry's lock first (as every registry change takes it): an update asked for
         # during a savepoint's cut waits for it (services/controller/savepoint.py).
-        with self.registry.changing, self.lock:
+        p = self.plane
+        with p.registry.changing, p.lock:
+            registry = p.registry
             if request.rollback:
-                old = self.registry.computation(request.rollback)  # NOT_FOUND first
-                new = self.registry.previous.get(old.name)
+                old = registry.computation(request.rollback)  # NOT_FOUND first
+                new = registry.previous.get(old.name)
                 if new is None:
                     raise PreconditionError(f"rollback of computation {old.name!r}: it has no previous "
-                                            f"version (it is at version {self.registry.version_of(old.name)}, "
+                                            f"version (it is at version {registry.version_of(old.name)}, "
                                             "never updated since it was registered)")
             else:
                 new = convert.spec_from_proto(request.spec)
-                old = self.registry.computation(new.name)
-            check_not_copying(self.assigner, old.name, "rollback" if request.rollback else "update")
+                old = registry.computation(new.name)
+            check_not_copying(p.assigner, old.name, "rollback" if request.rollback else "update")
             return self._update(old, new, directive, bool(request.rollback))
 
     def _update(self, old: ComputationSpec, new: ComputationSpec, directive: str,
                 rollback: bool) -> pb.UpdateComputationResponse:
         """Check, then switch (see the module docstring); the caller holds the lock."""
-        version = self.registry.version_of(old.name)
-        topology = candidate(self.registry.topology, new, self.allow_code)
+        p = self.plane
+        registry, assigner, store = p.registry, p.assigner, p.store
+        version = registry.version_of(old.name)
+        topology = candidate(registry.topology, new, p.allow_code)
         if new == old:  # sent again (a retry after a lost answer): nothing to do
-            return pb.UpdateComputationResponse(computation=self._info(old.name),
+            return pb.UpdateComputationResponse(computation=views.info(p, old.name),
                                                 previous_version=version, changed=False)
         if directive == "flush" and window_change(old, new) is not None:
-            router(self.registry.topology, old)  # flush's own refusal, before anything changes
-        refuse_open_windows(self.store, old, new, directive)  # early, before anything changes
+            router(registry.topology, old)  # flush's own refusal, before anything changes
+        refuse_open_windows(store, old, new, directive)  # early, before anything changes
         units = [(old.name, r) for r in range(old.options.key_ranges)]
         for unit in units:
-            self.assigner.reissue_now(unit)  # 1: the old code's later checkpoints are fenced
+            assigner.reissue_now(unit)  # 1: the old code's later checkpoints are fenced
         # Again with every range fenced: a window opened since the first look counts.
-        change = refuse_open_windows(self.store, old, new, directive)
+        change = refuse_open_windows(store, old, new, directive)
         dropped = flushed = 0
         if change is not None and directive == "flush":
-            flushed = flush_windows(self.store, self.registry.topology, old, version, units,
-                                    {u: self.assigner.units[u].token for u in units}, self.clock.now_us())
+            flushed = flush_windows(store, registry.topology, old, version, units,
+                                    {u: assigner.units[u].token for u in units}, p.clock.now_us())
         elif change is not None:
             dropped = self._drop_windows(old, units)
         # 3. A rollback keeps no target of its own: rolling back twice (or a rollback sent
         # again after a lost answer) is refused rather than undoing the rollback.
-        self.registry.replace_computation(new, topology, version + 1, None if rollback else old)
-        self._registry_changed()
+        registry.replace_computation(new, topology, version + 1, None if rollback else old)
+        p.registry_changed()
         log.info("computation %r %s: version %d -> %d%s", new.name, "rolled back" if rollback else "updated",
                  version, version + 1, f" ({dropped} open windows dropped: {change})" if dropped else
                  f" ({flushed} open windows flushed: {change})" if flushed else "")
-        return pb.UpdateComputationResponse(computation=self._info(new.name), previous_version=version,
+        return pb.UpdateComputationResponse(computation=views.info(p, new.name), previous_version=version,
                                             changed=True, dropped_windows=dropped, flushed_windows=flushed)
 
     def _drop_windows(self, spec: ComputationSpec, units: list[tuple[str, int]]) -> int:
@@ -137,14 +127,15 @@ class Updating:
         state of the keys holding them (that state is the windows alone), one fenced
         checkpoint per range under the token just issued."""
         dropped = 0
+        p = self.plane
         for unit in units:
-            timers = [t for t in self.store.read_timers(*unit) if t.tag.startswith(WINDOW_TAGS)]
+            timers = [t for t in p.store.read_timers(*unit) if t.tag.startswith(WINDOW_TAGS)]
             if not timers:
                 continue
             dropped += sum(1 for t in timers if t.tag.startswith("end:"))
-            self.store.checkpoint(Checkpoint(
-                computation=unit[0], range_id=unit[1], token=self.assigner.units[unit].token,
-                now_us=self.clock.now_us(), state_writes={t.key: None for t in timers},
+            p.store.checkpoint(Checkpoint(
+                computation=unit[0], range_id=unit[1], token=p.assigner.units[unit].token,
+                now_us=p.clock.now_us(), state_writes={t.key: None for t in timers},
                 timer_clears=[(t.key, t.tag) for t in timers]))
         return dropped
 

@@ -46,7 +46,8 @@ from .snapshot import Snapshotter, controller_view
 from .tracker import BadRequest, Tracker
 
 if TYPE_CHECKING:
-    from ..controller.service import ControllerService
+    from ..controller.plane import ControlPlane
+    from ..controller.service import Controller
 
 log = logging.getLogger("millwheel.ui")
 
@@ -120,7 +121,7 @@ class LoginLink:
 class Console:
     """The running console of one controller."""
 
-    def __init__(self, controller: ControllerService, host: str, port: int, token: str | None,
+    def __init__(self, controller: ControlPlane, host: str, port: int, token: str | None,
                  tls: ssl.SSLContext | None = None, interval_s: float = 1.0,
                  login_code: str | None = None) -> None:
         self.token = token
@@ -171,10 +172,12 @@ class _Server(ThreadingHTTPServer):
         log.debug("console connection from %s failed", client_address, exc_info=True)
 
 
-def start_console(controller: ControllerService, args: argparse.Namespace) -> Console | None:
+def start_console(process: Controller, args: argparse.Namespace) -> Console | None:
     """Start the console if ``--ui-port`` asks for it (same host and security as the
     controller's gRPC); prints its URL. Either way, add the controller's scrape-time
-    series (error records, worker liveness) to its /metrics: dashboards need them."""
+    series (error records, worker liveness) to its /metrics: dashboards need them.
+    The console reads the controller's plane (services/controller/plane.py), never its parts."""
+    controller = process.plane
     if controller.sensors is not None:
         controller.sensors.controller_view(controller_view(controller))
     if getattr(args, "ui_port", -1) < 0:

@@ -29,9 +29,10 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Any, Callable
 
+from millwheel.nodes import injector_node, sink_node
 from millwheel.record import MAX_TIMESTAMP, MIN_TIMESTAMP
 from millwheel.state.url_display import redact
-from millwheel.topology import Topology, injector_node
+from millwheel.topology import Topology
 
 from ..controller.errors import error_info
 from ..metrics import ControllerView, Samples, scrape
@@ -40,7 +41,7 @@ from .graph import quantile_ms as _quantile_ms
 from .history import History
 
 if TYPE_CHECKING:
-    from ..controller.service import ControllerService
+    from ..controller.plane import ControlPlane
 
 log = logging.getLogger("millwheel.ui")
 
@@ -92,7 +93,7 @@ def _wm(wm: int) -> int | str:
 
 
 class Snapshotter:
-    def __init__(self, controller: ControllerService, interval_s: float = INTERVAL_S) -> None:
+    def __init__(self, controller: ControlPlane, interval_s: float = INTERVAL_S) -> None:
         self.controller = controller
         self.interval_s = interval_s
         self.history = History(interval_s)
@@ -145,8 +146,8 @@ class Snapshotter:
             out, inputs = c.watermarks()
             owners = dict(c.assigner.units)
             units = {u: (o.worker_id, o.token) for u, o in owners.items()}
-            pending = dict(c._pending)
-            sinks_down = {w: dict(v) for w, v in c._sinks_down.items()}
+            pending = dict(c.pending)
+            sinks_down = {w: dict(v) for w, v in c.sinks_down.items()}
             workers = [(w.worker_id, w.address, w.metrics_address, w.alive, w.draining,
                         w.heartbeat_age_s()) for w in c.assigner.workers.values()]
         finally:
@@ -164,8 +165,7 @@ class Snapshotter:
             ranges = [{"range": r, "worker": units.get((spec.name, r), (None, 0))[0] or "",
                        "address": addr.get(units.get((spec.name, r), (None, 0))[0] or "", ""),
                        "token": units.get((spec.name, r), (None, 0))[1],
-                       "watermark": _wm(wms.get(r, MIN_TIMESTAMP)),
-                       "pending": pending.get((spec.name, r), 0)}
+                       "watermark": _wm(wms.get(r, MIN_TIMESTAMP)), "pending": pending.get((spec.name, r), 0)}
                       for r in range(spec.options.key_ranges)]
             failing = c.failing.of_node(spec.name, owners)
             for f in failing:
@@ -217,7 +217,7 @@ class Snapshotter:
             self.history.add("outbox", node, t, outbox)
         sinks: dict[str, Any] = {}  # a connector sink: who runs it, failing since how long
         for sink in topo.sinks:
-            owner = units.get((f"sink:{sink.name}", 0), (None, 0))
+            owner = units.get((sink_node(sink.name), 0), (None, 0))
             down = sinks_down.get(owner[0] or "", {}).get(sink.name)
             sinks[sink.name] = {"name": sink.name, "stream": sink.stream, "type": sink.connector.type,
                                 "worker": owner[0] or "", "down_s": None if down is None else round(down, 1)}
@@ -378,7 +378,7 @@ def _failure(f: Any) -> dict[str, Any]:
             "retry_in_s": round(f.retry_in_s, 2)}
 
 
-def controller_view(controller: ControllerService) -> Callable[[], ControllerView]:
+def controller_view(controller: ControlPlane) -> Callable[[], ControllerView]:
     """What the controller's ``millwheel_error_records`` and ``millwheel_worker_up``
     series are computed from at scrape time (:meth:`PrometheusSensors.controller_view`):
     the registry and workers read without the lock (both are replaced or added to whole,

@@ -88,8 +88,8 @@ def test_a_heartbeat_is_answered_while_another_heartbeats_store_write_is_blocked
             assert time.monotonic() < deadline, "ranges never assigned"
             time.sleep(0.3)
         blocked = sorted(mine)[0]
-        blocking = BlockingStore(service.store._store, blocked)  # the store under the leader's fence
-        service.store._store = blocking  # type: ignore[attr-defined]
+        blocking = BlockingStore(service.plane.store._store, blocked)  # the store under the leader's fence
+        service.plane.store._store = blocking  # type: ignore[attr-defined]
 
         stuck = threading.Thread(target=lambda: heartbeat(stub, "w1", mine, 5_000), daemon=True)
         stuck.start()

@@ -14,7 +14,8 @@ from pathlib import Path
 
 from millwheel.state.url import open_store
 from millwheel.topology import CodeRef, ComputationSpec, InputSpec, Options
-from services.controller.service import ControllerService
+from services.controller.plane import ControlPlane
+from services.controller.service import Controller, ControllerServicer
 from services.generated import millwheel_pb2 as pb
 from services.rpc.convert import spec_to_proto
 from services.worker.units import OwnerInfo, merged_owners
@@ -27,7 +28,7 @@ def comp(name: str, ranges: int) -> pb.ComputationSpec:
 
 
 class Worker:
-    def __init__(self, controller: ControllerService, worker_id: str) -> None:
+    def __init__(self, controller: ControllerServicer, worker_id: str) -> None:
         self.c = controller
         self.id = worker_id
         self.owners: dict[tuple[str, int], OwnerInfo] = {}
@@ -49,7 +50,7 @@ class Worker:
         return resp
 
 
-def settle(c: ControllerService) -> None:
+def settle(c: ControlPlane) -> None:
     """Wait for the moves decided so far to land: range moves acquire their tokens off
     the controller's lock, on store-work threads (services/controller/assign.py)."""
     deadline = time.monotonic() + 30
@@ -67,10 +68,11 @@ def full_table(legacy: Worker) -> dict[tuple[str, int], OwnerInfo]:
 
 
 def test_owners_from_deltas_equal_the_whole_table_through_changes(tmp_path: Path) -> None:
-    c = ControllerService(open_store(f"sqlite:///{tmp_path}/s.db"), heartbeat_timeout_s=600)
-    c.start("127.0.0.1:1")
+    controller = Controller(open_store(f"sqlite:///{tmp_path}/s.db"), heartbeat_timeout_s=600)
+    c, plane = controller.servicer, controller.plane
+    controller.start("127.0.0.1:1")
     try:
-        while not c.leading():
+        while not plane.leading():
             pass
         a, b, legacy = Worker(c, "a"), Worker(c, "b"), Worker(c, "old")
         legacy.beat(draining=True, incremental=False)  # draining: never given a range
@@ -79,7 +81,7 @@ def test_owners_from_deltas_equal_the_whole_table_through_changes(tmp_path: Path
         c.RegisterTopology(pb.RegisterTopologyRequest(
             computations=[comp("x", 300), comp("y", 7)], injectors=[pb.InjectorSpec(name="ev", stream="events")]),
             None)
-        settle(c)
+        settle(plane)
         resp = a.beat()
         assert not resp.assignments_full and len(resp.owners) == 308  # every new range, as a delta
         assert {u for u, o in a.owners.items() if o.worker_id == "a"} == set(a.owners)
@@ -87,7 +89,7 @@ def test_owners_from_deltas_equal_the_whole_table_through_changes(tmp_path: Path
         steady = a.beat()
         assert not steady.owners and not steady.topology_json and not steady.assignments_full
         b.beat()  # joins: half the ranges move to it
-        settle(c)
+        settle(plane)
         a.beat()
         b.beat()
         assert a.owners == b.owners == full_table(legacy)
@@ -96,9 +98,9 @@ def test_owners_from_deltas_equal_the_whole_table_through_changes(tmp_path: Path
         assert set(a.last.input_watermarks) == {u[0] for u, o in a.owners.items()  # type: ignore[union-attr]
                                                 if o.worker_id == "a" and not u[0].startswith("injector:")}
         c.UnregisterComputation(pb.UnregisterComputationRequest(name="y"), None)
-        settle(c)
+        settle(plane)
         b.beat(draining=True)  # leaving: everything back to a
-        settle(c)
+        settle(plane)
         a.beat()
         assert a.owners == full_table(legacy) and not any(u[0] == "y" for u in a.owners)
         assert all(o.worker_id == "a" for o in a.owners.values()) and len(a.owners) == 301
@@ -107,4 +109,4 @@ def test_owners_from_deltas_equal_the_whole_table_through_changes(tmp_path: Path
         again = a.beat()
         assert again.assignments_full and len(again.owners) == 301
     finally:
-        c.close()
+        controller.close()

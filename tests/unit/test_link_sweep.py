@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import Future
+from types import SimpleNamespace
 from typing import Any, Iterator
 
 import grpc
@@ -16,7 +17,11 @@ from services.generated import millwheel_pb2 as pb
 from services.metrics import PrometheusSensors
 from services.rpc.server import start_server
 from services.rpc.worker_link import LinkError, PeerLink
+from services.worker.delivery import PeerLinks
+from services.worker.failing import RangeFailures
+from services.worker.progress import NoProgress
 from services.worker.send import Sender
+from services.worker.shared import Shared
 from services.worker.units import OwnerInfo
 
 
@@ -32,14 +37,19 @@ class HeldWorker:
             yield pb.DeliverAck(batch_id=batch.batch_id, status=pb.DeliverAck.OK)
 
 
-class Links(Sender):
-    """The part of a worker that keeps links: its owner table, links and metrics."""
+def Links(owners: dict[tuple[str, int], OwnerInfo]) -> Sender:
+    """The part of a worker that keeps links, over its owner table, links and metrics."""
+    shared = Shared()
+    shared.owners = owners
+    sensors = PrometheusSensors("worker")
 
-    def __init__(self, owners: dict[tuple[str, int], OwnerInfo]) -> None:
-        self.owners = owners
-        self.links: dict[str, PeerLink] = {}
-        self.sensors = PrometheusSensors("worker")
-        self.max_inflight = 4
+    def unused(*args: Any) -> Any:
+        raise AssertionError("not called by the links")
+
+    return Sender(shared, PeerLinks(4, sensors), store=unused, failures=RangeFailures(), sensors=sensors,
+                  crash=unused, progress=NoProgress(), watched=False, stopped=threading.Event(),
+                  batch_size=10, max_slices=1, max_injector_outbox=10, delivery_timeout_s=5.0,
+                  process=unused, commit=unused, rebuild=unused, fenced=unused)
 
 
 def test_links_to_addresses_that_own_nothing_are_closed_once_idle() -> None:
@@ -86,34 +96,29 @@ def test_the_controllers_inject_links_go_with_the_workers_that_are_gone() -> Non
     """The controller's links to injectors' owners: opening a link closes the idle ones
     to addresses no live worker has (a restarted worker's old port)."""
     from services.controller.assign import WorkerState
-    from services.controller.inject import Injecting
+    from services.controller.inject import WorkerLinks
 
     held = HeldWorker()
     server, port, _ = start_server("127.0.0.1:0", {"Worker": held})
     busy, old, new = f"127.0.0.1:{port}", "127.0.0.1:1", "127.0.0.1:2"
 
-    class Controller(Injecting):
-        def __init__(self) -> None:
-            self.lock = threading.RLock()
-            self._links = {}
-            self.sensors = PrometheusSensors("controller")
-            self.assigner = type("A", (), {"workers": {"w-new": WorkerState("w-new", new)}})()
-
-    c = Controller()
+    plane = SimpleNamespace(lock=threading.RLock(), sensors=PrometheusSensors("controller"),
+                            assigner=SimpleNamespace(workers={"w-new": WorkerState("w-new", new)}))
+    links = WorkerLinks(plane)  # type: ignore[arg-type]
     try:
-        pending = c._link(busy).try_send(pb.DeliverBatch(computation="count", range_id=0))
+        pending = links.link(busy).try_send(pb.DeliverBatch(computation="count", range_id=0))
         assert pending is not None
-        c._link(old)
-        assert sorted(c._links) == sorted([busy, old])  # nothing to sweep yet: both were wanted
-        c._link(new)  # `old` is idle and no live worker has it; `busy` waits for an ack
-        assert sorted(c._links) == sorted([busy, new])
+        links.link(old)
+        assert sorted(links.links) == sorted([busy, old])  # nothing to sweep yet: both were wanted
+        links.link(new)  # `old` is idle and no live worker has it; `busy` waits for an ack
+        assert sorted(links.links) == sorted([busy, new])
         held.release.set()
         assert pending.result(10).status == pb.DeliverAck.OK
-        c._links.pop(new).close()
-        c._link(new)
-        assert list(c._links) == [new]
+        links.links.pop(new).close()
+        links.link(new)
+        assert list(links.links) == [new]
     finally:
         held.release.set()
-        for link in c._links.values():
+        for link in links.links.values():
             link.close()
         server.stop(0)
