@@ -7,13 +7,16 @@ The runtime calls ``crash(point)`` at the seams of the exactly-once sequence:
 ``after_give_up``. In a real run the hook does nothing. Tests use
 :class:`CrashSchedule` (raise at the Nth visit, in process) or set
 ``MILLWHEEL_CRASH_AT=POINT:N`` so the process SIGKILLs itself at the Nth visit of
-POINT: a genuine kill -9 at an exact place.
+POINT: a genuine kill -9 at an exact place. ``MILLWHEEL_HOLD_AT=POINT:SECONDS``
+(:func:`hold_hook_from_env`) makes every visit of POINT sleep SECONDS instead: a step
+that is quick on a fast machine lasts long enough for a test to watch it under way.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import time
 from collections import Counter
 
 from millwheel.runtime.range_worker import CrashHook, no_crash
@@ -60,5 +63,21 @@ def crash_hook_from_env() -> CrashHook:
         visits[at] += 1
         if at == point and visits[at] == n:
             os.kill(os.getpid(), signal.SIGKILL)
+
+    return hook
+
+
+def hold_hook_from_env() -> CrashHook:
+    """``MILLWHEEL_HOLD_AT=POINT:SECONDS``: sleep SECONDS (default 1) at every visit of
+    POINT; nothing otherwise (a real run never sets it)."""
+    spec = os.environ.get("MILLWHEEL_HOLD_AT")
+    if not spec:
+        return no_crash
+    point, _, s = spec.partition(":")
+    seconds = float(s or "1")
+
+    def hook(at: str) -> None:
+        if at == point:
+            time.sleep(seconds)
 
     return hook

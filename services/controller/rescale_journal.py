@@ -19,7 +19,7 @@ import json
 import logging
 from typing import Any, Callable, TypeVar
 
-from millwheel.runtime.crash import crash_hook_from_env
+from millwheel.runtime.crash import crash_hook_from_env, hold_hook_from_env
 from millwheel.savepoint import repartition
 from millwheel.state.protocol import StateStore
 from millwheel.topology import ComputationSpec, Topology
@@ -38,6 +38,9 @@ COPYING, CLEANUP = "copying", "cleanup"  #: Assigner.rescaling's phases (a resca
 #: ``MILLWHEEL_CRASH_AT=rescale_staged|rescale_committed|rescale_copied``: the controller
 #: kills itself -9 there (the crash tests); nothing otherwise.
 crash = crash_hook_from_env()
+#: ``MILLWHEEL_HOLD_AT=rescale_staged:SECONDS``: step 2's copy takes that much longer (tests
+#: that watch a rescale under way, also on a fast machine); nothing otherwise.
+hold = hold_hook_from_env()
 
 
 def check_not_copying(assigner: Assigner, name: str, what: str) -> None:
@@ -102,6 +105,7 @@ def stage(store: StateStore, name: str, old: int, n: int, token: Callable[[str, 
     one has none)."""
     repartition.clear(store, STAGE + name, range(n), (n,), token, at_us)  # left by an earlier attempt
     staged = repartition.copy(store, name, old, STAGE + name, n, token, at_us, ids="once")
+    hold("rescale_staged")
     wms = store.read_watermarks(name)
     floor = min(wms[r] for r in range(old)) if all(r in wms for r in range(old)) else None
     return staged, floor
