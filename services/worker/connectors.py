@@ -23,6 +23,7 @@ from millwheel.clock import SystemClock
 from millwheel.connectors.pulled import PulledSource, open_source
 from millwheel.connectors.spec import SinkSpec
 from millwheel.errors import FencedError
+from millwheel.nodes import injector_node, is_sink, sink_node
 from millwheel.record import MAX_TIMESTAMP
 from millwheel.runtime.injector import CURSOR_KEY, dead_letters
 from millwheel.runtime.sink_runner import SinkRunner
@@ -38,7 +39,8 @@ IDLE_S = 0.02
 
 class Connectors:
     """The two threads and what they own; ``host`` is the WorkerProcess (its store,
-    topology, router, units, limits, stop event and pump wake-up)."""
+    limits, stop event and fencing; in ``host.shared``, the state its parts share: the
+    topology, router, units and the pump's wake-up)."""
 
     def __init__(self, host: Any) -> None:
         self.host = host
@@ -69,9 +71,9 @@ class Connectors:
     def _pull_all(self) -> int:
         host = self.host
         wanted: dict[Unit, tuple[OwnedRange, InjectorSpec]] = {}
-        for unit, owned in list(host.units.items()):
+        for unit, owned in list(host.shared.units.items()):
             if owned.is_injector and not owned.dropped:
-                spec = next((i for i in host.topology.injectors if f"injector:{i.name}" == owned.node), None)
+                spec = next((i for i in host.shared.topology.injectors if injector_node(i.name) == owned.node), None)
                 if spec is not None and spec.source is not None:
                     wanted[unit] = (owned, spec)
         for unit in [u for u in self.sources if u not in wanted or wanted[u][0].token != self.sources[u][0]]:
@@ -104,9 +106,9 @@ class Connectors:
             wm = max(owned.injector_wm, batch.watermark)
             cp = Checkpoint(computation=owned.node, range_id=0, token=owned.token, now_us=self.clock.now_us(),
                             state_writes={CURSOR_KEY: batch.cursor, INJ_WM_KEY: str(wm).encode()},
-                            productions=host.router.fan_out_many(spec.stream, batch.records))
+                            productions=host.shared.router.fan_out_many(spec.stream, batch.records))
             if batch.rejected:
-                dead_letters(cp, spec, host.router, batch.rejected)
+                dead_letters(cp, spec, host.shared.router, batch.rejected)
             try:
                 host.store.checkpoint(cp)
             except FencedError as exc:
@@ -116,21 +118,21 @@ class Connectors:
             owned.cursor = batch.cursor
             owned.injector_wm = wm
             owned.changed()
-        host._wake.set()
+        host.shared.wake.set()
         return len(batch.records) + len(batch.rejected)
 
     # -- sinks -----------------------------------------------------------------------
     def keep(self, mine: dict[Unit, int], fenced: set[tuple[str, int, int]]) -> None:
         """Take the sink ranges assigned to us and drop those that are not (any more),
         after a heartbeat answer."""
-        specs = {f"sink:{s.name}": s for s in self.host.topology.sinks}
+        specs = {sink_node(s.name): s for s in self.host.shared.topology.sinks}
         with self._sinks_lock:
             for unit, runner in list(self.sinks.items()):
                 if mine.get(unit) != runner.token or (unit[0], unit[1], runner.token) in fenced \
                         or unit[0] not in specs:
                     self._drop(unit, "moved to another worker")
             for unit, token in mine.items():
-                if unit[0].startswith("sink:") and unit not in self.sinks and unit[0] in specs \
+                if is_sink(unit[0]) and unit not in self.sinks and unit[0] in specs \
                         and (unit[0], unit[1], token) not in fenced | self.fenced:
                     self._take(unit, token, specs[unit[0]])
 

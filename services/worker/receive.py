@@ -3,14 +3,16 @@ injection messages (an Inject session's messages are applied in order), injectin
 an injector's outbox, and processing a batch for an owned range (steps 1-3 of the
 exactly-once sequence; the ack is step 4), weak productions included.
 
-:class:`Receiver` is a mixin of :class:`services.worker.service.WorkerProcess`, which holds the
-state it uses; the sending side is :mod:`services.worker.send`.
+:class:`Receiver` is a part of :class:`services.worker.service.WorkerProcess`, which
+hands it the state shared by its parts (:class:`~services.worker.shared.Shared`) and the
+calls back into range ownership (fencing, dropping and building a range); the sending
+side, :mod:`services.worker.send`, is handed this part's ``process``, ``commit`` and
+``rebuild``.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections import OrderedDict
 from typing import Any, Callable, Iterator
@@ -20,68 +22,63 @@ import grpc
 from millwheel.clock import SystemClock
 from millwheel.errors import FencedError, UserCodeError
 from millwheel.keys import misrouted
+from millwheel.nodes import is_injector, name_of
 from millwheel.record import MIN_TIMESTAMP, Record
 from millwheel.runtime import poison
 from millwheel.runtime.context import RangeTransaction
 from millwheel.runtime.range_worker import CrashHook, RangeWorker
-from millwheel.runtime.routing import Router
 from millwheel.state.protocol import Production, StateStore
-from millwheel.topology import Productions, Topology
+from millwheel.topology import Productions
 
 from ..generated import millwheel_pb2 as pb
 from ..rpc import convert
 from ..rpc.server import Malformed
-from ..rpc.worker_link import PeerLink
-from . import overruns
+from . import delivery, overruns
+from .delivery import PeerLinks
 from .failing import RangeFailures
-from .parking import UnitOf, park_failing
+from .parking import park_failing
 from .progress import NoProgress, ProgressBlock
-from .units import OwnedRange, OwnerInfo
-from .watchdog import Watchdog
+from .shared import Shared
+from .units import OwnedRange
 
 log = logging.getLogger("millwheel.worker")
 Unit = tuple[str, int]
 
 
 class Receiver:
-    """Inject and Deliver into the ranges this worker owns (a mixin of WorkerProcess)."""
+    """Inject and Deliver into the ranges this worker owns."""
 
-    # Set by WorkerProcess.__init__ (services/worker/service.py) or defined by its other parts.
-    units: dict[Unit, OwnedRange]
-    owners: dict[Unit, OwnerInfo]
-    input_wms: dict[str, int]
-    topology: Topology
-    version: int
-    router: Router
-    worker_id: str
-    store: StateStore
-    clock: SystemClock
-    crash: CrashHook
-    watchdog: Watchdog | None
-    progress: ProgressBlock | NoProgress
-    max_injector_outbox: int
-    batch_size: int
-    weak_wait_s: float
-    failures: RangeFailures
-    unit_of: UnitOf
-    _inject_seqs: OrderedDict[tuple[str, str], int]
-    _units_lock: threading.Lock
-    _fenced_tokens: set[tuple[str, int, int]]
-    _wake: threading.Event
-    _hb_wake: threading.Event
-    _fenced: Callable[[OwnedRange, FencedError], None]
-    _drop: Callable[[OwnedRange, str], None]
-    _new_range_worker: Callable[[str, int, int], RangeWorker]
-    _route: Callable[[list[Production]], tuple[dict[str, list[Production]], dict[Unit, list[Production]],
-                                                list[Production]]]
-    _link: Callable[[str], PeerLink]
-    _batch: Callable[[str, str, int, list[Production]], pb.DeliverBatch]
+    def __init__(
+        self, shared: Shared, peers: PeerLinks, store: StateStore, failures: RangeFailures, *,
+        clock: SystemClock, crash: CrashHook, progress: ProgressBlock | NoProgress, watched: bool,
+        batch_size: int, max_injector_outbox: int, weak_wait_s: float,
+        fenced: Callable[[OwnedRange, FencedError], None], drop: Callable[[OwnedRange, str], None],
+        new_range_worker: Callable[[str, int, int], RangeWorker],
+    ) -> None:
+        """``watched``: user code runs under the watchdog's deadline (services/worker/watchdog.py);
+        ``fenced``, ``drop`` and ``new_range_worker``: range ownership's, in services/worker/service.py."""
+        self.shared = shared
+        self.peers = peers
+        self.store = store
+        self.failures = failures
+        self.clock = clock
+        self.crash = crash
+        self.progress = progress
+        self.watched = watched
+        self.batch_size = batch_size
+        self.max_injector_outbox = max_injector_outbox
+        self.weak_wait_s = weak_wait_s
+        self._fenced = fenced
+        self._drop = drop
+        self._new_range_worker = new_range_worker
+        # (injector node, Inject session) -> last message accepted, for in-order injection
+        self._inject_seqs: OrderedDict[tuple[str, str], int] = OrderedDict()
 
     def inject_order(self, batch: pb.DeliverBatch) -> pb.DeliverAck | None:
         """A refusal if this injection message's predecessor was not accepted here (the
         controller then resends from the first refused one, one at a time)."""
         key = (batch.computation, batch.inject_session)
-        with self._units_lock:
+        with self.shared.units_lock:
             last = self._inject_seqs.get(key)
             if last is None or batch.inject_resync:
                 last = self._inject_seqs[key] = batch.inject_seq - 1
@@ -96,17 +93,17 @@ class Receiver:
 
     def injected_in_order(self, batch: pb.DeliverBatch) -> None:
         key = (batch.computation, batch.inject_session)
-        with self._units_lock:
+        with self.shared.units_lock:
             self._inject_seqs[key] = max(self._inject_seqs.get(key, 0), batch.inject_seq)
 
     def inject(self, node: str, records: list[Record], watermark: int | None) -> pb.DeliverAck:
         """Injected records from the controller: checkpoint them into the injector's outbox."""
-        owned = self.units.get((node, 0))
-        name = node[len("injector:"):]
-        stream = next((i.stream for i in self.topology.injectors if i.name == name), None)
+        owned = self.shared.units.get((node, 0))
+        name = name_of(node)
+        stream = next((i.stream for i in self.shared.topology.injectors if i.name == name), None)
         if owned is None or not owned.is_injector or stream is None:
             return pb.DeliverAck(status=pb.DeliverAck.NOT_OWNER,
-                                 message=f"{self.worker_id} does not own {node}")
+                                 message=f"{self.shared.worker_id} does not own {node}")
         with owned.lock:
             if owned.dropped:
                 return pb.DeliverAck(status=pb.DeliverAck.NOT_OWNER,
@@ -116,7 +113,7 @@ class Receiver:
             if outbox.in_memory() >= self.max_injector_outbox:
                 # A failing consumer's share waits in the store (services/worker/parking.py);
                 # then the limit counts what the healthy consumers have not taken yet.
-                park_failing(outbox, owned.consumers, self.unit_of, self.batch_size)
+                park_failing(outbox, owned.consumers, self.shared.unit_of, self.batch_size)
             if outbox.in_memory() >= self.max_injector_outbox:
                 # Backpressure: the pipeline drains this outbox slower than it fills.
                 return pb.DeliverAck(
@@ -124,17 +121,17 @@ class Receiver:
                     message=f"injector {name!r} is busy: {outbox.in_memory()} records wait in its "
                             f"outbox for its consumers (limit {self.max_injector_outbox})")
             try:
-                owned.inject(records, watermark, self.router, stream, self.clock.now_us())
+                owned.inject(records, watermark, self.shared.router, stream, self.clock.now_us())
             except FencedError as exc:
                 self._fenced(owned, exc)
                 return pb.DeliverAck(status=pb.DeliverAck.NOT_OWNER, message=str(exc))
             self.crash("after_inject")
-            self._wake.set()
+            self.shared.wake.set()
             if watermark is not None:
-                self._hb_wake.set()
+                self.shared.hb_wake.set()
             return pb.DeliverAck(status=pb.DeliverAck.OK, watermark=owned.injector_wm)
 
-    def _commit(self, owned: OwnedRange, txn: RangeTransaction) -> None:
+    def commit(self, owned: OwnedRange, txn: RangeTransaction) -> None:
         """Step 3. With weak productions the outputs are sent first and only those not
         acked within ``weak_wait_s`` are checkpointed (into the outbox, resent by the
         pump); the caller holds the range's lock throughout, so the range's watermark
@@ -154,22 +151,22 @@ class Receiver:
 
     def _deliver_weak(self, producer: str, productions: list[Production]) -> list[Production]:
         """Deliver ``productions`` now; returns those not acked in time (to checkpoint)."""
-        logs, groups, slow = self._route(productions)
+        logs, groups, slow = delivery.route(self.shared.topology, productions)
         for stream, items in logs.items():
             self.store.append_log(stream, [p.record for p in items])
         waiting = []
         deadline = time.monotonic() + self.weak_wait_s
         for (consumer, range_id), items in groups.items():
-            owner = self.owners.get((consumer, range_id))
+            owner = self.shared.owners.get((consumer, range_id))
             if owner is None or not owner.worker_id:
                 slow += items
-            elif owner.worker_id == self.worker_id:
+            elif owner.worker_id == self.shared.worker_id:
                 ack = self.process(consumer, range_id, [p.record for p in items])
                 if ack.status != pb.DeliverAck.OK:
                     slow += items
             else:
-                batch = self._batch(producer, consumer, range_id, items)
-                fut = self._link(owner.address).send(batch, max(0.0, deadline - time.monotonic()))
+                message = delivery.batch(producer, consumer, range_id, items, self.shared.version)
+                fut = self.peers.link(owner.address).send(message, max(0.0, deadline - time.monotonic()))
                 if fut is None:
                     slow += items
                 else:
@@ -188,19 +185,19 @@ class Receiver:
         an operator reading the ack) learns that a newer owner holds it, not just that we
         do not (a zombie's refusal reads the same whichever of its threads hit the fence
         first: the pump's checkpoint or this batch's)."""
-        tokens = [t for n, r, t in self._fenced_tokens if (n, r) == unit]
+        tokens = [t for n, r, t in self.shared.fenced_tokens if (n, r) == unit]
         return f": fenced (its token {max(tokens)} was superseded: the range moved)" if tokens else ""
 
     def process(self, computation: str, range_id: int, records: list[Record]) -> pb.DeliverAck:
         """Steps 1-3 for a batch addressed to one of our ranges; the ack is step 4."""
         unit = (computation, range_id)
-        owned = self.units.get(unit)
+        owned = self.shared.units.get(unit)
         if owned is None or owned.worker is None:
             f = self.failures.get(unit)  # one of ours that cannot be built: say why
             return pb.DeliverAck(status=pb.DeliverAck.NOT_OWNER, message=(
-                f"{self.worker_id} does not own {computation}/{range_id}{self._fenced_note(unit)}"
+                f"{self.shared.worker_id} does not own {computation}/{range_id}{self._fenced_note(unit)}"
                 if f is None else
-                f"{computation}/{range_id} is failing on {self.worker_id} ({f.stage}): {f.message}"))
+                f"{computation}/{range_id} is failing on {self.shared.worker_id} ({f.stage}): {f.message}"))
         if unit in self.failures and not self.failures.due(unit):
             f = self.failures.get(unit)  # retried after its backoff, not at every sender's pace
             return pb.DeliverAck(status=pb.DeliverAck.FAILED, message=(
@@ -218,20 +215,20 @@ class Receiver:
                                          message=f"range moved{self._fenced_note(unit)}")
                 return pb.DeliverAck(status=pb.DeliverAck.FAILED, message=(
                     f"{computation}/{range_id}: {stray}; the sender's registry is older or newer than "
-                    f"{self.worker_id}'s (version {self.version}): sent again once both have the same"))
+                    f"{self.shared.worker_id}'s (version {self.shared.version}): sent again once both have the same"))
             try:
                 # Records that overran their deadline before run alone; see services/worker/overruns.py.
-                seen = owned.fresh_overruns() if self.watchdog else owned.overruns
+                seen = owned.fresh_overruns() if self.watched else owned.overruns
                 segments, refused = overruns.plan(records, seen) if seen else ([records], [])
                 if refused:  # overran alone: the error policy gives them up without running
                     refused = overruns.hand_to_policy(rw, refused, seen)
                     if not refused:  # they go in line with the rest; suspects still run alone
                         segments = overruns.plan(records, {i: v for i, v in seen.items() if not v["alone"]})[0]
-                wm = self.input_wms.get(computation, MIN_TIMESTAMP)
+                wm = self.shared.input_wms.get(computation, MIN_TIMESTAMP)
                 for segment in segments:  # the error policy isolates failing records (fail: raises)
                     with self.progress.batch(computation, range_id, owned.token,
                                              rw.spec.options.max_batch_seconds, segment):
-                        poison.process_batch(rw, segment, wm, lambda txn: self._commit(owned, txn))
+                        poison.process_batch(rw, segment, wm, lambda txn: self.commit(owned, txn))
                 if refused:  # on_error "fail": refused, visibly, never run again
                     raise overruns.exceeded(computation, range_id, refused[0], seen)
             except FencedError as exc:
@@ -241,13 +238,13 @@ class Receiver:
                 return pb.DeliverAck(status=pb.DeliverAck.FAILED, message=str(exc))
             except Exception as exc:  # noqa: BLE001 - the store, or a bug: this range's failure
                 self.failures.failed(unit, "checkpoint", exc)
-                self._rebuild(owned)
+                self.rebuild(owned)
                 return pb.DeliverAck(status=pb.DeliverAck.FAILED, message=str(exc))
         self.failures.succeeded(unit)
-        self._wake.set()
+        self.shared.wake.set()
         return pb.DeliverAck(status=pb.DeliverAck.OK)
 
-    def _rebuild(self, owned: OwnedRange) -> None:
+    def rebuild(self, owned: OwnedRange) -> None:
         """After a failure outside user code the in-memory cache may hold half a batch
         (timers popped, state changed): rebuild the range from the store. If even that
         fails, let the range go here; it is taken again once its retry is due (the
@@ -270,8 +267,9 @@ class Receiver:
 class DeliverServicer:
     """The Worker service: batches in on a bidirectional stream, one ack per batch."""
 
-    def __init__(self, worker: Receiver) -> None:
-        self.worker = worker
+    def __init__(self, receiver: Receiver, shared: Shared) -> None:
+        self.receiver = receiver
+        self.shared = shared
 
     def Deliver(self, request_iterator: Iterator[Any], context: grpc.ServicerContext) -> Iterator[pb.DeliverAck]:
         for batch in request_iterator:
@@ -279,23 +277,23 @@ class DeliverServicer:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                               f"malformed {batch.what} message: {batch.error}")
             if batch.inject_session:
-                refusal = self.worker.inject_order(batch)
+                refusal = self.receiver.inject_order(batch)
                 if refusal is not None:
                     refusal.batch_id = batch.batch_id
                     yield refusal
                     continue
-            if batch.topology_version > self.worker.version:
+            if batch.topology_version > self.shared.version:
                 yield pb.DeliverAck(batch_id=batch.batch_id, status=pb.DeliverAck.FAILED,
                                     message=f"registry version {batch.topology_version} not yet "
-                                            f"known here (have {self.worker.version})")
+                                            f"known here (have {self.shared.version})")
                 continue
             records = convert.records_from_proto(batch.records)
-            if batch.computation.startswith("injector:"):
+            if is_injector(batch.computation):
                 wm = batch.watermark if batch.HasField("watermark") else None
-                ack = self.worker.inject(batch.computation, records, wm)
+                ack = self.receiver.inject(batch.computation, records, wm)
                 if batch.inject_session and ack.status == pb.DeliverAck.OK:
-                    self.worker.injected_in_order(batch)
+                    self.receiver.injected_in_order(batch)
             else:
-                ack = self.worker.process(batch.computation, batch.range_id, records)
+                ack = self.receiver.process(batch.computation, batch.range_id, records)
             ack.batch_id = batch.batch_id
             yield ack

@@ -4,8 +4,11 @@ processed in place, others sent to their owner over a
 :class:`~services.rpc.worker_link.PeerLink`), and deletes entries (``outbox.ack``) only
 once the consumer has checkpointed them.
 
-:class:`Sender` is a mixin of :class:`services.worker.service.WorkerProcess`, which holds the
-state it uses; the receiving side is :mod:`services.worker.receive`.
+:class:`Sender` is a part of :class:`services.worker.service.WorkerProcess`, which hands
+it the state shared by its parts (:class:`~services.worker.shared.Shared`) and, as plain
+callables, what it asks of the receiving side (:mod:`services.worker.receive`: process a
+batch in place, checkpoint fired timers, rebuild a range) and of range ownership
+(a fenced range is dropped).
 """
 
 from __future__ import annotations
@@ -13,28 +16,24 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import defaultdict
 from typing import Callable
 
 from millwheel.errors import FencedError, UserCodeError
-from millwheel.keys import key_range
 from millwheel.record import MIN_TIMESTAMP, Record
 from millwheel.runtime.context import RangeTransaction
 from millwheel.runtime.range_worker import CrashHook
-from millwheel.runtime.routing import LOG_PREFIX
 from millwheel.state.protocol import Production, StateStore
-from millwheel.topology import Topology
 
 from ..generated import millwheel_pb2 as pb
 from ..metrics import PrometheusSensors
-from ..rpc import convert
 from ..rpc.worker_link import PeerLink
-from . import overruns
+from . import delivery, overruns
+from .delivery import PeerLinks
 from .failing import RangeFailures
-from .parking import UNKNOWN, UnitOf, plan
+from .parking import UNKNOWN, plan
 from .progress import NoProgress, ProgressBlock
-from .units import OwnedRange, OwnerInfo, Slice
-from .watchdog import Watchdog
+from .shared import Shared
+from .units import OwnedRange, Slice
 
 log = logging.getLogger("millwheel.worker")
 Unit = tuple[str, int]
@@ -42,49 +41,57 @@ LINK_SWEEP_S = 10.0  # how often links to addresses that own nothing are closed
 
 
 class Sender:
-    """The pump and delivery of outboxes (a mixin of WorkerProcess)."""
+    """The pump and delivery of outboxes."""
 
-    # Set by WorkerProcess.__init__ (services/worker/service.py) or defined by its other parts.
-    units: dict[Unit, OwnedRange]
-    owners: dict[Unit, OwnerInfo]
-    links: dict[str, PeerLink]
-    input_wms: dict[str, int]
-    topology: Topology
-    version: int
-    worker_id: str
-    store: StateStore
-    sensors: PrometheusSensors
-    crash: CrashHook
-    watchdog: Watchdog | None
-    progress: ProgressBlock | NoProgress
-    batch_size: int
-    max_slices: int
-    max_inflight: int
-    max_injector_outbox: int
-    delivery_timeout_s: float
-    failures: RangeFailures
-    unit_of: UnitOf
-    stopped: threading.Event
-    _wake: threading.Event
-    _hb_wake: threading.Event
-    process: Callable[[str, int, list[Record]], pb.DeliverAck]
-    _fenced: Callable[[OwnedRange, FencedError], None]
-    _commit: Callable[[OwnedRange, RangeTransaction], None]
-    _rebuild: Callable[[OwnedRange], None]
+    def __init__(
+        self, shared: Shared, peers: PeerLinks, store: StateStore, failures: RangeFailures, *,
+        sensors: PrometheusSensors, crash: CrashHook, progress: ProgressBlock | NoProgress, watched: bool,
+        stopped: threading.Event, batch_size: int, max_slices: int, max_injector_outbox: int,
+        delivery_timeout_s: float,
+        process: Callable[[str, int, list[Record]], pb.DeliverAck],
+        commit: Callable[[OwnedRange, RangeTransaction], None],
+        rebuild: Callable[[OwnedRange], None],
+        fenced: Callable[[OwnedRange, FencedError], None],
+    ) -> None:
+        """``watched``: user code runs under the watchdog's deadline (services/worker/watchdog.py);
+        ``process``, ``commit`` and ``rebuild``: the receiving side's; ``fenced``: range
+        ownership's, in services/worker/service.py."""
+        self.shared = shared
+        self.peers = peers
+        self.store = store
+        self.failures = failures
+        self.sensors = sensors
+        self.crash = crash
+        self.progress = progress
+        self.watched = watched
+        self.stopped = stopped
+        self.batch_size = batch_size
+        self.max_slices = max_slices
+        self.max_injector_outbox = max_injector_outbox
+        self.delivery_timeout_s = delivery_timeout_s
+        self._process = process
+        self._commit = commit
+        self._rebuild = rebuild
+        self._fenced = fenced
+
+    @property
+    def links(self) -> dict[str, PeerLink]:
+        """The links to other workers, by address."""
+        return self.peers.links
 
     def wake(self) -> None:
         """New work for the pump (an ack arrived, an outbox grew, watermarks moved)."""
-        self._wake.set()
+        self.shared.wake.set()
 
-    def _pump_loop(self) -> None:
+    def pump_loop(self) -> None:
         swept = time.monotonic()
         while not self.stopped.is_set():
-            self._wake.clear()
+            self.shared.wake.clear()
             moved = 0
             if time.monotonic() - swept >= LINK_SWEEP_S:
                 swept = time.monotonic()
                 self.sweep_links()
-            for owned in list(self.units.values()):
+            for owned in list(self.shared.units.values()):
                 unit = (owned.node, owned.range_id)
                 if unit in self.failures and not self.failures.due(unit):
                     continue  # failing: tried again once its backoff is over
@@ -106,7 +113,7 @@ class Sender:
             if not moved:
                 # Acks, deliveries and heartbeats wake us; the timeout covers
                 # processing-time timers and retry deadlines.
-                self._wake.wait(0.01)
+                self.shared.wake.wait(0.01)
 
     def _pump(self, owned: OwnedRange) -> int:
         moved = 0
@@ -120,16 +127,16 @@ class Sender:
             rw = owned.worker
             if rw is not None:
                 deadline = rw.spec.options.max_batch_seconds
-                seen = owned.fresh_overruns(0.5) if self.watchdog else owned.overruns
+                seen = owned.fresh_overruns(0.5) if self.watched else owned.overruns
                 if overruns.fire_timers(rw, seen, lambda ids: self.progress.batch(
                         owned.node, owned.range_id, owned.token, deadline, ids=ids),  # noqa: B023 - called at once
-                        self.input_wms.get(owned.node, MIN_TIMESTAMP), lambda txn: self._commit(owned, txn)):
-                    self._hb_wake.set()
+                        self.shared.input_wms.get(owned.node, MIN_TIMESTAMP), lambda txn: self._commit(owned, txn)):
+                    self.shared.hb_wake.set()
                     moved += 1
                 rw.expire_record_ids()
             while len(owned.slices) < self.max_slices and time.monotonic() >= owned.retry_at:
                 assert owned.outbox is not None
-                entries = plan(owned.outbox, owned.consumers, self.batch_size, self.unit_of,
+                entries = plan(owned.outbox, owned.consumers, self.batch_size, self.shared.unit_of,
                                keep=self.batch_size, chunk=max(self.batch_size, self.max_injector_outbox // 2))
                 if not entries:
                     break
@@ -143,60 +150,24 @@ class Sender:
         return moved
 
     def sweep_links(self) -> list[str]:
-        """Close the links (channel, reader thread, metric series) to addresses that own
-        no range now and wait for no ack; returns those addresses. A worker restarted
-        comes back at another port, so without this every address ever sent to would
-        keep its link for the life of the process."""
-        live = {o.address for o in self.owners.values()}
-        gone = [a for a, link in list(self.links.items()) if a not in live and link.idle()]
-        for address in gone:
-            self.links.pop(address).close()
-            self.sensors.forget_destination(address)
-        return gone
+        """Close the links to addresses that own no range now and wait for no ack
+        (:meth:`~services.worker.delivery.PeerLinks.sweep`); returns those addresses."""
+        return self.peers.sweep(self.shared.owners.values())
 
     def _link(self, address: str) -> PeerLink:
-        link = self.links.get(address)
-        if link is None:
-            link = self.links[address] = PeerLink(address, self.max_inflight, self.sensors)
-        return link
-
-    def _route(self, entries: list[Production]
-               ) -> tuple[dict[str, list[Production]], dict[Unit, list[Production]], list[Production]]:
-        """(stream-log entries by stream, entries by consumer range, entries of consumers
-        not registered here: they stay until the consumer is back)."""
-        logs: dict[str, list[Production]] = defaultdict(list)
-        groups: dict[Unit, list[Production]] = defaultdict(list)
-        unknown: list[Production] = []
-        for p in entries:
-            if p.consumer.startswith(LOG_PREFIX):
-                logs[p.consumer[len(LOG_PREFIX):]].append(p)
-            else:
-                try:
-                    ranges = self.topology.computation(p.consumer).options.key_ranges
-                except Exception:
-                    unknown.append(p)
-                    continue
-                groups[(p.consumer, key_range(p.record.key, ranges))].append(p)
-        return logs, groups, unknown
-
-    def _batch(self, producer: str, consumer: str, range_id: int, items: list[Production]
-               ) -> pb.DeliverBatch:
-        batch = pb.DeliverBatch(producer=producer, computation=consumer, range_id=range_id,
-                                topology_version=self.version)
-        convert.add_records(batch.records, (p.record for p in items))
-        return batch
+        return self.peers.link(address)
 
     def _send(self, owned: OwnedRange, s: Slice) -> int:
         """Deliver a planned slice: batches for other workers first, to their owner's
         link if it has room (else they are released for a later slice), so those
         workers process them while this one appends stream-log entries and processes
         the consumer ranges owned here in place. Returns the entries delivered or sent."""
-        logs, groups, released = self._route(s.entries)
+        logs, groups, released = delivery.route(self.shared.topology, s.entries)
         for consumer in {p.consumer for p in released}:  # not registered: held, then parked
             owned.consumers.failed((consumer, UNKNOWN), "not a registered computation")
         busy = set().union(*(other.busy() for other in owned.slices if other is not s))
         blocked = owned.consumers.blocked(time.monotonic())  # failed since this slice was planned
-        owners = self.owners
+        owners = self.shared.owners
         local: list[tuple[str, int, list[Production]]] = []
         for (consumer, range_id), items in groups.items():
             if (consumer, range_id) in blocked:
@@ -209,21 +180,22 @@ class Sender:
             if (consumer, range_id) in busy:
                 released += items  # one batch in flight per consumer range: keeps order
                 continue
-            if owner.worker_id == self.worker_id:
+            if owner.worker_id == self.shared.worker_id:
                 local.append((consumer, range_id, items))
                 continue
-            fut = self._link(owner.address).try_send(self._batch(owned.node, consumer, range_id, items))
+            fut = self._link(owner.address).try_send(
+                delivery.batch(owned.node, consumer, range_id, items, self.shared.version))
             if fut is None:
                 released += items  # no room at that destination: a later slice takes them
                 continue
-            fut.add_done_callback(lambda _f: self._wake.set())
+            fut.add_done_callback(lambda _f: self.shared.wake.set())
             s.remote.append((fut, items, owner.address, (consumer, range_id)))
             s.units.add((consumer, range_id))
         for stream, log_items in logs.items():
             self.store.append_log(stream, [p.record for p in log_items])  # idempotent by record id
             s.done_now += [(p.consumer, p.record.record_id) for p in log_items]
         for consumer, range_id, items in local:
-            ack = self.process(consumer, range_id, [p.record for p in items])
+            ack = self._process(consumer, range_id, [p.record for p in items])
             if ack.status == pb.DeliverAck.OK:
                 s.done_now += [(p.consumer, p.record.record_id) for p in items]
                 owned.consumers.succeeded((consumer, range_id))
@@ -267,6 +239,6 @@ class Sender:
         if acked:
             owned.changed()
             self.crash("after_ack")
-            self._hb_wake.set()
+            self.shared.hb_wake.set()
             owned.succeeded()  # the range-wide backoff after a pump failure is over
         return len(acked)

@@ -18,6 +18,14 @@ Three loops share the owned ranges (each range's lock serialises them):
   user code and checkpoint a received batch, then ack it (the exactly-once sequence
   of ``millwheel.runtime.range_worker``).
 
+The receiver and the sender are parts of the process, each handed what it uses: the
+state the parts share (:class:`~services.worker.shared.Shared`: the owned ranges, the
+cluster as last heard), the links to other workers
+(:class:`~services.worker.delivery.PeerLinks`), and plain callables where it calls
+back: the sender is handed the receiver's ``process``, ``commit`` and ``rebuild``; both
+are handed this module's ``_fenced``, and the receiver its ``_drop`` and
+``_new_range_worker``. Neither module imports the other.
+
 A :class:`~millwheel.errors.FencedError` anywhere means the range moved: drop it.
 SIGTERM drains: the controller moves every range away, then the process exits.
 """
@@ -29,13 +37,13 @@ import os
 import socket
 import threading
 import time
-from collections import OrderedDict
 
 import grpc
 
 from millwheel.clock import SystemClock
 from millwheel.errors import FencedError, MissingDependencyError, PermissionDeniedError
 from millwheel.importing import AllowList
+from millwheel.nodes import injector_node, is_injector, is_sink
 from millwheel.operators import build_computation
 from millwheel.record import MIN_TIMESTAMP
 from millwheel.runtime.crash import crash_hook_from_env
@@ -52,26 +60,27 @@ from ..rpc.cluster_routes import ClusterRoutes
 from ..rpc.controller_link import ControllerLink, fails_over
 from ..rpc.health import HealthMonitor
 from ..rpc.server import start_server
-from ..rpc.worker_link import PeerLink
 from ..store_lock import open_service_store
 from . import watchdog
 from .connectors import Connectors
+from .delivery import PeerLinks
 from .failing import RangeFailures
 from .parking import UnitOf
 from .progress import NoProgress, ProgressBlock
 from .receive import DeliverServicer, Receiver
 from .reports import REFRESH_RANGES_PER_S, REPORT_REFRESH_S, report_due
 from .send import Sender
+from .shared import Shared
 from .taker import Taker
-from .units import OwnedRange, OwnerInfo, merged_owners, share_cache
+from .units import OwnedRange, merged_owners, share_cache
 
 log = logging.getLogger("millwheel.worker")
 Unit = tuple[str, int]
 
 
-class WorkerProcess(Receiver, Sender):
+class WorkerProcess:
     """A worker process: the heartbeat and range ownership here, receiving and sending
-    in its mixins (see the module docstring)."""
+    in its parts ``receiver`` and ``sender`` (see the module docstring)."""
 
     def __init__(
         self, controller: str, store_url: str, *, host: str = "127.0.0.1", port: int = 0,
@@ -94,48 +103,43 @@ class WorkerProcess(Receiver, Sender):
         self.clock = SystemClock()
         self.crash = crash_hook_from_env()
         self.batch_size = batch_size
-        self.max_inflight = max_inflight
-        self.max_slices = max_slices
         self.max_injector_outbox = max_injector_outbox
-        self.weak_wait_s = weak_wait_s
         self.min_heartbeat_s = min(min_heartbeat_s, heartbeat_s)
-        self._hb_wake = threading.Event()
-        self._wake = threading.Event()
         self.heartbeat_s = heartbeat_s
-        self.delivery_timeout_s = delivery_timeout_s
-        self.topology = Topology()
-        self.version = -1
-        self.router = Router(self.topology)
-        self.unit_of = UnitOf(self.topology)  # a production's consumer range (services/worker/parking.py)
+        # The owned ranges and the cluster as last heard, shared with the parts (shared.py).
+        self.shared = Shared()
         self.failures = RangeFailures()  # ranges it cannot build or checkpoint (services/worker/failing.py)
-        self.units: dict[Unit, OwnedRange] = {}
         self._assigned: dict[Unit, int] = {}  # ranges assigned here -> token, as last heard
         self._mine: dict[Unit, int] = {}  # the same, from the owners table (heartbeat thread)
         self._known_assignments = (0, 0)  # (epoch, version) of the owners table held
-        self.owners: dict[Unit, OwnerInfo] = {}
-        self.input_wms: dict[str, int] = {}
-        self.links: dict[str, PeerLink] = {}
+        self.peers = PeerLinks(max_inflight, self.sensors)  # links to other workers (delivery.py)
         self.draining = threading.Event()
         self.stopped = threading.Event()
-        self._units_lock = threading.Lock()
-        # (injector node, Inject session) -> last message accepted, for in-order injection
-        self._inject_seqs: OrderedDict[tuple[str, str], int] = OrderedDict()
-        # (node, range, token) rejected by the store: not taken again under that token, and
-        # reported to the controller, which then issues a fresh one if it still means us.
-        self._fenced_tokens: set[tuple[str, int, int]] = set()
         self._fenced_unreported: list[tuple[str, int, int]] = []
         self._refused_at: dict[tuple[str, str], float] = {}  # (computation, reason) -> last logged
         self.refused: set[str] = set()  # computations our --allow-code refuses (told the controller)
+        # User code runs under a deadline kept by a watchdog process (services/worker/watchdog.py).
+        self.progress = ProgressBlock() if use_watchdog else NoProgress()
+        watched = isinstance(self.progress, ProgressBlock)  # a watchdog is started below
+        self.receiver = Receiver(
+            self.shared, self.peers, self.store, self.failures, clock=self.clock, crash=self.crash,
+            progress=self.progress, watched=watched, batch_size=batch_size,
+            max_injector_outbox=max_injector_outbox, weak_wait_s=weak_wait_s,
+            fenced=self._fenced, drop=self._drop, new_range_worker=self._new_range_worker)
+        self.sender = Sender(
+            self.shared, self.peers, self.store, self.failures, sensors=self.sensors, crash=self.crash,
+            progress=self.progress, watched=watched, stopped=self.stopped, batch_size=batch_size,
+            max_slices=max_slices, max_injector_outbox=max_injector_outbox,
+            delivery_timeout_s=delivery_timeout_s, process=self.receiver.process,
+            commit=self.receiver.commit, rebuild=self.receiver.rebuild, fenced=self._fenced)
         self.server, self.port, self.health = start_server(
-            f"{host}:{port}", {"Worker": DeliverServicer(self)})
+            f"{host}:{port}", {"Worker": DeliverServicer(self.receiver, self.shared)})
         if advertise is None:
             advertise = socket.getfqdn() if host in ("0.0.0.0", "::", "") else host
         self.address = f"{advertise}:{self.port}"
-        self.worker_id = worker_id or f"{self.address}/{os.getpid()}"
+        self.worker_id = self.shared.worker_id = worker_id or f"{self.address}/{os.getpid()}"
         self.metrics_port = self.sensors.serve(host, metrics_port) if metrics_port is not None else 0
         self.metrics_address = f"{advertise}:{self.metrics_port}" if self.metrics_port else ""
-        # User code runs under a deadline kept by a watchdog process (services/worker/watchdog.py).
-        self.progress = ProgressBlock() if use_watchdog else NoProgress()
         self.watchdog = watchdog.start(
             self.progress.fd, controller=",".join(self.controller_link.addresses), store_url=store_url,
             worker_id=self.worker_id,
@@ -150,7 +154,7 @@ class WorkerProcess(Receiver, Sender):
             0.0 if self._hb_failing_since is None else time.monotonic() - self._hb_failing_since))
         self._threads = [
             threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True),
-            threading.Thread(target=self._pump_loop, name="pump", daemon=True),
+            threading.Thread(target=self.sender.pump_loop, name="pump", daemon=True),
         ]
         self.connectors = Connectors(self)  # pulled sources and sinks (services/worker/connectors.py)
         for t in self._threads:
@@ -165,7 +169,7 @@ class WorkerProcess(Receiver, Sender):
         log.info("worker %s draining", self.worker_id)
         self.draining.set()
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and (self.units or not self._drain_seen):
+        while time.monotonic() < deadline and (self.shared.units or not self._drain_seen):
             time.sleep(0.05)
         self.stop()
 
@@ -177,8 +181,7 @@ class WorkerProcess(Receiver, Sender):
         for t in [*self._threads, *self.connectors.threads]:
             t.join(timeout=2.0)
         self.taker.stop()
-        for link in self.links.values():
-            link.close()
+        self.peers.close()
         self.controller_link.close()
         self.health_monitor.stop()
         if self.watchdog is not None:
@@ -199,8 +202,8 @@ class WorkerProcess(Receiver, Sender):
         worked on meanwhile, as while no controller answers at all."""
         last_error = 0.0
         while not self.stopped.is_set():
-            self._hb_wake.wait(self.heartbeat_s)
-            self._hb_wake.clear()
+            self.shared.hb_wake.wait(self.heartbeat_s)
+            self.shared.hb_wake.clear()
             started = time.monotonic()
             try:
                 self._heartbeat_once()
@@ -223,9 +226,9 @@ class WorkerProcess(Receiver, Sender):
         if self.controller_link.current != self._reported_to:  # it hears every range afresh
             self._reported, self._reported_to = {}, self.controller_link.current
         sent: dict[tuple[str, int, int], tuple[int, int, float]] = {}
-        refresh = max(REPORT_REFRESH_S, len(self.units) / REFRESH_RANGES_PER_S)
-        for owned in list(self.units.values()):
-            wm = owned.report_nowait(self.input_wms.get(owned.node, MIN_TIMESTAMP))  # never waits
+        refresh = max(REPORT_REFRESH_S, len(self.shared.units) / REFRESH_RANGES_PER_S)
+        for owned in list(self.shared.units.values()):
+            wm = owned.report_nowait(self.shared.input_wms.get(owned.node, MIN_TIMESTAMP))  # never waits
             if owned.dropped or wm is None:
                 continue
             pending = len(owned.outbox) if owned.outbox is not None else 0
@@ -244,7 +247,7 @@ class WorkerProcess(Receiver, Sender):
         try:
             resp = link.stub(pb_grpc.ClusterStub, target).Heartbeat(pb.HeartbeatRequest(
                 worker_id=self.worker_id, address=self.address, metrics_address=self.metrics_address,
-                draining=draining, known_topology_version=self.version, reports=reports,
+                draining=draining, known_topology_version=self.shared.version, reports=reports,
                 refused=sorted(self.refused), failing=self.failures.reports(), incremental=True,
                 known_assignments_epoch=self._known_assignments[0],
                 known_assignments_version=self._known_assignments[1],
@@ -258,7 +261,7 @@ class WorkerProcess(Receiver, Sender):
             raise
         link.succeeded(address)
         self.cluster_routes.answered(address, target, resp.cluster_address)
-        live = {(o.node, o.range_id, o.token) for o in self.units.values()}
+        live = {(o.node, o.range_id, o.token) for o in self.shared.units.values()}
         self._reported = {u: v for u, v in self._reported.items() if u in live}
         self._reported.update(sent)
         if draining:
@@ -268,52 +271,54 @@ class WorkerProcess(Receiver, Sender):
     def _apply(self, resp: pb.HeartbeatResponse) -> None:
         if resp.topology_json:
             self._set_topology(convert.topology_from_json(resp.topology_json), resp.topology_version)
-        owners = merged_owners(self.owners, resp)  # None: unchanged (services/worker/units.py)
+        shared = self.shared
+        owners = merged_owners(shared.owners, resp)  # None: unchanged (services/worker/units.py)
         if owners is not None:
-            self.owners = owners
+            shared.owners = owners
             self._mine = {u: o.token for u, o in owners.items() if o.worker_id == self.worker_id}
         self._known_assignments = (resp.assignments_epoch, resp.assignments_version)
         for node, wm in resp.input_watermarks.items():
-            if wm > self.input_wms.get(node, MIN_TIMESTAMP):
-                self.input_wms[node] = wm
-                if any(u[0] == node for u in self.units):
-                    self._hb_wake.set()  # report what the new input watermark lets through
+            if wm > shared.input_wms.get(node, MIN_TIMESTAMP):
+                shared.input_wms[node] = wm
+                if any(u[0] == node for u in shared.units):
+                    shared.hb_wake.set()  # report what the new input watermark lets through
         fenced = {(f.node, f.range_id, f.token) for f in resp.fenced}
         mine = self._mine
-        with self._units_lock:  # a take finishing now sees either the old or the new assignment
+        with shared.units_lock:  # a take finishing now sees either the old or the new assignment
             self._assigned = mine
-        for unit, owned in list(self.units.items()):
+        for unit, owned in list(shared.units.items()):
             if mine.get(unit) != owned.token or (unit[0], unit[1], owned.token) in fenced:
                 self._drop(owned, "moved to another worker")
         self.failures.keep(mine)
         self.connectors.keep(mine, fenced)
         for unit, token in sorted(mine.items()):  # a range failing to build waits for its retry
-            if unit not in self.units and not unit[0].startswith("sink:") \
-                    and (unit[0], unit[1], token) not in self._fenced_tokens and self.failures.due(unit):
+            if unit not in shared.units and not is_sink(unit[0]) \
+                    and (unit[0], unit[1], token) not in shared.fenced_tokens and self.failures.due(unit):
                 self.taker.want(unit, token)  # built on a taker thread (services/worker/taker.py)
-        self.sensors.owned_ranges(len(self.units))
-        share_cache(self.units)  # the worker's state-cache budget over its ranges (units.py)
-        self._wake.set()
+        self.sensors.owned_ranges(len(shared.units))
+        share_cache(shared.units)  # the worker's state-cache budget over its ranges (units.py)
+        shared.wake.set()
 
     def _set_topology(self, topology: Topology, version: int) -> None:
-        self.topology = topology
-        self.version = version
+        shared = self.shared
+        shared.topology = topology
+        shared.version = version
         self.refused.clear()  # a computation may have been registered again with other code
-        self.router = Router(topology, self.allow_code)
-        old, self.unit_of = self.unit_of, UnitOf(topology)
+        shared.router = Router(topology, self.allow_code)
+        old, shared.unit_of = shared.unit_of, UnitOf(topology)
         self.sensors.keep_nodes({c.name for c in topology.computations}
-                                | {f"injector:{i.name}" for i in topology.injectors})
-        for owned in list(self.units.values()):
+                                | {injector_node(i.name) for i in topology.injectors})
+        for owned in list(shared.units.values()):
             if owned.worker is not None:
-                owned.worker.router = self.router
+                owned.worker.router = shared.router
             if owned.consumers.parked_under is None:  # the pump re-sorts what it parked or backs off
                 owned.consumers.parked_under = old
         log.info("registry version %d: %d computations, %d injectors", version,
                  len(topology.computations), len(topology.injectors))
 
     def _new_range_worker(self, node: str, range_id: int, token: int) -> RangeWorker:
-        spec = self.topology.computation(node)
-        return RangeWorker(spec, range_id, self.store, build_computation(spec, self.allow_code), self.router,
+        spec = self.shared.topology.computation(node)
+        return RangeWorker(spec, range_id, self.store, build_computation(spec, self.allow_code), self.shared.router,
                            self.clock, self.sensors, self.crash, token=token)
 
     def _take(self, unit: Unit, token: int) -> None:
@@ -322,16 +327,17 @@ class WorkerProcess(Receiver, Sender):
         the other ranges go on. The token is the one assigned when the build starts; a
         build whose assignment changed meanwhile is discarded."""
         node, range_id = unit
+        shared = self.shared
         token = self._assigned.get(unit, token)
-        if unit in self.units or unit not in self._assigned or self.stopped.is_set() \
-                or (node, range_id, token) in self._fenced_tokens:
+        if unit in shared.units or unit not in self._assigned or self.stopped.is_set() \
+                or (node, range_id, token) in shared.fenced_tokens:
             return
         try:
-            if node.startswith("injector:"):
+            if is_injector(node):
                 owned = OwnedRange(node, range_id, token, self.store)
-            elif node.startswith("sink:"):
+            elif is_sink(node):
                 return  # run by self.connectors (keep)
-            elif any(c.name == node for c in self.topology.computations):
+            elif any(c.name == node for c in shared.topology.computations):
                 rw = self._new_range_worker(node, range_id, token)
                 owned = OwnedRange(node, range_id, token, self.store, worker=rw)
             else:
@@ -346,17 +352,17 @@ class WorkerProcess(Receiver, Sender):
         except (Exception, SystemExit) as exc:  # noqa: BLE001 - its code or its store: the range's
             self.failures.failed(unit, "build", exc)  # failure (sys.exit() in a constructor too)
             return
-        with self._units_lock:
-            if self._assigned.get(unit) != token or (node, range_id, token) in self._fenced_tokens:
+        with shared.units_lock:
+            if self._assigned.get(unit) != token or (node, range_id, token) in shared.fenced_tokens:
                 log.info("not taking %s/%d (token %d): its assignment changed while it was built",
                          node, range_id, token)
                 return
             if owned.worker is not None:
-                owned.worker.router = self.router  # the topology may have changed during the build
-            self.units[unit] = owned
+                owned.worker.router = shared.router  # the topology may have changed during the build
+            shared.units[unit] = owned
         self.failures.succeeded(unit)
-        self._hb_wake.set()  # report the new range's watermark soon
-        self._wake.set()
+        shared.hb_wake.set()  # report the new range's watermark soon
+        shared.wake.set()
         log.info("took %s/%d (token %d)", node, range_id, token)
 
     def _refused(self, node: str, reason: str) -> None:
@@ -371,15 +377,15 @@ class WorkerProcess(Receiver, Sender):
 
     def _drop(self, owned: OwnedRange, reason: str) -> None:
         owned.dropped = True  # without the lock: a batch may hold it (its writes are fenced)
-        with self._units_lock:
-            if self.units.get((owned.node, owned.range_id)) is owned:
-                del self.units[(owned.node, owned.range_id)]
+        with self.shared.units_lock:
+            if self.shared.units.get((owned.node, owned.range_id)) is owned:
+                del self.shared.units[(owned.node, owned.range_id)]
         log.info("dropped %s/%d (token %d): %s", owned.node, owned.range_id, owned.token, reason)
 
     def _fenced(self, owned: OwnedRange, exc: FencedError) -> None:
         self.sensors.fenced(owned.node, owned.range_id)
         entry = (owned.node, owned.range_id, owned.token)
-        if entry not in self._fenced_tokens:
-            self._fenced_tokens.add(entry)
+        if entry not in self.shared.fenced_tokens:
+            self.shared.fenced_tokens.add(entry)
             self._fenced_unreported.append(entry)
         self._drop(owned, str(exc))
