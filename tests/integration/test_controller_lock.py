@@ -1,4 +1,4 @@
-"""The controller answers heartbeats while a store call is blocked (issue 21, item 4).
+"""The controller answers heartbeats while a store call is blocked (issue 21, item 4), end to end.
 
 A real controller (gRPC on loopback, a real SQLite store) whose store's
 ``report_watermark`` blocks for one range until the test lets it go, as a Redis shard
