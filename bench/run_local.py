@@ -24,6 +24,7 @@ from typing import Any, Sequence
 
 from bench import pipelines, redis_memory
 from bench.workload import DISORDER_US, WINDOW_US, Workload, check, generate
+from millwheel.nodes import injector_node
 from millwheel.record import MAX_TIMESTAMP, Record
 from millwheel.runtime.local_runner import LocalRunner
 from millwheel.runtime.range_worker import RangeWorker
@@ -189,7 +190,7 @@ def paced_case(wa: WorkloadArgs, pipeline: str, store_url: str, rate: float, eo:
     stamps: list[tuple[float, list[Sequence[Record]]]] = []  # (step returned, records it committed)
     committed: list[Sequence[Record]] = []
     _probe_commits(runner, "count", committed)
-    nodes = ["injector:events", *pipelines.stage_names(pipeline)]
+    nodes = [injector_node("events"), *pipelines.stage_names(pipeline)]
     samples: dict[str, list[tuple[float, int]]] = {n: [] for n in nodes}
     sink = pipelines.sink_stream(pipeline)
     seen_rows: list[tuple[int, float]] = []  # (window end, wall time seen in the log)

@@ -29,7 +29,7 @@ from millwheel.limits import (
     MIN_LOG_RETENTION_US,
     check_name,
 )
-from millwheel.nodes import injector_node  # noqa: F401 (re-exported: where callers find it)
+from millwheel.nodes import NodeKind, injector_node, is_injector
 
 
 class LatePolicy(enum.StrEnum):
@@ -260,8 +260,9 @@ class Topology:
         names: set[str] = set()
         for spec in self.computations:
             where = f"computation {spec.name!r}"
-            if spec.name.startswith("injector:"):
-                raise InvalidSpecError(f"{where}: invalid name (the prefix 'injector:' names injectors)")
+            if is_injector(spec.name):
+                raise InvalidSpecError(
+                    f"{where}: invalid name (the prefix {NodeKind.INJECTOR.value!r} names injectors)")
             if spec.name in names:
                 raise InvalidSpecError(f"{where}: defined twice")
             names.add(spec.name)
@@ -332,7 +333,7 @@ class Topology:
                 raise InvalidSpecError(f"cycle in topology: {' -> '.join([*path, name])}")
             visiting.add(name)
             for up in self.upstream(name):
-                if not up.startswith("injector:"):
+                if not is_injector(up):
                     visit(up, [*path, name])
             visiting.discard(name)
             done.add(name)

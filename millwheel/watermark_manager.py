@@ -15,8 +15,9 @@ from __future__ import annotations
 
 from typing import Mapping
 
+from millwheel.nodes import injector_node, is_injector
 from millwheel.record import MAX_TIMESTAMP, MIN_TIMESTAMP
-from millwheel.topology import Topology, injector_node
+from millwheel.topology import Topology
 
 
 class WatermarkManager:
@@ -39,7 +40,7 @@ class WatermarkManager:
         Returns the output watermark of every node.
         """
         for node in self._order:
-            if node.startswith("injector:"):
+            if is_injector(node):
                 computed = min(injector_reports.get(node, MIN_TIMESTAMP), holds.get(node, MAX_TIMESTAMP))
             else:
                 upstream = self._topology.upstream(node)

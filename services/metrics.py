@@ -22,6 +22,8 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
+from millwheel.nodes import is_injector
+
 #: A scraped sample: (sample name, sorted label pairs) -> value.
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 #: (computation -> outcome -> count, worker id -> alive)
@@ -168,7 +170,7 @@ class PrometheusSensors:
                     metric.remove(*labels)
         for metric in (self._backpressure, self._inflight, self._retries):  # a node, or an address
             for labels in list(getattr(metric, "_metrics", {})):
-                if labels[0].startswith("injector:") and labels[0] not in nodes:
+                if is_injector(labels[0]) and labels[0] not in nodes:
                     metric.remove(*labels)
 
     def forget_destination(self, destination: str) -> None:

@@ -41,8 +41,9 @@ from typing import Any, Sequence
 import psycopg
 from psycopg import sql
 
-from millwheel.connectors.spec import ROW_PARTS
+from millwheel.connectors.registry import ROW_PARTS
 from millwheel.errors import ConnectorError, FencedError, InvalidSpecError
+from millwheel.nodes import sink_node
 from millwheel.record import Record
 from millwheel.state.url_display import redact
 
@@ -157,7 +158,7 @@ class PostgresSink:
                 ).format(sql.Identifier(PROGRESS_TABLE)), (self.progress_key, self.range_id)).fetchone()
                 stored_token, position = int(row[0]), int(row[1])
                 if stored_token > token:
-                    raise FencedError(f"sink:{self.sink}", self.range_id, token, stored_token)
+                    raise FencedError(sink_node(self.sink), self.range_id, token, stored_token)
                 rows = [row_values(p, r) for p, r in records if p > position]
                 if rows:
                     with conn.cursor() as cur:

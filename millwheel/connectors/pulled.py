@@ -20,9 +20,10 @@ import time
 from typing import Any
 
 from millwheel.clock import Clock
-from millwheel.connectors import SourceConnector
+from millwheel.connectors import SourceConnector, registry
 from millwheel.connectors.envelope import BadEntry, entry_record, field_names
 from millwheel.errors import ConnectorError, InvalidSpecError
+from millwheel.nodes import injector_node
 from millwheel.record import MAX_TIMESTAMP, MIN_TIMESTAMP, Record, derive_record_id
 from millwheel.sources import SourceBatch
 
@@ -86,7 +87,7 @@ class PulledSource:
         """Dead letters: key = the injector, value = JSON {injector, position, message};
         the ID derived from the position, so a re-read writes the same letter."""
         return [Record(self.name, json.dumps({"injector": self.name, "position": pos, "message": why}).encode(),
-                       now, derive_record_id(f"injector:{self.name}", "dead\x1f" + pos, 0))
+                       now, derive_record_id(injector_node(self.name), "dead\x1f" + pos, 0))
                 for pos, why in rejected]
 
     def _down(self, exc: ConnectorError) -> None:
@@ -105,19 +106,11 @@ class PulledSource:
 
 
 def open_source(name: str, settings: dict[str, Any], clock: Clock, base: str = ".") -> PulledSource:
-    """The source an injector's ``source:`` settings name (its client imported only now)."""
+    """The source an injector's ``source:`` settings name, its class found in
+    :mod:`millwheel.connectors.registry` (its client library imported only now)."""
     kind = settings["type"]
-    connector: SourceConnector
-    if kind == "redis-stream":
-        from millwheel.connectors.redis_stream import RedisStreamSource
-        connector = RedisStreamSource(settings)
-    elif kind == "nats-jetstream":
-        from millwheel.connectors.nats_jetstream import JetStreamSource
-        connector = JetStreamSource(settings)
-    elif kind == "files":
-        from millwheel.connectors.files import FilesSource
-        connector = FilesSource(settings, base)
-    else:
+    role = registry.sources().get(kind)
+    if role is None:
         raise InvalidSpecError(f"injector {name!r}: unknown source type {kind!r}")
-    return PulledSource(name, connector, settings, clock)
+    return PulledSource(name, registry.build_source(role, settings, base), settings, clock)
 

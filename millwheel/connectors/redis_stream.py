@@ -20,6 +20,7 @@ from typing import Any, Sequence
 
 from millwheel.connectors import Entry
 from millwheel.errors import ConnectorError, FencedError
+from millwheel.nodes import sink_node
 from millwheel.record import Record
 from millwheel.state.redis_connection import plain_client, redis_errors
 from millwheel.state.url_display import redact
@@ -134,7 +135,7 @@ class RedisStreamSink:
             args += [pos, rec.key, rec.value, rec.timestamp, rec.record_id]
         done = int(self._call(lambda: self.client.eval(_WRITE, 2, self.key, self.stream, *args)))
         if done < 0:
-            raise FencedError(f"sink:{self.sink}", self.range_id, token, None)
+            raise FencedError(sink_node(self.sink), self.range_id, token, None)
         return done
 
     def close(self) -> None:

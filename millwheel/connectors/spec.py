@@ -1,7 +1,8 @@
 """Connector settings in a spec: an injector's ``source:`` and the top-level ``sinks:``.
 
 Only the settings' text is checked here (type, URL scheme, required and known fields,
-bounds); no client library is imported and nothing is connected to, so ``register``
+bounds) against each kind's schema in :mod:`millwheel.connectors.registry`; no client
+library is imported and nothing is connected to, so ``register``
 refuses a typo at once and the controller never imports a client to validate. Errors
 name the injector or sink and the field, and show a URL only without its password
 (:func:`millwheel.state.url_display.redact`), as ClusterStatus does for the store.
@@ -13,30 +14,15 @@ import json
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from millwheel.connectors import registry
 from millwheel.errors import InvalidSpecError
 from millwheel.limits import MAX_DURATION_US, check_name
 from millwheel.nodes import sink_node  # noqa: F401 (re-exported: where callers find it)
 from millwheel.state.url_display import redact
 
-#: Fields every source accepts besides its type's own.
+#: Fields every source accepts besides its kind's own (a kind's own: connectors/registry.py).
 SOURCE_COMMON = {"type", "until", "max_disorder_us", "idle_timeout_us", "fields"}
-#: type -> (URL schemes, required fields, optional fields) of each source.
-SOURCE_TYPES: dict[str, tuple[tuple[str, ...], frozenset[str], frozenset[str]]] = {
-    "redis-stream": (("redis", "rediss"), frozenset({"url", "stream"}), frozenset()),
-    "nats-jetstream": (("nats", "tls"), frozenset({"url", "stream", "subject"}), frozenset()),
-    "files": ((), frozenset({"path"}), frozenset()),
-}
-#: type -> (URL schemes, required fields, optional fields) of each sink.
-SINK_TYPES: dict[str, tuple[tuple[str, ...], frozenset[str], frozenset[str]]] = {
-    "postgres": (("postgresql", "postgres"), frozenset({"url", "table"}), frozenset({"columns", "upsert_key"})),
-    # (`stream` of a sink entry is the millwheel stream it follows; the target is named apart)
-    "redis-stream": (("redis", "rediss"), frozenset({"url", "redis_stream"}), frozenset({"maxlen"})),
-    "nats-jetstream": (("nats", "tls"), frozenset({"url", "subject"}), frozenset({"jetstream"})),
-}
 RECORD_FIELDS = ("key", "value", "timestamp", "id")
-#: What a PostgreSQL sink writes of a record, each to a column (``columns:`` renames them).
-ROW_PARTS = ("record_id", "key", "window_start", "window_end", "value", "ts", "position")
-_STRUCTURED = {"maxlen", "columns", "upsert_key"}  # settings that are not one string
 MAX_SETTING_CHARS = 2048  # a URL, a table or stream name, a glob
 MAX_SINKS = 256
 
@@ -83,14 +69,16 @@ def _duration(value: Any, where: str) -> int:
     return value
 
 
-def _connector(data: Any, where: str, types: Mapping[str, tuple[tuple[str, ...], frozenset[str], frozenset[str]]],
-               common: set[str]) -> ConnectorSpec:
+def _connector(data: Any, where: str, roles: Mapping[str, registry.Role], common: set[str]) -> ConnectorSpec:
+    """The settings checked against the schema of their kind's source or sink (``roles``),
+    then by the kind's own check of its structured settings."""
     if not isinstance(data, Mapping):
         raise InvalidSpecError(f"{where}: must be a mapping with a 'type'")
     kind = data.get("type")
-    if kind not in types:
-        raise InvalidSpecError(f"{where}.type: must be one of {sorted(types)}, got {str(kind)[:100]!r}")
-    schemes, required, optional = types[str(kind)]
+    if kind not in roles:
+        raise InvalidSpecError(f"{where}.type: must be one of {sorted(roles)}, got {str(kind)[:100]!r}")
+    schema = roles[str(kind)].schema
+    schemes, required, optional = schema.schemes, schema.required, schema.optional
     missing = sorted(required - set(data))
     if missing:
         raise InvalidSpecError(f"{where}: a {kind} needs {missing}")
@@ -99,7 +87,7 @@ def _connector(data: Any, where: str, types: Mapping[str, tuple[tuple[str, ...],
         raise InvalidSpecError(f"{where}: unknown fields {unknown} (a {kind} has "
                                f"{sorted(required | optional | (common - {'type'}))})")
     for name in required | optional:
-        if name in data and name not in _STRUCTURED:
+        if name in data and name not in schema.structured:
             _text(data[name], f"{where}.{name}")
     if "url" in data:
         url = data["url"]
@@ -107,12 +95,14 @@ def _connector(data: Any, where: str, types: Mapping[str, tuple[tuple[str, ...],
         if scheme not in schemes:
             raise InvalidSpecError(f"{where}.url: a {kind} URL starts with "
                                    f"{' or '.join(s + '://' for s in schemes)}, got {redact(url)[:200]!r}")
+    if schema.check is not None:
+        schema.check(data, where)
     return ConnectorSpec(str(kind), json.dumps(dict(data), sort_keys=True))
 
 
 def source_from_dict(data: Any, where: str, max_disorder_us: int) -> ConnectorSpec:
     """An injector's ``source:``; the injector's ``max_disorder_us`` is its default."""
-    spec = _connector(data, where, SOURCE_TYPES, SOURCE_COMMON)
+    spec = _connector(data, where, registry.sources(), SOURCE_COMMON)
     settings = spec.settings
     settings.setdefault("max_disorder_us", max_disorder_us)
     _duration(settings["max_disorder_us"], f"{where}.max_disorder_us")
@@ -142,36 +132,13 @@ def sinks_from_list(data: Any) -> tuple[SinkSpec, ...]:
             raise InvalidSpecError(f"{where}: needs a 'stream'")
         check_name(item["stream"], f"{where}.stream")
         settings = {k: v for k, v in item.items() if k not in ("stream", "name")}
-        connector = _connector(settings, where, SINK_TYPES, {"type"})
-        maxlen = settings.get("maxlen")
-        if maxlen is not None and (isinstance(maxlen, bool) or not isinstance(maxlen, int) or maxlen < 1):
-            raise InvalidSpecError(f"{where}.maxlen: must be a positive integer")
-        if connector.type == "postgres":
-            _columns(settings, where)
+        connector = _connector(settings, where, registry.sinks(), {"type"})
         name = item.get("name", f"{item['stream']}.{connector.type}")
         check_name(name, f"{where}.name")
         if any(s.name == name for s in sinks):
             raise InvalidSpecError(f"{where}: sink {name!r} defined twice (give each a 'name')")
         sinks.append(SinkSpec(str(name), item["stream"], connector))
     return tuple(sinks)
-
-
-def _columns(settings: Mapping[str, Any], where: str) -> None:
-    """A PostgreSQL sink's ``columns`` (record part -> an existing table's column) and
-    ``upsert_key`` (columns of a unique index: a row with the same key is updated)."""
-    columns = settings.get("columns")
-    if columns is not None:
-        if not isinstance(columns, Mapping) or not columns or set(columns) - set(ROW_PARTS):
-            raise InvalidSpecError(f"{where}.columns: maps some of {list(ROW_PARTS)} to column names")
-        for part, column in columns.items():
-            if not isinstance(column, str) or not 0 < len(column) <= 63:
-                raise InvalidSpecError(f"{where}.columns.{part}: a column name of 1..63 characters")
-    upsert = settings.get("upsert_key")
-    if upsert is not None:
-        mapped = set((columns or {}).values())
-        if columns is None or not isinstance(upsert, list) or not upsert or not all(
-                isinstance(c, str) and c in mapped for c in upsert):
-            raise InvalidSpecError(f"{where}.upsert_key: a list of columns named in 'columns'")
 
 
 def sink_to_dict(sink: SinkSpec) -> dict[str, Any]:

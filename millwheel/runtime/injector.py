@@ -11,13 +11,14 @@ from __future__ import annotations
 import json
 
 from millwheel.clock import Clock
+from millwheel.nodes import injector_node
 from millwheel.record import MIN_TIMESTAMP, Record, well_formed
 from millwheel.runtime.outbox import Outbox
 from millwheel.runtime.range_worker import CrashHook, no_crash
 from millwheel.runtime.routing import Router
 from millwheel.sources import Source
 from millwheel.state.protocol import Checkpoint, StateStore
-from millwheel.topology import InjectorSpec, injector_node
+from millwheel.topology import InjectorSpec
 
 CURSOR_KEY = "__cursor__"
 

@@ -29,9 +29,9 @@ from dataclasses import dataclass
 from typing import Callable, Mapping, cast
 
 from millwheel.clock import Clock, SystemClock
-from millwheel.connectors.spec import sink_node
 from millwheel.errors import FencedError, InvalidSpecError, UserCodeError
 from millwheel.keys import key_range
+from millwheel.nodes import injector_node, sink_node
 from millwheel.operators import build_computation
 from millwheel.record import MAX_TIMESTAMP, MIN_TIMESTAMP, Record
 from millwheel.runtime import poison
@@ -46,7 +46,7 @@ from millwheel.runtime.writer_process import PipelinedStore, make_pipe
 from millwheel.sensors import NullSensors, Sensors
 from millwheel.sources import Source
 from millwheel.state.protocol import Production, StateStore
-from millwheel.topology import Productions, Topology, injector_node
+from millwheel.topology import Productions, Topology
 from millwheel.watermark_manager import WatermarkManager
 
 YOUNG_GC_THRESHOLD = 50_000

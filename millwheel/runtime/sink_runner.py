@@ -22,7 +22,7 @@ import random
 import time
 from typing import Any
 
-from millwheel.connectors import SinkConnector
+from millwheel.connectors import SinkConnector, registry
 from millwheel.connectors.spec import SinkSpec
 from millwheel.errors import ConnectorError, InvalidSpecError, StoreError
 from millwheel.savepoint.logmap import LogMap
@@ -33,18 +33,13 @@ log = logging.getLogger("millwheel.sinks")
 
 
 def open_sink(settings: dict[str, Any]) -> SinkConnector:
-    """The connector a sink's settings name (its client library imported only now)."""
+    """The connector a sink's settings name, its class found in
+    :mod:`millwheel.connectors.registry` (its client library imported only now)."""
     kind = settings["type"]
-    if kind == "postgres":
-        from millwheel.connectors.postgres import PostgresSink
-        return PostgresSink(settings)
-    if kind == "redis-stream":
-        from millwheel.connectors.redis_stream import RedisStreamSink
-        return RedisStreamSink(settings)
-    if kind == "nats-jetstream":
-        from millwheel.connectors.nats_jetstream import JetStreamSink
-        return JetStreamSink(settings)
-    raise InvalidSpecError(f"unknown sink type {kind!r}")
+    role = registry.sinks().get(kind)
+    if role is None:
+        raise InvalidSpecError(f"unknown sink type {kind!r}")
+    return registry.build_sink(role, settings)
 
 
 class SinkRunner:

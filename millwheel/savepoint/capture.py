@@ -18,8 +18,8 @@ import base64
 from typing import Any, Callable, Iterable
 
 from millwheel.keys import key_range
+from millwheel.nodes import injector_node, is_injector
 from millwheel.state.protocol import ID_PAGE, StateStore
-from millwheel.topology import injector_node
 
 from .format import Writer
 from .logmap import load as load_logmap
@@ -113,7 +113,7 @@ def _state_ranges(store: StateStore, node: str, ranges: int) -> dict[int, list[s
     while True:
         page = store.list_keys(node, after, KEY_PAGE)
         for k in page:
-            out.setdefault(0 if node.startswith("injector:") else key_range(k, ranges), []).append(k)
+            out.setdefault(0 if is_injector(node) else key_range(k, ranges), []).append(k)
         if len(page) < KEY_PAGE:
             return out
         after = page[-1]

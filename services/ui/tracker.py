@@ -15,8 +15,9 @@ from typing import Any, Callable
 import yaml
 
 from millwheel.keys import key_range
+from millwheel.nodes import injector_node
 from millwheel.spec import computation_to_dict
-from millwheel.topology import ComputationSpec, injector_node
+from millwheel.topology import ComputationSpec
 
 from ..controller.rescale_journal import read_keyed
 from .snapshot import Snapshotter
