@@ -41,10 +41,9 @@ from __future__ import annotations
 
 import json
 import secrets
-import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import Any, Callable
 
 import grpc
 
@@ -54,8 +53,8 @@ from millwheel.record import MAX_TIMESTAMP
 from millwheel.state.protocol import StateStore
 
 from ..generated import millwheel_pb2 as pb
-from .assign import DRAINING_KEY, Assigner
-from .registry import Registry
+from .assign import DRAINING_KEY
+from .plane import ControlPlane
 
 DEFAULT_TIMEOUT_S = 600.0
 POLL_S = 0.2
@@ -68,25 +67,11 @@ class DrainTimeoutError(MillWheelError):
     status = grpc.StatusCode.DEADLINE_EXCEEDED
 
 
-class DrainHost(Protocol):
-    """What the drain reads of the controller (services/controller/plane.py's
-    ControlPlane is one): at each use, since a change of leadership replaces the
-    registry and the assignment."""
-
-    store: StateStore
-    registry: Registry
-    assigner: Assigner
-    lock: threading.RLock
-
-    sinks_down: dict[str, dict[str, float]]  # worker -> its failing sinks -> seconds (heartbeats)
-    sink_positions: dict[str, dict[str, int]]  # worker -> its sinks -> committed log position
-
-
 #: How the drain hands an injector's closing batch to its owner (services/controller/inject.py).
 HandOver = Callable[[str, pb.DeliverBatch], pb.DeliverAck]
 
 
-def start_draining(host: DrainHost, now_us: int) -> None:
+def start_draining(host: ControlPlane, now_us: int) -> None:
     """Step 1, under the lock: from here on Inject is refused."""
     with host.lock:
         if not host.assigner.draining:
@@ -94,7 +79,7 @@ def start_draining(host: DrainHost, now_us: int) -> None:
             host.assigner.draining = True
 
 
-def drain(host: DrainHost, hand_over: HandOver, timeout_s: float, report: Callable[[str, int, str], None]) -> None:
+def drain(host: ControlPlane, hand_over: HandOver, timeout_s: float, report: Callable[[str, int, str], None]) -> None:
     """Steps 1-3 (the caller takes the cut); DrainTimeoutError past ``timeout_s``."""
     started = time.monotonic()
     deadline = started + (timeout_s if timeout_s > 0 else DEFAULT_TIMEOUT_S)
@@ -142,7 +127,7 @@ def drain(host: DrainHost, hand_over: HandOver, timeout_s: float, report: Callab
         time.sleep(POLL_S)
 
 
-def _close(host: DrainHost, hand_over: HandOver, node: str) -> None:
+def _close(host: ControlPlane, hand_over: HandOver, node: str) -> None:
     """Step 2 for one injector: +inf to its owner (an Inject ``done`` without records).
     A failure (no owner yet, its outbox full) is retried at the next round."""
     batch = pb.DeliverBatch(computation=node, range_id=0, topology_version=host.registry.version,
@@ -169,7 +154,7 @@ class SinkBehind:
         return f"sink {self.name} {at} of {self.end} ({self.left} records to write{down})"
 
 
-def sinks_behind(host: DrainHost) -> list[SinkBehind]:
+def sinks_behind(host: ControlPlane) -> list[SinkBehind]:
     """Step 3b's check (read once nothing more is appended to any log): the sinks whose
     highest reported committed position is short of their stream log's last entry."""
     sinks = host.registry.topology.sinks

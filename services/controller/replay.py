@@ -35,24 +35,21 @@ import threading
 import time
 from collections import defaultdict
 from concurrent.futures import TimeoutError as FutureTimeout
-from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Protocol
+from typing import Callable, Iterable, Protocol
 
 from millwheel.errors import NotFoundError
 from millwheel.keys import key_range
 from millwheel.record import Record, derive_record_id
 from millwheel.runtime.failures import letter_record
 from millwheel.runtime.retention import read_retained
-from millwheel.state.protocol import StateStore
 from millwheel.topology import ComputationSpec, ErrorPolicy
 
 from ..generated import millwheel_pb2 as pb
 from ..rpc import convert
 from ..rpc.status import UnavailableError
 from ..rpc.worker_link import LinkError, PeerLink
-from .assign import Assigner
-from .registry import Registry
+from .plane import ControlPlane
 
 log = logging.getLogger("millwheel.controller")
 
@@ -65,24 +62,6 @@ ANSWER_MARGIN_S = 1.0  # stop this long before the deadline (at most a tenth of 
 def replay_id(computation: str, letter_id: str) -> str:
     """The replayed record's ID: derived from its dead letter's, the same every time."""
     return derive_record_id(computation, "replay\x1f" + letter_id, 0)
-
-
-class ReplayHost(Protocol):
-    """What a replay needs of the controller (:class:`services.controller.plane.ControlPlane`
-    is one): read at each use, since a change of leadership replaces the registry and
-    the assignment."""
-
-    @property
-    def lock(self) -> AbstractContextManager[Any]: ...
-
-    @property
-    def store(self) -> StateStore: ...
-
-    @property
-    def registry(self) -> Registry: ...
-
-    @property
-    def assigner(self) -> Assigner: ...
 
 
 class Call(Protocol):
@@ -162,7 +141,7 @@ class Replayer:
     """One per controller: it keeps replays of one computation from running at once.
     ``link``: the controller's kept-open link to a worker's address (services/controller/inject.py)."""
 
-    def __init__(self, controller: ReplayHost, link: Callable[[str], PeerLink]) -> None:
+    def __init__(self, controller: ControlPlane, link: Callable[[str], PeerLink]) -> None:
         self.controller = controller
         self.link = link
         self._guard = threading.Lock()
@@ -191,7 +170,7 @@ class Replayer:
 class _Run:
     """One replay call (see the module docstring)."""
 
-    def __init__(self, controller: ReplayHost, link: Callable[[str], PeerLink], spec: ComputationSpec,
+    def __init__(self, controller: ControlPlane, link: Callable[[str], PeerLink], spec: ComputationSpec,
                  budget: Budget) -> None:
         self.c = controller
         self.link = link

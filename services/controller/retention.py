@@ -13,17 +13,13 @@ from __future__ import annotations
 
 import logging
 import threading
-from contextlib import AbstractContextManager
-from typing import Any, Protocol
 
 from millwheel.clock import Clock
 from millwheel.errors import MillWheelError
 from millwheel.runtime.retention import LogTrimmer, retention_of
 from millwheel.state.lease import LeadershipLostError
-from millwheel.state.protocol import StateStore
 
-from .leader import Elector
-from .registry import Registry
+from .plane import ControlPlane
 
 log = logging.getLogger("millwheel.controller")
 
@@ -31,27 +27,11 @@ PASS_INTERVAL_S = 1.0  #: between passes over every logged stream
 BUSY_INTERVAL_S = 0.05  #: between passes while a pass left work over (a backlog to measure or trim)
 
 
-class RetentionHost(Protocol):
-    """What the thread needs of the controller (services/controller/plane.py's ControlPlane is one), read at each
-    pass: a change of leadership replaces the registry."""
-
-    @property
-    def lock(self) -> AbstractContextManager[Any]: ...
-
-    @property
-    def store(self) -> StateStore: ...
-
-    @property
-    def registry(self) -> Registry: ...
-
-    @property
-    def elector(self) -> Elector: ...
-
-    def leading(self) -> bool: ...
-
-
 class RetentionThread:
-    def __init__(self, host: RetentionHost, clock: Clock, interval_s: float = PASS_INTERVAL_S) -> None:
+    """Trims the stream logs while this controller leads. ``host``: the plane, read at
+    each pass (a change of leadership replaces the registry)."""
+
+    def __init__(self, host: ControlPlane, clock: Clock, interval_s: float = PASS_INTERVAL_S) -> None:
         self.host = host
         self.clock = clock
         self.interval_s = interval_s

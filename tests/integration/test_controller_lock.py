@@ -25,28 +25,10 @@ from services.generated import millwheel_pb2_grpc as pb_grpc
 from services.rpc.convert import spec_to_proto
 from services.rpc.security import Security
 from tests.support import pipelines
+from tests.support.blocking_store import BlockingStore
 
 pytestmark = pytest.mark.timeout(120)
 HEARTBEAT_TIMEOUT_S = 1.0
-
-
-class BlockingStore:
-    """The real store; ``report_watermark`` of ``blocked`` waits for ``release``."""
-
-    def __init__(self, store: Any, blocked: tuple[str, int]) -> None:
-        self._store = store
-        self.blocked = blocked
-        self.entered = threading.Event()
-        self.release = threading.Event()
-
-    def report_watermark(self, node: str, range_id: int, token: int, watermark: int) -> int:
-        if (node, range_id) == self.blocked:
-            self.entered.set()
-            self.release.wait(60)
-        return int(self._store.report_watermark(node, range_id, token, watermark))
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._store, name)
 
 
 def heartbeat(stub: Any, worker: str, tokens: dict[tuple[str, int], int], wm: int,

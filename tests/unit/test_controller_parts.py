@@ -42,6 +42,7 @@ from services.generated import millwheel_pb2 as pb
 from services.rpc.controller_link import LEADER_METADATA
 from services.rpc.convert import spec_to_proto
 from services.rpc.status import NotLeaderError, PreconditionError
+from tests.support.blocking_store import BlockingStore
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -174,25 +175,6 @@ def test_a_standby_sends_workers_to_the_leader(parts: Parts, tmp_path: Path) -> 
     finally:
         standby.close()
         standby_store.close()
-
-
-class BlockingStore:
-    """The real store; ``report_watermark`` of ``blocked`` waits for ``release``."""
-
-    def __init__(self, store: Any, blocked: tuple[str, int]) -> None:
-        self._store = store
-        self.blocked = blocked
-        self.entered = threading.Event()
-        self.release = threading.Event()
-
-    def report_watermark(self, node: str, range_id: int, token: int, watermark: int) -> int:
-        if (node, range_id) == self.blocked:
-            self.entered.set()
-            self.release.wait(60)
-        return int(self._store.report_watermark(node, range_id, token, watermark))
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._store, name)
 
 
 def test_the_lock_is_free_and_heartbeats_answered_while_a_report_write_is_blocked(parts: Parts) -> None:
