@@ -59,6 +59,7 @@ from bench.cases import soak_series
 from bench.cases.service import INJECTOR, Service, SinkReader
 from bench.harness import ROOT, commit, log, private_store
 from bench.workload import DISORDER_US, PAD, SECOND, WINDOW_US
+from millwheel.nodes import is_injector
 from millwheel.record import Record
 from millwheel.topology import Topology
 from services.client import ControllerClient, inject_messages
@@ -268,7 +269,7 @@ class Sampler:
             wms = self.client.status().watermarks
         except Exception:  # noqa: BLE001 - a missed poll is a gap, not a failure
             return
-        lags = [w.lag_us / SECOND for w in wms if not w.node.startswith("injector:")]
+        lags = [w.lag_us / SECOND for w in wms if not is_injector(w.node)]
         if lags:
             self.lags.append(max(lags))
 
