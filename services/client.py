@@ -49,7 +49,13 @@ from .inject_feed import CallFeed
 from .inject_feed import inject_messages as inject_messages  # part of this module's API
 from .rpc.admission import ended_idle
 from .rpc.controller_link import SEVERAL_DEADLINE_S, ControllerLink, Tried, await_start, fails_over, leader_hint
-from .rpc.convert import key_state_from_proto, sink_to_proto, spec_to_proto, watermark_from_proto
+from .rpc.convert import (
+    injector_request_to_proto,
+    key_state_from_proto,
+    sink_to_proto,
+    spec_to_proto,
+    watermark_from_proto,
+)
 from .rpc.security import Security, client_security
 from .rpc.status import UnavailableError, error_class
 
@@ -206,10 +212,7 @@ class ControllerClient:
                           sinks: Iterable[SinkSpec] = ()) -> pb.RegisterTopologyResponse:
         """Register all of it or nothing (``injectors`` as ``(name, stream)`` or specs,
         the latter with their sources)."""
-        injs = [pb.InjectorSpec(name=i[0], stream=i[1]) if isinstance(i, tuple) else
-                pb.InjectorSpec(name=i.name, stream=i.stream,
-                                source_json=i.source.settings_json if i.source is not None else "")
-                for i in injectors]
+        injs = [injector_request_to_proto(InjectorSpec(*i) if isinstance(i, tuple) else i) for i in injectors]
         req = pb.RegisterTopologyRequest(
             computations=list(computations), log_streams=list(log_streams), injectors=injs,
             sinks=[sink_to_proto(s) for s in sinks])

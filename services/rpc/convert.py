@@ -100,6 +100,13 @@ def injector_to_proto(spec: InjectorSpec) -> pb.InjectorSpec:
     return pb.InjectorSpec(name=spec.name, stream=spec.stream, source_json=source)
 
 
+def injector_request_to_proto(spec: InjectorSpec) -> pb.InjectorSpec:
+    """An injector for a registration request: its source's settings whole (the
+    controller needs the password a worker connects with; answers leave it out)."""
+    return pb.InjectorSpec(name=spec.name, stream=spec.stream,
+                           source_json=spec.source.settings_json if spec.source is not None else "")
+
+
 def injectors_from_proto(msgs: Iterable[Any]) -> tuple[InjectorSpec, ...]:
     """Injectors of a RegisterTopology request, their sources checked as a spec file's
     (one without a source is checked by the registry, as before sources existed)."""
