@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any
+from typing import Callable
 
 from millwheel.clock import SystemClock
 from millwheel.connectors.pulled import PulledSource, open_source
@@ -27,9 +27,11 @@ from millwheel.nodes import injector_node, is_sink, sink_node
 from millwheel.record import MAX_TIMESTAMP
 from millwheel.runtime.injector import CURSOR_KEY, dead_letters
 from millwheel.runtime.sink_runner import SinkRunner
-from millwheel.state.protocol import Checkpoint
+from millwheel.state.protocol import Checkpoint, StateStore
 from millwheel.topology import InjectorSpec
 
+from ..metrics import PrometheusSensors
+from .shared import Shared
 from .units import INJ_WM_KEY, OwnedRange
 
 log = logging.getLogger("millwheel.worker")
@@ -38,12 +40,23 @@ IDLE_S = 0.02
 
 
 class Connectors:
-    """The two threads and what they own; ``host`` is the WorkerProcess (its store,
-    limits, stop event and fencing; in ``host.shared``, the state its parts share: the
-    topology, router, units and the pump's wake-up)."""
+    """The two threads and what they own. Constructed with what the worker's parts share
+    (``shared``: the topology, router, units and the pump's wake-up), the store, the
+    worker's limits and stop event, and two callables back into the worker process:
+    ``fenced`` (a source's range fenced: dropped and reported) and ``report_fenced`` (a
+    sink's range fenced: told to the controller with the next heartbeat)."""
 
-    def __init__(self, host: Any) -> None:
-        self.host = host
+    def __init__(self, shared: Shared, store: StateStore, sensors: PrometheusSensors, stopped: threading.Event,
+                 *, batch_size: int, max_injector_outbox: int, fenced: Callable[[OwnedRange, FencedError], None],
+                 report_fenced: Callable[[tuple[str, int, int]], None]) -> None:
+        self.shared = shared
+        self.store = store
+        self.sensors = sensors
+        self.stopped = stopped
+        self.batch_size = batch_size
+        self.max_injector_outbox = max_injector_outbox
+        self._fenced_range = fenced
+        self._report_fenced = report_fenced
         self.clock = SystemClock()
         self.sources: dict[Unit, tuple[int, PulledSource]] = {}
         self.sinks: dict[Unit, SinkRunner] = {}
@@ -56,7 +69,7 @@ class Connectors:
 
     # -- sources ---------------------------------------------------------------------
     def _source_loop(self) -> None:
-        while not self.host.stopped.is_set():
+        while not self.stopped.is_set():
             moved = 0
             try:
                 moved = self._pull_all()
@@ -69,11 +82,11 @@ class Connectors:
             src.close()
 
     def _pull_all(self) -> int:
-        host = self.host
+        shared = self.shared
         wanted: dict[Unit, tuple[OwnedRange, InjectorSpec]] = {}
-        for unit, owned in list(host.shared.units.items()):
+        for unit, owned in list(shared.units.items()):
             if owned.is_injector and not owned.dropped:
-                spec = next((i for i in host.shared.topology.injectors if injector_node(i.name) == owned.node), None)
+                spec = next((i for i in shared.topology.injectors if injector_node(i.name) == owned.node), None)
                 if spec is not None and spec.source is not None:
                     wanted[unit] = (owned, spec)
         for unit in [u for u in self.sources if u not in wanted or wanted[u][0].token != self.sources[u][0]]:
@@ -89,14 +102,13 @@ class Connectors:
     def _pull(self, owned: OwnedRange, spec: InjectorSpec, source: PulledSource) -> int:
         """Read and checkpoint one batch of ``source`` into ``owned``'s outbox (unless the
         outbox is full: backpressure)."""
-        host = self.host
         assert owned.outbox is not None
-        if owned.outbox.in_memory() >= host.max_injector_outbox or owned.injector_wm >= MAX_TIMESTAMP:
+        if owned.outbox.in_memory() >= self.max_injector_outbox or owned.injector_wm >= MAX_TIMESTAMP:
             return 0  # backpressure; or closed (a drain: services/controller/drain.py): read no more
         if owned.cursor is None:
-            owned.cursor = host.store.read_state(owned.node, [CURSOR_KEY]).get(CURSOR_KEY) or b""
+            owned.cursor = self.store.read_state(owned.node, [CURSOR_KEY]).get(CURSOR_KEY) or b""
         cursor = owned.cursor
-        batch = source.read(cursor, host.batch_size)
+        batch = source.read(cursor, self.batch_size)
         if not batch.records and not batch.rejected and batch.cursor == cursor \
                 and batch.watermark <= owned.injector_wm:
             return 0
@@ -106,26 +118,26 @@ class Connectors:
             wm = max(owned.injector_wm, batch.watermark)
             cp = Checkpoint(computation=owned.node, range_id=0, token=owned.token, now_us=self.clock.now_us(),
                             state_writes={CURSOR_KEY: batch.cursor, INJ_WM_KEY: str(wm).encode()},
-                            productions=host.shared.router.fan_out_many(spec.stream, batch.records))
+                            productions=self.shared.router.fan_out_many(spec.stream, batch.records))
             if batch.rejected:
-                dead_letters(cp, spec, host.shared.router, batch.rejected)
+                dead_letters(cp, spec, self.shared.router, batch.rejected)
             try:
-                host.store.checkpoint(cp)
+                self.store.checkpoint(cp)
             except FencedError as exc:
-                host._fenced(owned, exc)
+                self._fenced_range(owned, exc)
                 return 0
             owned.outbox.add(cp.productions)
             owned.cursor = batch.cursor
             owned.injector_wm = wm
             owned.changed()
-        host.shared.wake.set()
+        self.shared.wake.set()
         return len(batch.records) + len(batch.rejected)
 
     # -- sinks -----------------------------------------------------------------------
     def keep(self, mine: dict[Unit, int], fenced: set[tuple[str, int, int]]) -> None:
         """Take the sink ranges assigned to us and drop those that are not (any more),
         after a heartbeat answer."""
-        specs = {sink_node(s.name): s for s in self.host.shared.topology.sinks}
+        specs = {sink_node(s.name): s for s in self.shared.topology.sinks}
         with self._sinks_lock:
             for unit, runner in list(self.sinks.items()):
                 if mine.get(unit) != runner.token or (unit[0], unit[1], runner.token) in fenced \
@@ -137,7 +149,7 @@ class Connectors:
                     self._take(unit, token, specs[unit[0]])
 
     def _take(self, unit: Unit, token: int, spec: SinkSpec) -> None:
-        self.sinks[unit] = SinkRunner(spec, self.host.store, token, batch_size=self.host.batch_size)
+        self.sinks[unit] = SinkRunner(spec, self.store, token, batch_size=self.batch_size)
         log.info("took %s/%d (token %d)", unit[0], unit[1], token)
 
     def _drop(self, unit: Unit, reason: str) -> None:
@@ -149,7 +161,7 @@ class Connectors:
             log.info("dropped %s/%d (token %d): %s", unit[0], unit[1], runner.token, reason)
 
     def _sink_loop(self) -> None:
-        while not self.host.stopped.is_set():
+        while not self.stopped.is_set():
             moved = 0
             with self._sinks_lock:
                 owned = list(self.sinks.items())
@@ -158,14 +170,14 @@ class Connectors:
                     written = 0 if runner.dropped else runner.step()
                     moved += written
                     down = runner.down_since
-                    self.host.sensors.sink(runner.spec.name, 0.0 if down is None else time.monotonic() - down,
+                    self.sensors.sink(runner.spec.name, 0.0 if down is None else time.monotonic() - down,
                                            written)
                 except FencedError as exc:
                     with self._sinks_lock:
                         self.fenced.add((unit[0], unit[1], runner.token))
                         # told to the controller with the next heartbeat, which issues a
                         # fresh token if it still means us (as for any fenced range)
-                        self.host._fenced_unreported.append((unit[0], unit[1], runner.token))
+                        self._report_fenced((unit[0], unit[1], runner.token))
                         if self.sinks.get(unit) is runner:
                             self._drop(unit, str(exc))
                 except Exception:

@@ -156,7 +156,9 @@ class WorkerProcess:
             threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True),
             threading.Thread(target=self.sender.pump_loop, name="pump", daemon=True),
         ]
-        self.connectors = Connectors(self)  # pulled sources and sinks (services/worker/connectors.py)
+        self.connectors = Connectors(  # pulled sources and sinks (services/worker/connectors.py)
+            self.shared, self.store, self.sensors, self.stopped, batch_size=self.batch_size,
+            max_injector_outbox=self.max_injector_outbox, fenced=self._fenced, report_fenced=self._report_fenced)
         for t in self._threads:
             t.start()
         log.info("worker %s listening on %s (metrics %s)", self.worker_id, self.address,
@@ -381,6 +383,10 @@ class WorkerProcess:
             if self.shared.units.get((owned.node, owned.range_id)) is owned:
                 del self.shared.units[(owned.node, owned.range_id)]
         log.info("dropped %s/%d (token %d): %s", owned.node, owned.range_id, owned.token, reason)
+
+    def _report_fenced(self, entry: tuple[str, int, int]) -> None:
+        """A range fenced under ``entry``'s token, told to the controller with the next heartbeat."""
+        self._fenced_unreported.append(entry)
 
     def _fenced(self, owned: OwnedRange, exc: FencedError) -> None:
         self.sensors.fenced(owned.node, owned.range_id)
