@@ -52,6 +52,7 @@ from .rpc.controller_link import SEVERAL_DEADLINE_S, ControllerLink, Tried, awai
 from .rpc.convert import (
     injector_request_to_proto,
     key_state_from_proto,
+    records_from_proto,
     sink_to_proto,
     spec_to_proto,
     watermark_from_proto,
@@ -60,6 +61,7 @@ from .rpc.security import Security, client_security
 from .rpc.status import UnavailableError, error_class
 
 DEFAULT_CONTROLLER = "127.0.0.1:7070"
+SUBSCRIBE_BATCH = 5000  #: records a Subscribe message may carry, as the client asks (the controller caps it)
 #: ``--controller`` of every command that calls a controller (clients and workers).
 CONTROLLER_METAVAR = "HOST:PORT[,HOST:PORT...]"
 CONTROLLER_HELP = ("the controller's address, or several comma-separated (a:7070,b:7070): calls "
@@ -370,6 +372,15 @@ class ControllerClient:
         controller ended because nothing was read from it for its ``--stream-idle-timeout``.
         A position removed by retention raises LogTrimmedError (OUT_OF_RANGE), unless
         ``from_oldest``."""
+        for batch in self.subscribe_batches(stream, after_seq, follow, from_oldest):
+            yield from batch
+
+    def subscribe_batches(self, stream: str, after_seq: int = 0, follow: bool = False,
+                          from_oldest: bool = False, max_batch: int = SUBSCRIBE_BATCH
+                          ) -> Iterator[list[tuple[int, Record]]]:
+        """:meth:`subscribe` a batch at a time, as the controller sends them (up to
+        ``max_batch`` records; a batch is never held back to fill it): what a reader that
+        writes its output a batch at a time wants (``millwheel subscribe``)."""
         after = after_seq
         tried = Tried(self.failover_s)
         while True:
@@ -377,14 +388,18 @@ class ControllerClient:
             began, got = time.monotonic(), False
             stub = self.link.stub(pb_grpc.ControllerStub, address)
             call = stub.Subscribe(pb.SubscribeRequest(stream=stream, after_seq=after, follow=follow,
-                                                      from_oldest=from_oldest))
+                                                      from_oldest=from_oldest, max_batch=max_batch))
             try:
                 if self.link.several:
                     await_start(call, address, self.answer_s)
                 for resp in call:
-                    r = resp.record
-                    after, got = resp.seq, True
-                    yield resp.seq, Record(r.key, bytes(r.value), r.timestamp, r.id)
+                    if resp.seqs:  # a batch (SubscribeRequest.max_batch)
+                        batch = list(zip(resp.seqs, records_from_proto(resp.records), strict=True))
+                    else:  # one record: a controller from before max_batch
+                        r = resp.record
+                        batch = [(resp.seq, Record(r.key, bytes(r.value), r.timestamp, r.id))]
+                    after, got = batch[-1][0], True
+                    yield batch
                 self.link.succeeded(address)
                 return
             except grpc.RpcError as exc:

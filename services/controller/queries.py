@@ -22,6 +22,7 @@ from millwheel.errors import InvalidSpecError, NotFoundError
 from millwheel.keys import key_range
 from millwheel.limits import MAX_NAME_CHARS
 from millwheel.nodes import injector_node
+from millwheel.record import Record
 from millwheel.runtime.retention import read_retained
 from millwheel.state.url_display import redact
 from millwheel.topology import ComputationSpec
@@ -39,6 +40,9 @@ from .rescale_journal import read_keyed
 log = logging.getLogger("millwheel.controller")
 T = TypeVar("T")
 STANDBY_READ_S = 10.0  # how long a standby's GetWatermark waits for the store's values
+SUBSCRIBE_READ = 500  #: log entries read at a time for a Subscribe of one record a message
+MAX_SUBSCRIBE_BATCH = 10_000  #: records in one Subscribe message at most (SubscribeRequest.max_batch)
+SUBSCRIBE_BATCH_BYTES = 4 << 20  #: and about this many bytes (gRPC messages are capped at 64 MiB)
 Ctx = grpc.ServicerContext
 
 
@@ -168,20 +172,46 @@ class Queries:
                 answered_by=p.address, versions=version_protos(p.registry))
 
     def subscribe(self, request: Any, context: Ctx) -> Iterator[pb.SubscribeResponse]:
+        """The stream's log from ``after_seq``, one record a message, or with ``max_batch``
+        as many as one read of the log returned (up to ``max_batch``) in each message."""
         check(request)
         self._looked_up(lambda: self._logged(request.stream))
         pos = request.after_seq
+        batch = min(request.max_batch, MAX_SUBSCRIBE_BATCH)
+        read = batch or SUBSCRIBE_READ
         while context.is_active() and not self.plane.stop.is_set():
             # Never a silent gap: a position retention removed is OUT_OF_RANGE naming the
             # oldest available one, unless from_oldest (millwheel/runtime/retention.py).
-            pos, entries = read_retained(self.plane.store, request.stream, pos, 500, request.from_oldest)
-            for seq, rec in entries:
+            pos, entries = read_retained(self.plane.store, request.stream, pos, read, request.from_oldest)
+            for part in _by_size(entries) if batch else ():
+                resp = pb.SubscribeResponse(seqs=[seq for seq, _rec in part])
+                convert.add_records(resp.records, (rec for _seq, rec in part))
+                pos = part[-1][0]
+                yield resp
+            for seq, rec in entries if not batch else ():
                 yield pb.SubscribeResponse(seq=seq, record=convert.record_to_proto(rec))
                 pos = seq
             if not entries:
                 if not request.follow:
                     return
                 time.sleep(0.05)
+
+
+def _by_size(entries: list[tuple[int, Record]]) -> Iterator[list[tuple[int, Record]]]:
+    """``entries`` in runs of at most SUBSCRIBE_BATCH_BYTES (keys, values and IDs; one
+    record alone may be larger: it goes by itself), in order."""
+    run: list[tuple[int, Record]] = []
+    size = 0
+    for entry in entries:
+        rec = entry[1]
+        n = len(rec.key) + len(rec.value) + len(rec.record_id) + 24
+        if run and size + n > SUBSCRIBE_BATCH_BYTES:
+            yield run
+            run, size = [], 0
+        run.append(entry)
+        size += n
+    if run:
+        yield run
 
 
 def version_protos(registry: Registry) -> list[pb.ComputationVersion]:
