@@ -30,6 +30,7 @@ The rules:
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Mapping
 
 from millwheel.errors import InvalidSpecError
@@ -79,8 +80,10 @@ def candidate(topology: Topology, new: ComputationSpec, allow: AllowList) -> Top
     if gone:
         raise PreconditionError(f"{where}: logged stream {gone[0]!r} would no longer be written by it "
                                 "(a log stream must be an output of some computation)")
-    topo = Topology(tuple(new if c.name == new.name else c for c in topology.computations),
-                    topology.injectors, topology.log_streams)
+    # Everything else of the topology as it is: injectors, log streams and connector sinks
+    # (a field left out here was dropped by every update: issue 34, item 1).
+    topo = dataclasses.replace(topology, computations=tuple(new if c.name == new.name else c
+                                                            for c in topology.computations))
     try:
         topo.validate()
     except InvalidSpecError as exc:

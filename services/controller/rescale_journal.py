@@ -22,7 +22,7 @@ from typing import Any, Callable, TypeVar
 from millwheel.runtime.crash import crash_hook_from_env, hold_hook_from_env
 from millwheel.savepoint import repartition
 from millwheel.state.protocol import StateStore
-from millwheel.topology import ComputationSpec, Topology
+from millwheel.topology import ComputationSpec
 
 from ..rpc.status import PreconditionError
 from .assign import Assigner
@@ -135,8 +135,9 @@ def apply_registry(registry: Registry, name: str, n: int) -> None:
     if spec.options.key_ranges == n:
         return
     new = resized(spec, n)
-    topology = Topology(tuple(new if c.name == name else c for c in registry.topology.computations),
-                        registry.topology.injectors, registry.topology.log_streams)
+    # Everything else of the topology as it is: injectors, log streams and connector sinks.
+    topology = dataclasses.replace(registry.topology, computations=tuple(
+        new if c.name == name else c for c in registry.topology.computations))
     prev = registry.previous.get(name)  # a rollback target keeps working: same ranges
     registry.replace_computation(new, topology, registry.version_of(name) + 1,
                                  None if prev is None else resized(prev, n))

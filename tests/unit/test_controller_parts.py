@@ -22,9 +22,10 @@ from typing import Any, Iterator, cast
 import grpc
 import pytest
 
+from millwheel.connectors.spec import SinkSpec, sinks_from_list
 from millwheel.errors import InvalidSpecError, MillWheelError, ResourceLimitError
 from millwheel.importing import AllowList
-from millwheel.nodes import injector_node
+from millwheel.nodes import injector_node, sink_node
 from millwheel.record import MAX_TIMESTAMP
 from millwheel.state.protocol import StateStore
 from millwheel.state.url import open_store
@@ -37,10 +38,12 @@ from services.controller.leader import Elector, LeaderStore
 from services.controller.limits import InjectLimits
 from services.controller.plane import ControlPlane, Timeouts
 from services.controller.registration import Registration
+from services.controller.registry import Registry
 from services.controller.rescale import Rescaling
+from services.controller.update import Updates
 from services.generated import millwheel_pb2 as pb
 from services.rpc.controller_link import LEADER_METADATA
-from services.rpc.convert import spec_to_proto
+from services.rpc.convert import sink_to_proto, spec_to_proto
 from services.rpc.status import NotLeaderError, PreconditionError
 from tests.support.blocking_store import BlockingStore
 
@@ -92,11 +95,12 @@ class Parts:
         self.plane.elector.stop(release=True)
         self.plane.work.close()
 
-    def register(self, name: str = "counts", ranges: int = 2) -> None:
+    def register(self, name: str = "counts", ranges: int = 2, sinks: tuple[SinkSpec, ...] = ()) -> None:
         spec = ComputationSpec(name, (InputSpec("events"),), (f"{name}_out",),
                                CodeRef("window_aggregate", {"size_us": 1_000_000}), Options(key_ranges=ranges))
         self.registration.register_topology(pb.RegisterTopologyRequest(
-            computations=[spec_to_proto(spec)], injectors=[pb.InjectorSpec(name="ev", stream="events")]), Context())
+            computations=[spec_to_proto(spec)], injectors=[pb.InjectorSpec(name="ev", stream="events")],
+            sinks=[sink_to_proto(s) for s in sinks]), Context())
 
     def beat(self, worker: str, reports: dict[tuple[str, int], int] | None = None, wm: int = 0) -> Any:
         return self.heartbeats.heartbeat(pb.HeartbeatRequest(
@@ -318,3 +322,27 @@ def test_a_rescale_fences_the_old_ranges_and_places_the_new_layout(parts: Parts)
     assert {u for u in after if u[0] == "counts"} == {("counts", 0), ("counts", 1), ("counts", 2)}
     for r in range(2):  # the old owner's tokens were superseded: whatever it ran there is fenced
         assert after[("counts", r)] > before[("counts", r)]
+
+
+# -- updates and rescales keep what they do not change -----------------------------------
+def test_an_update_and_a_rescale_keep_the_connector_sinks(parts: Parts) -> None:
+    """Issue 34, item 1: both rebuilt the topology without its sinks, silently: the sink's
+    range vanished and the external system stopped receiving the stream."""
+    sinks = sinks_from_list([{"stream": "counts_out", "type": "postgres", "url": "postgresql://127.0.0.1/db",
+                              "table": "counts"}])
+    parts.register(ranges=2, sinks=sinks)
+    sink = sink_node(sinks[0].name)
+    assert parts.plane.registry.topology.sinks == sinks and sink in parts.plane.registry.nodes()
+    old = parts.plane.registry.computation("counts")
+    new = ComputationSpec(old.name, old.inputs, old.outputs, CodeRef("window_aggregate", {"size_us": 2_000_000}),
+                          old.options)
+    resp = Updates(parts.plane).update(pb.UpdateComputationRequest(spec=spec_to_proto(new),
+                                                                   on_open_windows="drop"), Context())
+    assert resp.changed
+    assert parts.plane.registry.topology.sinks == sinks and sink in parts.plane.registry.nodes()
+    assert rescale(parts, "counts", 3).changed
+    assert parts.plane.registry.topology.sinks == sinks and sink in parts.plane.registry.nodes()
+    with parts.plane.lock:
+        assert (sink, 0) in parts.plane.assigner.units  # still placed: its owner runs it
+    stored = Registry(parts.raw)  # what a new leader loads
+    assert stored.topology.sinks == sinks and stored.computation("counts").options.key_ranges == 3
