@@ -41,8 +41,8 @@ from typing import Any, Sequence
 import psycopg
 from psycopg import sql
 
-from millwheel.connectors.registry import ROW_PARTS
-from millwheel.errors import ConnectorError, FencedError, InvalidSpecError
+from millwheel.connectors.registry import ROW_PARTS, postgres_table
+from millwheel.errors import ConnectorError, FencedError
 from millwheel.nodes import sink_node
 from millwheel.record import Record
 from millwheel.state.url_display import redact
@@ -72,9 +72,7 @@ class PostgresSink:
     def __init__(self, settings: dict[str, Any]) -> None:
         self.url = settings["url"]
         table = settings["table"]
-        parts = table.split(".")
-        if len(parts) > 2 or not all(parts):
-            raise InvalidSpecError(f"postgres sink: table {table[:100]!r}: expected NAME or SCHEMA.NAME")
+        parts = postgres_table(table, "postgres sink")
         self.table = sql.Identifier(*parts)
         self.table_name = table
         mapping = settings.get("columns")

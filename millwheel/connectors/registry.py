@@ -69,9 +69,22 @@ def _maxlen(settings: Mapping[str, Any], where: str) -> None:
         raise InvalidSpecError(f"{where}.maxlen: must be a positive integer")
 
 
+def postgres_table(table: Any, where: str) -> list[str]:
+    """A PostgreSQL sink's ``table``: NAME or SCHEMA.NAME, each part 1..63 characters;
+    its parts. Checked at registration as the worker's connector checks it, so a sink
+    no worker could build is refused there, not accepted and left failing (issue 34)."""
+    parts = table.split(".") if isinstance(table, str) else []
+    if not 1 <= len(parts) <= 2 or not all(0 < len(p) <= 63 for p in parts):
+        raise InvalidSpecError(f"{where}: table {str(table)[:100]!r}: expected NAME or SCHEMA.NAME "
+                               "(each 1..63 characters)")
+    return parts
+
+
 def _columns(settings: Mapping[str, Any], where: str) -> None:
-    """A PostgreSQL sink's ``columns`` (record part -> an existing table's column) and
-    ``upsert_key`` (columns of a unique index: a row with the same key is updated)."""
+    """A PostgreSQL sink's ``table`` (:func:`postgres_table`), ``columns`` (record part ->
+    an existing table's column) and ``upsert_key`` (columns of a unique index: a row with
+    the same key is updated)."""
+    postgres_table(settings.get("table"), where)
     columns = settings.get("columns")
     if columns is not None:
         if not isinstance(columns, Mapping) or not columns or set(columns) - set(ROW_PARTS):

@@ -84,7 +84,7 @@ class SinkRunner:
                 self._commit(self.position)
                 self.written += len(got)
         except (ConnectorError, StoreError) as exc:
-            self._failed(exc)
+            self.failed(exc)
             return 0
         self._failures, self.down_since = 0, None
         self.caught_up = not got
@@ -95,12 +95,16 @@ class SinkRunner:
         at = position if self.logmap is None else self.logmap.to_store(position)
         self.committed = max(self.committed or 0, at)
 
-    def _failed(self, exc: Exception) -> None:
+    def failed(self, exc: Exception, quiet: bool = False) -> None:
+        """The last step failed: down since now (if it was not), the next step only after
+        a back-off (doubling to 5 s), reopened then. Logged at the start of a streak
+        (unless ``quiet``: the caller logs it), never once per retry."""
         self._failures += 1
         self.caught_up = False
         if self.down_since is None:
             self.down_since = time.monotonic()
-            log.warning("sink %r: %s; retrying", self.spec.name, exc)
+            if not quiet:
+                log.warning("sink %r: %s; retrying", self.spec.name, exc)
         delay = min(5.0, 0.05 * 2 ** min(self._failures, 10))
         self._retry_at = time.monotonic() + delay * random.uniform(0.5, 1.5)
         self.position = None  # reopen: the connection may be gone, the position moved

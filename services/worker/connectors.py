@@ -22,8 +22,8 @@ from typing import Callable
 from millwheel.clock import SystemClock
 from millwheel.connectors.pulled import PulledSource, open_source
 from millwheel.connectors.spec import SinkSpec
-from millwheel.errors import FencedError
-from millwheel.nodes import injector_node, is_sink, sink_node
+from millwheel.errors import FencedError, MillWheelError
+from millwheel.nodes import injector_node, is_sink, name_of, sink_node
 from millwheel.record import MAX_TIMESTAMP
 from millwheel.runtime.injector import CURSOR_KEY, dead_letters
 from millwheel.runtime.sink_runner import SinkRunner
@@ -37,6 +37,7 @@ from .units import INJ_WM_KEY, OwnedRange
 log = logging.getLogger("millwheel.worker")
 Unit = tuple[str, int]
 IDLE_S = 0.02
+UNBUILT_RETRY_S = 30.0  #: how often a sink that could not be built is tried again
 
 
 class Connectors:
@@ -62,6 +63,8 @@ class Connectors:
         self.sinks: dict[Unit, SinkRunner] = {}
         self._sinks_lock = threading.Lock()  # held briefly: never while a sink writes
         self.fenced: set[tuple[str, int, int]] = set()  # (node, range, token) a sink was fenced under
+        #: sinks given to us that could not be built: unit -> (token, failing since, next try)
+        self.unbuilt: dict[Unit, tuple[int, float, float]] = {}
         self.threads = [threading.Thread(target=self._source_loop, name="sources", daemon=True),
                         threading.Thread(target=self._sink_loop, name="sinks", daemon=True)]
         for t in self.threads:
@@ -139,6 +142,8 @@ class Connectors:
         after a heartbeat answer."""
         specs = {sink_node(s.name): s for s in self.shared.topology.sinks}
         with self._sinks_lock:
+            for unit in [u for u, (token, _s, _t) in self.unbuilt.items() if mine.get(u) != token]:
+                del self.unbuilt[unit]  # no longer ours (or another token): forgotten
             for unit, runner in list(self.sinks.items()):
                 if mine.get(unit) != runner.token or (unit[0], unit[1], runner.token) in fenced \
                         or unit[0] not in specs:
@@ -149,7 +154,25 @@ class Connectors:
                     self._take(unit, token, specs[unit[0]])
 
     def _take(self, unit: Unit, token: int, spec: SinkSpec) -> None:
-        self.sinks[unit] = SinkRunner(spec, self.store, token, batch_size=self.batch_size)
+        """Build the sink's runner. One that cannot be built (its connector refuses its
+        settings, its client library is missing) is that sink's failure alone: shown as
+        down (:meth:`down`), logged once per token, tried again every UNBUILT_RETRY_S; it
+        never stops the heartbeat that gave it, nor the ranges given with it (issue 34)."""
+        now = time.monotonic()
+        failed = self.unbuilt.get(unit)
+        if failed is not None and failed[0] == token and now < failed[2]:
+            return
+        try:
+            runner = SinkRunner(spec, self.store, token, batch_size=self.batch_size)
+        except Exception as exc:  # noqa: BLE001 - whatever the connector raises: this sink's failure
+            since = failed[1] if failed is not None and failed[0] == token else now
+            self.unbuilt[unit] = (token, since, now + UNBUILT_RETRY_S)
+            if failed is None or failed[0] != token:
+                log.error("sink %s (token %d) cannot be built here: %s; tried again every %.0f s",
+                          unit[0], token, exc, UNBUILT_RETRY_S, exc_info=not isinstance(exc, MillWheelError))
+            return
+        self.unbuilt.pop(unit, None)
+        self.sinks[unit] = runner
         log.info("took %s/%d (token %d)", unit[0], unit[1], token)
 
     def _drop(self, unit: Unit, reason: str) -> None:
@@ -180,8 +203,11 @@ class Connectors:
                         self._report_fenced((unit[0], unit[1], runner.token))
                         if self.sinks.get(unit) is runner:
                             self._drop(unit, str(exc))
-                except Exception:
-                    log.exception("sink %s failed", unit[0])
+                except Exception as exc:  # an error its connector does not map: this sink's failure alone
+                    first = runner.down_since is None
+                    runner.failed(exc, quiet=True)  # backed off like any failure, shown as down
+                    if first:
+                        log.exception("sink %s failed; retried with back-off until it writes again", unit[0])
                 if runner.dropped:
                     runner.close()
             if not moved:
@@ -194,7 +220,9 @@ class Connectors:
     def down(self) -> dict[str, float]:
         """Sinks failing to write now -> seconds since (the heartbeat's ``sinks_down``)."""
         now = time.monotonic()
-        return {r.spec.name: now - r.down_since for r in list(self.sinks.values()) if r.down_since is not None}
+        down = {r.spec.name: now - r.down_since for r in list(self.sinks.values()) if r.down_since is not None}
+        down.update({name_of(unit[0]): now - since for unit, (_t, since, _r) in list(self.unbuilt.items())})
+        return down
 
     def positions(self) -> dict[str, int]:
         """Sinks -> the last log position their external system committed (the
