@@ -143,6 +143,15 @@ def _summary_data(s: Any) -> dict[str, Any]:
             "injectors": s.injectors, "log_last": dict(s.log_last), "drained": s.drained}
 
 
+def _owner_only(path: str, flags: int) -> int:
+    """Open ``path`` readable and writable by its owner alone (0600, whatever the umask
+    and whatever mode a left-over file had): a savepoint holds every key's state, as
+    secret as the store (docs/service.md, "Savepoints")."""
+    fd = os.open(path, flags, 0o600)
+    os.fchmod(fd, 0o600)
+    return fd
+
+
 def cmd_create(args: argparse.Namespace) -> int:
     target = Path(args.file)
     if target.exists() and not args.force:
@@ -150,7 +159,7 @@ def cmd_create(args: argparse.Namespace) -> int:
     partial = target.with_name(target.name + ".partial")
     progress = _Progress(args.json)
     summary = None
-    with client_for(args) as client, open(partial, "wb") as out:
+    with client_for(args) as client, open(partial, "wb", opener=_owner_only) as out:
         if args.drain and args.timeout <= 0:
             raise InvalidSpecError(f"--timeout must be positive, got {args.timeout}")
         request = pb.CreateSavepointRequest(stop=args.stop or args.drain, drain=args.drain,
