@@ -15,9 +15,13 @@ and the consumer's consumed IDs drop what was already taken. Log appends are not
 fenced, but every entry appended late is still in the outbox it came from, and
 appending it again in the restored service is a no-op (by record ID). Under the lock
 again, the ranges are placed back on the workers that ran them (with ``stop``: on
-none; the stop is stored before the fence, so a new leader keeps it). The hold is the
-leader's memory: a controller killed during the read leaves the ranges fenced for
-nobody, and the next leader places them as usual. The registry's lock is held for the
+none). With a stop, Inject is refused from the fence on, but the stop is stored only once the cut is
+read whole, before any range is let go and before a byte of the file is sent: a cut
+that fails (the store, an item too large) stops nothing and places the ranges again,
+and a controller killed before the stop is stored leaves no stop (the next leader
+places the ranges: the service runs on, and there is no file either). Once stored, a
+new leader keeps it. The hold is the leader's memory: a controller killed during the
+read leaves the ranges fenced for nobody, and the next leader places them as usual. The registry's lock is held for the
 whole cut, so registrations, updates, unregistrations and rescales wait for it.
 
 A rescale copying a computation's data (services/controller/rescale.py: off the lock,
@@ -144,6 +148,7 @@ class Savepoints:
             report("fencing", 0)
             with p.lock:
                 a = p.assigner
+                was_stopped = a.stopped
                 fence: dict[tuple[str, int], str | None] = {}
                 try:
                     fence = self._fence_all(stop)
@@ -155,9 +160,11 @@ class Savepoints:
                     sink_tokens = {sink_node(s.name): store.current_token(sink_node(s.name), 0)
                                    for s in p.registry.topology.sinks}
                 except Exception:  # the store failed: whatever was fenced is placed again
+                    a.stopped = was_stopped
                     a.release(fence)
                     raise
             fenced_s = time.monotonic() - started
+            whole = False
             try:  # off the controller's lock: every range is fenced for nobody, so the store is the cut
                 writer = Writer(spool)
                 writer.frame({"t": "header", "created_us": created, "stopped": stop, "registry": reg,
@@ -167,8 +174,13 @@ class Savepoints:
                 logs = capture.capture_logs(store, sorted(carried.streams()), writer, counts, progress)
                 digest = writer.finish()
                 spool.flush()
+                if stop and not was_stopped:  # only now that the file is whole (issue 34, item 4)
+                    store.put_meta(STOPPED_KEY, json.dumps({"at_us": p.clock.now_us()}).encode())
+                whole = True
             finally:
                 with p.lock:
+                    if not whole:  # the cut failed: it stops nothing, its ranges are placed again
+                        a.stopped = was_stopped
                     placing = time.monotonic()
                     moves = a.release(fence)  # back on their owners (none with stop)
                     lock_s = fenced_s + time.monotonic() - placing
@@ -193,12 +205,11 @@ class Savepoints:
         here and now (the caller holds the lock; range moves take theirs off it): from
         each acquire on, whoever ran the range can write nothing of it. Without ``stop``
         the ranges are held (placed nowhere, not re-issued) until :meth:`Assigner.release`
-        places them again; returns who ran each. With ``stop`` the stop is stored first,
-        so a new leader keeps them unplaced."""
-        p = self.plane
-        a = p.assigner
+        places them again; returns who ran each. With ``stop`` the service counts as
+        stopped from here on (Inject and replays refused, nothing placed); the stop is
+        stored only once the cut is read whole (:meth:`_cut`)."""
+        a = self.plane.assigner
         if stop:
-            p.store.put_meta(STOPPED_KEY, json.dumps({"at_us": p.clock.now_us()}).encode())
             a.stopped = True
         previous = {unit: owner.worker_id for unit, owner in a.units.items()}
         a.held.update(a.units)

@@ -14,6 +14,7 @@ it can.
 
 from __future__ import annotations
 
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -27,10 +28,13 @@ from millwheel.errors import InvalidSpecError, MillWheelError, ResourceLimitErro
 from millwheel.importing import AllowList
 from millwheel.nodes import injector_node, sink_node
 from millwheel.record import MAX_TIMESTAMP
+from millwheel.savepoint import capture
+from millwheel.savepoint.format import SavepointFileError
 from millwheel.state.protocol import StateStore
 from millwheel.state.url import open_store
 from millwheel.topology import CodeRef, ComputationSpec, InputSpec, Options
 from services.controller import rescale as rescale_module
+from services.controller.assign import STOPPED_KEY
 from services.controller.ha import Leadership
 from services.controller.heartbeat_rpc import Heartbeats
 from services.controller.inject import Injection, InjectSettings, WorkerLinks
@@ -40,6 +44,7 @@ from services.controller.plane import ControlPlane, Timeouts
 from services.controller.registration import Registration
 from services.controller.registry import Registry
 from services.controller.rescale import Rescaling
+from services.controller.savepoint import Savepoints
 from services.controller.update import Updates
 from services.generated import millwheel_pb2 as pb
 from services.rpc.controller_link import LEADER_METADATA
@@ -346,3 +351,34 @@ def test_an_update_and_a_rescale_keep_the_connector_sinks(parts: Parts) -> None:
         assert (sink, 0) in parts.plane.assigner.units  # still placed: its owner runs it
     stored = Registry(parts.raw)  # what a new leader loads
     assert stored.topology.sinks == sinks and stored.computation("counts").options.key_ranges == 3
+
+
+# -- savepoints ---------------------------------------------------------------------------
+def test_a_stop_with_savepoint_whose_cut_fails_stops_nothing(parts: Parts, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 34, item 4: the stop was stored before the cut was read, so a cut that failed
+    (a key's state too large for a frame) left the service refusing every Inject for
+    good, with no file to restore. It is stored only once the file is whole."""
+    parts.register(ranges=2)
+    parts.beat("w1")
+    parts.settle()
+    before = parts.owned("w1")
+    savepoints = Savepoints(parts.plane, parts.leadership, hand_over=parts.injection.hand_over)
+
+    def too_large(*_args: Any, **_kwargs: Any) -> None:
+        raise SavepointFileError("savepoint: an item of 'counts' is over the frame limit")
+
+    monkeypatch.setattr(capture, "capture_nodes", too_large)
+    with tempfile.TemporaryFile() as spool, pytest.raises(SavepointFileError):
+        savepoints._cut(True, spool, lambda _phase, _n: None)
+    assert not parts.plane.assigner.stopped and parts.raw.get_meta(STOPPED_KEY) is None
+    parts.settle()
+    assert set(parts.owned("w1")) == set(before)  # placed again: the service runs on
+    monkeypatch.undo()
+    with tempfile.TemporaryFile() as spool:  # a cut that works stops the service, for a new leader too
+        summary = savepoints._cut(True, spool, lambda _phase, _n: None)
+    assert summary.stopped and parts.plane.assigner.stopped and parts.raw.get_meta(STOPPED_KEY) is not None
+    parts.beat("w1")
+    parts.settle()
+    assert parts.owned("w1") == {}
+    answer = inject(parts, pb.InjectRequest(injector="ev", records=records(1)))
+    assert isinstance(answer, Aborted) and "stopped with a savepoint" in answer.details
