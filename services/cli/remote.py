@@ -223,6 +223,8 @@ def cmd_status(args: argparse.Namespace) -> int:
                    for r in s.ranges],
         "watermarks": [{"node": w.node, "low_watermark": json_ts(w.low_watermark), "lag_us": w.lag_us}
                        for w in s.watermarks],
+        "versions": [{"computation": v.name, "version": v.version, "has_previous": v.has_previous}
+                     for v in s.versions],
     }
     leader = (f"leader: {s.leader} (epoch {s.leader_epoch})" if s.leader
               else "leader: none elected yet")
@@ -237,8 +239,16 @@ def cmd_status(args: argparse.Namespace) -> int:
                     r.pending) for r in s.ranges]),
         "", table(["NODE", "LOW WATERMARK", "LAG"],
                   [(w.node, fmt_ts(w.low_watermark), fmt_lag(w.lag_us)) for w in s.watermarks]),
+        "", table(["COMPUTATION", "VERSION"], [(v.name, _version(v.version, v.has_previous)) for v in s.versions]),
         *errors]
     return emit(args, data, "\n".join(parts))
+
+
+def _version(version: int, has_previous: bool) -> str:
+    """A computation's version as shown: ``3`` or, with a rollback target, ``3 (rollback: 2)``
+    (a controller from before versions answers 0: shown as 1, what it runs)."""
+    version = version or 1
+    return f"{version} (rollback: {version - 1})" if has_previous else str(version)
 
 
 def cmd_computations(args: argparse.Namespace) -> int:
@@ -247,12 +257,14 @@ def cmd_computations(args: argparse.Namespace) -> int:
     data: dict[str, list[dict[str, Any]]] = {
         "computations": [{"name": c.spec.name, "inputs": [i.stream for i in c.spec.inputs],
                           "outputs": list(c.spec.outputs), "code": c.spec.code.name,
-                          "key_ranges": c.spec.options.key_ranges,
+                          "key_ranges": c.spec.options.key_ranges, "version": c.version,
+                          "has_previous": c.has_previous,
                           "low_watermark": json_ts(c.low_watermark)} for c in resp.computations],
             "injectors": [{"name": i.name, "stream": i.stream} for i in resp.injectors]}
-    text = table(["COMPUTATION", "INPUTS", "OUTPUTS", "CODE", "RANGES", "LOW WATERMARK"], [
-        (c["name"], ",".join(c["inputs"]), ",".join(c["outputs"]), c["code"], c["key_ranges"],
-         fmt_ts(info.low_watermark)) for c, info in zip(data["computations"], resp.computations, strict=True)])
+    text = table(["COMPUTATION", "VERSION", "INPUTS", "OUTPUTS", "CODE", "RANGES", "LOW WATERMARK"], [
+        (c["name"], _version(info.version, info.has_previous), ",".join(c["inputs"]), ",".join(c["outputs"]),
+         c["code"], c["key_ranges"], fmt_ts(info.low_watermark))
+        for c, info in zip(data["computations"], resp.computations, strict=True)])
     text += "\n\n" + table(["INJECTOR", "STREAM"], [(i["name"], i["stream"]) for i in data["injectors"]])
     return emit(args, data, text)
 
