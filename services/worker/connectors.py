@@ -31,6 +31,7 @@ from millwheel.state.protocol import Checkpoint, StateStore
 from millwheel.topology import InjectorSpec
 
 from ..metrics import PrometheusSensors
+from .failing import RangeFailures
 from .shared import Shared
 from .units import INJ_WM_KEY, OwnedRange
 
@@ -43,15 +44,16 @@ UNBUILT_RETRY_S = 30.0  #: how often a sink that could not be built is tried aga
 class Connectors:
     """The two threads and what they own. Constructed with what the worker's parts share
     (``shared``: the topology, router, units and the pump's wake-up), the store, the
-    worker's limits and stop event, and two callables back into the worker process:
+    worker's limits, stop event and failing ranges, and two callables back into the worker process:
     ``fenced`` (a source's range fenced: dropped and reported) and ``report_fenced`` (a
     sink's range fenced: told to the controller with the next heartbeat)."""
 
     def __init__(self, shared: Shared, store: StateStore, sensors: PrometheusSensors, stopped: threading.Event,
                  *, batch_size: int, max_injector_outbox: int, fenced: Callable[[OwnedRange, FencedError], None],
-                 report_fenced: Callable[[tuple[str, int, int]], None]) -> None:
+                 report_fenced: Callable[[tuple[str, int, int]], None], failures: RangeFailures | None = None) -> None:
         self.shared = shared
         self.store = store
+        self.failures = failures or RangeFailures()  #: the worker's failing ranges (a failing source's too)
         self.sensors = sensors
         self.stopped = stopped
         self.batch_size = batch_size
@@ -96,10 +98,23 @@ class Connectors:
             self.sources.pop(unit)[1].close()
         moved = 0
         for unit, (owned, spec) in wanted.items():
-            if unit not in self.sources:
-                assert spec.source is not None
-                self.sources[unit] = (owned.token, open_source(spec.name, spec.source.settings, self.clock))
-            moved += self._pull(owned, spec, self.sources[unit][1])
+            if not self.failures.due(unit):  # failing: backed off
+                continue
+            try:
+                if unit not in self.sources:
+                    assert spec.source is not None
+                    self.sources[unit] = (owned.token, open_source(spec.name, spec.source.settings, self.clock))
+                moved += self._pull(owned, spec, self.sources[unit][1])
+            except Exception as exc:  # noqa: BLE001 - this source's failure alone (issue 34, item 2)
+                # A source its connector cannot read (a Redis key that is not a stream, a bug):
+                # its range is failing (heartbeat reports: status, console), retried with
+                # back-off, reopened then; the sources after it in this pass go on.
+                self.failures.failed(unit, "source", exc, origin="source")
+                gone = self.sources.pop(unit, None)
+                if gone is not None:
+                    gone[1].close()
+                continue
+            self.failures.succeeded(unit, origin="source")
         return moved
 
     def _pull(self, owned: OwnedRange, spec: InjectorSpec, source: PulledSource) -> int:

@@ -158,7 +158,8 @@ class WorkerProcess:
         ]
         self.connectors = Connectors(  # pulled sources and sinks (services/worker/connectors.py)
             self.shared, self.store, self.sensors, self.stopped, batch_size=self.batch_size,
-            max_injector_outbox=self.max_injector_outbox, fenced=self._fenced, report_fenced=self._report_fenced)
+            max_injector_outbox=self.max_injector_outbox, fenced=self._fenced, report_fenced=self._report_fenced,
+            failures=self.failures)
         for t in self._threads:
             t.start()
         log.info("worker %s listening on %s (metrics %s)", self.worker_id, self.address,
