@@ -8,6 +8,7 @@
   ``redis-server`` on a free port (never the system Redis); :func:`private_store`: one
   store of a kind of :data:`STORE_KINDS` for the service cases (SQLite, a private Redis
   with or without AOF, a private Redis Cluster); :func:`free_port`;
+* :func:`process_cpu_s`: a running process's CPU seconds (the service cases' per-process figures);
 * :func:`closed_windows`: which windows a watermark has just closed (when a service case
   starts its clock for a window result).
 """
@@ -15,6 +16,7 @@
 from __future__ import annotations
 
 import multiprocessing
+import os
 import shutil
 import subprocess
 import sys
@@ -113,6 +115,15 @@ def commit() -> str:
         return sha + ("-dirty" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a running process so far (/proc/PID/stat; 0 if gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
 
 
 def free_port() -> int:

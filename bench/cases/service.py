@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import pipelines, workload
-from bench.harness import ROOT, STORE_KINDS, closed_windows, free_port, private_store
+from bench.harness import ROOT, STORE_KINDS, closed_windows, free_port, private_store, process_cpu_s
 from bench.workload import DISORDER_US
 from services.client import ControllerClient, inject_messages
 from services.rpc.convert import spec_to_proto
@@ -49,15 +49,6 @@ from services.rpc.security import Security
 
 SINK = "rows"
 INJECTOR = "events"
-TICK = os.sysconf("SC_CLK_TCK")
-
-
-def _cpu_s(pid: int) -> float:
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / TICK
-    except (OSError, IndexError, ValueError):
-        return 0.0
 
 
 def _children(pid: int) -> list[int]:
@@ -225,14 +216,14 @@ def backlog(n: int, store: str = "sqlite", workers: int = 2, batch: int = 1000,
         pids = svc.pids()
         msgs = list(inject_messages(INJECTOR, INJECTOR, records, batch, DISORDER_US, done=True))
         reader = SinkReader(svc.new_client())
-        cpu0 = {role: _cpu_s(pid) for role, pid in pids.items()}
+        cpu0 = {role: process_cpu_s(pid) for role, pid in pids.items()}
         self_cpu0 = time.process_time()
         started = time.monotonic()
         resp = svc.client.inject(iter(msgs))
         injected_s = time.monotonic() - started
         complete = reader.wait_rows(len(expected), timeout_s)
         elapsed = time.monotonic() - started
-        cpu = {role: round(_cpu_s(pid) - cpu0[role], 2) for role, pid in pids.items()}
+        cpu = {role: round(process_cpu_s(pid) - cpu0[role], 2) for role, pid in pids.items()}
         cpu["client"] = round(time.process_time() - self_cpu0, 2)
         time.sleep(0.3)  # a duplicate row would arrive after the last expected one
         verdict = workload.check(w, reader.counts)

@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.harness import ROOT, free_port, log
+from bench.harness import ROOT, free_port, log, process_cpu_s
 from millwheel.record import Record
 from millwheel.state.url import open_store
 from millwheel.topology import CodeRef, ComputationSpec, InjectorSpec, InputSpec, Options
@@ -66,15 +66,6 @@ def _topology() -> tuple[ComputationSpec, InjectorSpec]:
             InjectorSpec("events", "events"))
 
 
-def _cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a running process (/proc/PID/stat)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except OSError:
-        return 0.0
-
-
 def one_round(root: Path, url: str, rows: int, tmp: Path, label: str) -> dict[str, Any]:
     """A controller from ``root`` on ``url``; its CLI's subscribe timed, then (this
     checkout only) the Python client's."""
@@ -100,7 +91,7 @@ def one_round(root: Path, url: str, rows: int, tmp: Path, label: str) -> dict[st
         client.register_topology([spec_to_proto(comp)], [inj], log_streams=[STREAM])
         result: dict[str, Any] = {"label": label}
         sink = tmp / f"subscribe-{label}.jsonl"
-        ctl_cpu = _cpu_s(ctl.pid)
+        ctl_cpu = process_cpu_s(ctl.pid)
         before = os.times()
         started = time.monotonic()
         with open(sink, "wb") as f:
@@ -116,14 +107,14 @@ def one_round(root: Path, url: str, rows: int, tmp: Path, label: str) -> dict[st
         result.update(cli_rows_s=round(rows / wall), cli_s=round(wall, 2), exact=exact,
                       cli_cpu_s=round(after.children_user + after.children_system
                                       - before.children_user - before.children_system, 2),
-                      controller_cpu_s=round(_cpu_s(ctl.pid) - ctl_cpu, 2))
+                      controller_cpu_s=round(process_cpu_s(ctl.pid) - ctl_cpu, 2))
         if root == ROOT:
-            ctl_cpu = _cpu_s(ctl.pid)
+            ctl_cpu = process_cpu_s(ctl.pid)
             started = time.monotonic()
             n = sum(1 for _ in client.subscribe(STREAM))
             wall = time.monotonic() - started
             result.update(client_rows_s=round(n / wall) if n == rows else None,
-                          client_controller_cpu_s=round(_cpu_s(ctl.pid) - ctl_cpu, 2))
+                          client_controller_cpu_s=round(process_cpu_s(ctl.pid) - ctl_cpu, 2))
         return result
     finally:
         client.close()

@@ -80,7 +80,7 @@ def postgres_table(table: Any, where: str) -> list[str]:
     return parts
 
 
-def _columns(settings: Mapping[str, Any], where: str) -> None:
+def _postgres_settings(settings: Mapping[str, Any], where: str) -> None:
     """A PostgreSQL sink's ``table`` (:func:`postgres_table`), ``columns`` (record part ->
     an existing table's column) and ``upsert_key`` (columns of a unique index: a row with
     the same key is updated)."""
@@ -123,7 +123,7 @@ CONNECTORS: dict[str, ConnectorKind] = {
     ),
     "postgres": ConnectorKind(
         sink=Role(Schema(("postgresql", "postgres"), frozenset({"url", "table"}), frozenset({"columns", "upsert_key"}),
-                         structured=frozenset({"columns", "upsert_key"}), check=_columns),
+                         structured=frozenset({"columns", "upsert_key"}), check=_postgres_settings),
                   "millwheel.connectors.postgres:PostgresSink"),
     ),
 }

@@ -183,14 +183,16 @@ class Queries:
             # Never a silent gap: a position retention removed is OUT_OF_RANGE naming the
             # oldest available one, unless from_oldest (millwheel/runtime/retention.py).
             pos, entries = read_retained(self.plane.store, request.stream, pos, read, request.from_oldest)
-            for part in _by_size(entries) if batch else ():
-                resp = pb.SubscribeResponse(seqs=[seq for seq, _rec in part])
-                convert.add_records(resp.records, (rec for _seq, rec in part))
-                pos = part[-1][0]
-                yield resp
-            for seq, rec in entries if not batch else ():
-                yield pb.SubscribeResponse(seq=seq, record=convert.record_to_proto(rec))
-                pos = seq
+            if batch:
+                for part in _by_size(entries):
+                    resp = pb.SubscribeResponse(seqs=[seq for seq, _rec in part])
+                    convert.add_records(resp.records, (rec for _seq, rec in part))
+                    pos = part[-1][0]
+                    yield resp
+            else:
+                for seq, rec in entries:
+                    yield pb.SubscribeResponse(seq=seq, record=convert.record_to_proto(rec))
+                    pos = seq
             if not entries:
                 if not request.follow:
                     return

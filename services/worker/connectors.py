@@ -50,10 +50,10 @@ class Connectors:
 
     def __init__(self, shared: Shared, store: StateStore, sensors: PrometheusSensors, stopped: threading.Event,
                  *, batch_size: int, max_injector_outbox: int, fenced: Callable[[OwnedRange, FencedError], None],
-                 report_fenced: Callable[[tuple[str, int, int]], None], failures: RangeFailures | None = None) -> None:
+                 report_fenced: Callable[[tuple[str, int, int]], None], failures: RangeFailures) -> None:
         self.shared = shared
         self.store = store
-        self.failures = failures or RangeFailures()  #: the worker's failing ranges (a failing source's too)
+        self.failures = failures  #: the worker's failing ranges (a failing source's too)
         self.sensors = sensors
         self.stopped = stopped
         self.batch_size = batch_size

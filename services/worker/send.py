@@ -26,7 +26,6 @@ from millwheel.state.protocol import Production, StateStore
 
 from ..generated import millwheel_pb2 as pb
 from ..metrics import PrometheusSensors
-from ..rpc.worker_link import PeerLink
 from . import delivery, overruns
 from .delivery import PeerLinks
 from .failing import RangeFailures
@@ -73,15 +72,6 @@ class Sender:
         self._commit = commit
         self._rebuild = rebuild
         self._fenced = fenced
-
-    @property
-    def links(self) -> dict[str, PeerLink]:
-        """The links to other workers, by address."""
-        return self.peers.links
-
-    def wake(self) -> None:
-        """New work for the pump (an ack arrived, an outbox grew, watermarks moved)."""
-        self.shared.wake.set()
 
     def pump_loop(self) -> None:
         swept = time.monotonic()
@@ -154,9 +144,6 @@ class Sender:
         (:meth:`~services.worker.delivery.PeerLinks.sweep`); returns those addresses."""
         return self.peers.sweep(self.shared.owners.values())
 
-    def _link(self, address: str) -> PeerLink:
-        return self.peers.link(address)
-
     def _send(self, owned: OwnedRange, s: Slice) -> int:
         """Deliver a planned slice: batches for other workers first, to their owner's
         link if it has room (else they are released for a later slice), so those
@@ -183,7 +170,7 @@ class Sender:
             if owner.worker_id == self.shared.worker_id:
                 local.append((consumer, range_id, items))
                 continue
-            fut = self._link(owner.address).try_send(
+            fut = self.peers.link(owner.address).try_send(
                 delivery.batch(owned.node, consumer, range_id, items, self.shared.version))
             if fut is None:
                 released += items  # no room at that destination: a later slice takes them
@@ -216,7 +203,7 @@ class Sender:
             if now - s.started > self.delivery_timeout_s:
                 for fut, _, address, _ in s.remote:
                     if not fut.done():
-                        self._link(address).reset("a batch is overdue")
+                        self.peers.link(address).reset("a batch is overdue")
 
     def _finish(self, owned: OwnedRange, s: Slice) -> int:
         assert owned.outbox is not None

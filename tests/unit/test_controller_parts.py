@@ -83,8 +83,8 @@ class Aborted(Exception):
 class Parts:
     """A leading plane and the parts the tests use, constructed as service.py does."""
 
-    def __init__(self, store: StateStore, address: str = "127.0.0.1:1") -> None:
-        self.raw = store
+    def __init__(self, url: str, address: str = "127.0.0.1:1") -> None:
+        self.raw = store = open_store(url)
         elector = Elector(store, "", 2.0)
         self.plane = ControlPlane(store=cast(StateStore, LeaderStore(store, elector)), elector=elector,
                                   clock=_Clock(), allow_code=AllowList(), timeouts=Timeouts(heartbeat_s=600))
@@ -99,6 +99,7 @@ class Parts:
     def close(self) -> None:
         self.plane.elector.stop(release=True)
         self.plane.work.close()
+        self.raw.close()
 
     def register(self, name: str = "counts", ranges: int = 2, sinks: tuple[SinkSpec, ...] = ()) -> None:
         spec = ComputationSpec(name, (InputSpec("events"),), (f"{name}_out",),
@@ -135,14 +136,12 @@ class _Clock:
 
 @pytest.fixture
 def parts(tmp_path: Path) -> Iterator[Parts]:
-    store = open_store(f"sqlite:///{tmp_path}/s.db")
-    p = Parts(store)
+    p = Parts(f"sqlite:///{tmp_path}/s.db")
     assert p.plane.leading()
     try:
         yield p
     finally:
         p.close()
-        store.close()
 
 
 # -- heartbeats ---------------------------------------------------------------------------
@@ -172,8 +171,7 @@ def test_a_report_under_a_superseded_token_is_fenced_and_not_stored(parts: Parts
 
 
 def test_a_standby_sends_workers_to_the_leader(parts: Parts, tmp_path: Path) -> None:
-    standby_store = open_store(f"sqlite:///{tmp_path}/s.db")
-    standby = Parts(standby_store, address="127.0.0.1:2")
+    standby = Parts(f"sqlite:///{tmp_path}/s.db", address="127.0.0.1:2")
     try:
         assert not standby.plane.leading()
         ctx = Context()
@@ -183,7 +181,6 @@ def test_a_standby_sends_workers_to_the_leader(parts: Parts, tmp_path: Path) -> 
         assert "w1" not in standby.plane.assigner.workers  # nothing recorded there
     finally:
         standby.close()
-        standby_store.close()
 
 
 def test_the_lock_is_free_and_heartbeats_answered_while_a_report_write_is_blocked(parts: Parts) -> None:

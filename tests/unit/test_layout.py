@@ -56,20 +56,11 @@ def _modules() -> dict[str, Path]:
 
 def _imports(name: str, path: Path, modules: dict[str, Path]) -> Iterator[str]:
     """Every project module that ``name`` imports, wherever the import statement stands."""
-    is_package = path.name == "__init__.py"
-    package = name if is_package else name.rpartition(".")[0]
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")
-                base = base[: len(base) - (node.level - 1)]
-                origin = ".".join(base + ([node.module] if node.module else []))
-            else:
-                origin = node.module or ""
-            if origin.startswith("millwheel_service"):
-                origin = "services" + origin[len("millwheel_service"):]
+            origin = _origin(name, path, node)
             # ``from pkg import mod`` imports the module pkg.mod; ``from mod import Name``
             # imports mod (the package's __init__ counts only when a name comes from it).
             targets = [f"{origin}.{a.name}" if f"{origin}.{a.name}" in modules else origin for a in node.names]

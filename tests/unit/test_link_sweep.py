@@ -58,16 +58,16 @@ def test_links_to_addresses_that_own_nothing_are_closed_once_idle() -> None:
     busy, owner, gone = f"127.0.0.1:{port}", "127.0.0.1:1", "127.0.0.1:2"
     w = Links({("count", 0): OwnerInfo("w-owner", owner, 1)})
     try:
-        pending = w._link(busy).try_send(pb.DeliverBatch(computation="count", range_id=1))
+        pending = w.peers.link(busy).try_send(pb.DeliverBatch(computation="count", range_id=1))
         assert pending is not None
-        w._link(owner)
-        w._link(gone)
+        w.peers.link(owner)
+        w.peers.link(gone)
         w.sensors.retry(gone)
         w.sensors.inflight(gone, 0)
         assert w.sensors.sample("millwheel_delivery_retries_total", {"destination": gone}) == 1
 
         assert w.sweep_links() == [gone]  # `busy` owns nothing either, but waits for an ack
-        assert sorted(w.links) == sorted([busy, owner])
+        assert sorted(w.peers.links) == sorted([busy, owner])
         assert w.sensors.sample("millwheel_delivery_retries_total", {"destination": gone}) is None
         assert w.sensors.sample("millwheel_inflight_batches", {"destination": gone}) is None
         assert w.sensors.sample("millwheel_inflight_batches", {"destination": busy}) == 1
@@ -75,10 +75,10 @@ def test_links_to_addresses_that_own_nothing_are_closed_once_idle() -> None:
         held.release.set()
         assert pending.result(10).status == pb.DeliverAck.OK
         assert w.sweep_links() == [busy]
-        assert list(w.links) == [owner]
+        assert list(w.peers.links) == [owner]
     finally:
         held.release.set()
-        for link in w.links.values():
+        for link in w.peers.links.values():
             link.close()
         server.stop(0)
 
