@@ -6,7 +6,7 @@ Each is a constant here, checked by :meth:`millwheel.topology.Topology.validate`
 :mod:`millwheel.operators.schema`, so ``millwheel run`` and the service refuse the
 same specs with the same messages. The service's per-request limits (records per
 Inject message, key and record ID sizes, timestamps ahead of the clock) are flags of
-the controller: :mod:`services.controller.limits`.
+the controller: :mod:`services.inject_limits`.
 """
 
 from __future__ import annotations

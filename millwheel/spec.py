@@ -124,7 +124,7 @@ def computation_to_dict(spec: ComputationSpec) -> dict[str, Any]:
 
 #: The fields of a spec file's top level and of one of its injectors.
 SPEC_FIELDS = ("computations", "injectors", "log_streams", "sinks")
-INJECTOR_FIELDS = ("name", "stream", "file", "max_disorder_us", "source")
+INJECTOR_FIELDS = ("name", "stream", "file", "max_disorder_us", "source", "key_ranges")
 
 
 def spec_parts(data: Mapping[str, Any]) -> tuple[tuple[ComputationSpec, ...], tuple[InjectorSpec, ...],
@@ -159,7 +159,10 @@ def spec_parts(data: Mapping[str, Any]) -> tuple[tuple[ComputationSpec, ...], tu
             if "file" in inj:
                 raise InvalidSpecError(f"injectors[{i}]: 'file' or 'source', not both")
             source = source_from_dict(inj["source"], f"injectors[{i}].source", disorder)
-        injectors.append(InjectorSpec(str(inj["name"]), str(inj["stream"]), source))
+        ranges = inj.get("key_ranges", 1)
+        if isinstance(ranges, bool) or not isinstance(ranges, int):
+            raise InvalidSpecError(f"injectors[{i}].key_ranges: must be an integer, got {ranges!r}")
+        injectors.append(InjectorSpec(str(inj["name"]), str(inj["stream"]), source, ranges))
     log_streams = tuple(str(s) for s in _list(data.get("log_streams", []), "log_streams"))
     return comps, tuple(injectors), log_streams, sinks_from_list(data.get("sinks", []))
 
@@ -169,6 +172,8 @@ def injector_to_dict(spec: InjectorSpec) -> dict[str, Any]:
     out: dict[str, Any] = {"name": spec.name, "stream": spec.stream}
     if spec.source is not None:
         out["source"] = spec.source.settings
+    if spec.key_ranges != 1:
+        out["key_ranges"] = spec.key_ranges
     return out
 
 

@@ -177,6 +177,18 @@ class InjectorSpec:
     name: str
     stream: str
     source: ConnectorSpec | None = None
+    #: Key ranges of the injector, placed on workers like a computation's: clients write
+    #: each record straight to the worker owning its key's range (docs/service.md,
+    #: "Parallel ingestion"). An injector with a ``source`` is pulled by one worker: 1.
+    key_ranges: int = 1
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.key_ranges <= MAX_KEY_RANGES:
+            raise InvalidSpecError(f"injector {self.name!r}: key_ranges must be 1..{MAX_KEY_RANGES}, "
+                                   f"got {self.key_ranges}")
+        if self.source is not None and self.key_ranges != 1:
+            raise InvalidSpecError(f"injector {self.name!r}: an injector with a source is read by one "
+                                   f"worker and has 1 key range, not {self.key_ranges}")
 
     @property
     def dead_letter_stream(self) -> str:

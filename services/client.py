@@ -281,6 +281,15 @@ class ControllerClient:
             if not token:
                 return
 
+    def inject_routes(self, request: pb.InjectRoutesRequest) -> pb.InjectRoutesResponse:
+        """Where each key range of an injector is written (parallel ingestion:
+        services/inject_writer.py)."""
+        return cast(pb.InjectRoutesResponse, self._unary("InjectRoutes", request, self.timeout_s))
+
+    def writer_watermark(self, request: pb.WriterWatermarkRequest) -> pb.WriterWatermarkResponse:
+        """A writer's watermark, done, or keep-alive (services/inject_writer.py)."""
+        return cast(pb.WriterWatermarkResponse, self._unary("WriterWatermark", request, self.timeout_s))
+
     def status(self) -> pb.ClusterStatusResponse:
         return cast(pb.ClusterStatusResponse,
                     self._unary("ClusterStatus", pb.ClusterStatusRequest(), self.timeout_s))

@@ -23,7 +23,7 @@ from millwheel.state.url_display import describe_store
 
 from .. import memory
 from ..client import CONTROLLER_HELP, CONTROLLER_METAVAR, ControllerClient, controller_address
-from ..controller.limits import InjectLimits
+from ..inject_limits import InjectLimits
 from ..rpc import security
 from ..rpc.admission import AdmissionLimits
 from ..ui.server import LOGIN_CODE_ENV, free_port, start_console
@@ -61,16 +61,13 @@ def add_commands(sub: Any) -> None:
     console_args(ctl)
     ctl.add_argument("--heartbeat-timeout", type=float, default=3.0, metavar="SECONDS",
                      help="a worker silent this long is dead and its ranges move (default 3)")
-    ctl.add_argument("--max-value-bytes", type=int, default=1024 * 1024,
-                     help="largest record value Inject accepts (default 1 MiB)")
+    _limit_args(ctl)
     ctl.add_argument("--inject-wait", type=float, default=10.0, metavar="SECONDS",
                      help="how long Inject holds a message while the injector's outbox is full "
                           "before answering RESOURCE_EXHAUSTED with a retry hint (default 10)")
-    ctl.add_argument("--max-inject-records", type=int, default=InjectLimits.max_records, metavar="N",
-                     help=f"records per Inject message (default {InjectLimits.max_records})")
-    ctl.add_argument("--max-future-us", type=int, default=InjectLimits.max_future_us, metavar="US",
-                     help="refuse record timestamps and watermarks further ahead of the clock "
-                          "(default one day; 0 = no limit)")
+    ctl.add_argument("--writer-expiry", type=float, default=30.0, metavar="SECONDS",
+                     help="parallel ingestion: a writer silent this long no longer holds its "
+                          "injector's watermark back (docs/service.md, Parallel ingestion; default 30)")
     ctl.add_argument("--inject-batch", type=int, default=5000, metavar="N",
                      help="Inject messages larger than N records go to the worker in pieces of N")
     _admission_args(ctl)
@@ -107,6 +104,7 @@ def add_commands(sub: Any) -> None:
     wk.add_argument("--max-injector-outbox", type=int, default=50_000, metavar="N",
                     help="an injector's outbox holding N records refuses more until it drains: "
                          "Inject waits, then answers RESOURCE_EXHAUSTED (default 50000)")
+    _limit_args(wk)
     wk.add_argument("--weak-wait", type=float, default=1.0, metavar="SECONDS",
                     help="weak productions: outputs not acked downstream within this time are "
                          "checkpointed and resent later (default 1)")
@@ -119,6 +117,23 @@ def add_commands(sub: Any) -> None:
                          "batch holding the interpreter past the heartbeat timeout gets the worker "
                          "declared dead (for measurements)")
     wk.set_defaults(func=cmd_worker)
+
+
+def _limit_args(p: argparse.ArgumentParser) -> None:
+    """The limits on an Inject message (the controller) and a Write batch (a worker's
+    parallel ingestion): services/inject_limits.py."""
+    p.add_argument("--max-value-bytes", type=int, default=InjectLimits.max_value_bytes,
+                   help="largest record value Inject and Write accept (default 1 MiB)")
+    p.add_argument("--max-inject-records", type=int, default=InjectLimits.max_records, metavar="N",
+                   help=f"records per Inject message or Write batch (default {InjectLimits.max_records})")
+    p.add_argument("--max-future-us", type=int, default=InjectLimits.max_future_us, metavar="US",
+                   help="refuse record timestamps and watermarks further ahead of the clock "
+                        "(default one day; 0 = no limit)")
+
+
+def _inject_limits(args: argparse.Namespace) -> InjectLimits:
+    return InjectLimits(max_records=args.max_inject_records, max_value_bytes=args.max_value_bytes,
+                        max_future_us=args.max_future_us)
 
 
 def _admission_args(p: argparse.ArgumentParser) -> None:
@@ -209,8 +224,7 @@ def cmd_controller(args: argparse.Namespace) -> int:
         advertise=args.advertise,
         lease_ttl_s=args.lease_ttl, takeover_grace_s=args.takeover_grace,
         cluster_port=args.cluster_port, admission=admission,
-        limits=InjectLimits(max_records=args.max_inject_records, max_value_bytes=args.max_value_bytes,
-                            max_future_us=args.max_future_us))
+        limits=_inject_limits(args), writer_expiry_s=args.writer_expiry)
     metrics = "metrics off" if args.metrics_port < 0 else f"metrics port {mport}"
     print(f"millwheel controller listening on {args.host}:{port}, cluster port {service.cluster_port} "
           f"({metrics}, store {describe_store(args.store)})", file=sys.stderr, flush=True)
@@ -245,7 +259,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         worker_id=args.worker_id, batch_size=args.batch_size, max_inflight=args.max_inflight,
         max_injector_outbox=args.max_injector_outbox, weak_wait_s=args.weak_wait,
         heartbeat_s=args.heartbeat, delivery_timeout_s=args.delivery_timeout,
-        allow_code=args.allow_code, use_watchdog=not args.no_watchdog)
+        allow_code=args.allow_code, use_watchdog=not args.no_watchdog, inject_limits=_inject_limits(args))
     metrics = "metrics off" if args.metrics_port < 0 else f"metrics port {worker.metrics_port}"
     print(f"millwheel worker {worker.worker_id} listening on {worker.address} ({metrics}, "
           f"store {describe_store(args.store)})", file=sys.stderr, flush=True)

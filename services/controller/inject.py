@@ -26,12 +26,12 @@ from millwheel.record import MAX_TIMESTAMP, MIN_TIMESTAMP
 from millwheel.topology import InjectorSpec
 
 from ..generated import millwheel_pb2 as pb
+from ..inject_limits import InjectLimits
 from ..rpc.server import check
 from ..rpc.status import BusyError, PreconditionError, UnavailableError, code_for
 from ..rpc.worker_link import LinkError, PeerLink
 from .ha import Leadership
 from .inject_split import split
-from .limits import InjectLimits
 from .plane import ControlPlane
 from .replay import Replayer
 
@@ -72,7 +72,7 @@ class WorkerLinks:
 class InjectSettings:
     """How the Inject path hands records over."""
 
-    limits: InjectLimits  #: per-message limits (services/controller/limits.py)
+    limits: InjectLimits  #: per-message limits (services/inject_limits.py)
     batch: int = INJECT_BATCH  #: larger messages go to the injector's owner in pieces this big
     timeout_s: float = 15.0  #: a hand-over retried (to whoever owns the injector) this long
     wait_s: float = 10.0  #: a message held under backpressure this long before BUSY
@@ -92,8 +92,10 @@ class Injection:
         self.replayer = Replayer(plane, links.link)
         self._closed: set[str] = set()  # injectors seen closed (a watermark never goes back)
 
-    def _injector_for(self, msg: Any, index: int) -> InjectorSpec:
-        where = f"inject message {index}"
+    def injector_for(self, msg: Any, where: str, key_ranges: int | None = None) -> InjectorSpec:
+        """The injector ``msg.injector`` (its ``stream`` checked), registered on first use
+        when ``msg.stream`` names a consumed stream, with ``key_ranges`` (None: 1 for
+        ``Inject``; InjectRoutes asks for the most of its stream's consumers')."""
         if not msg.injector:
             raise InvalidSpecError(f"{where}: 'injector' (the injector name) is required")
         # Fast path without the controller's lock (heartbeats hold it): the registry's
@@ -114,10 +116,12 @@ class Injection:
                 raise NotFoundError(
                     f"{where}: no injector named {msg.injector!r}; register it or name its 'stream'")
             topo = registry.topology
-            if not topo.consumers(msg.stream):
+            consumers = topo.consumers(msg.stream)
+            if not consumers:
                 raise NotFoundError(
                     f"{where}: no registered computation consumes stream {msg.stream!r}")
-            spec = InjectorSpec(msg.injector, msg.stream)
+            ranges = key_ranges or max(c.options.key_ranges for c, _ in consumers)
+            spec = InjectorSpec(msg.injector, msg.stream, key_ranges=ranges)
             registry.register_injector(spec)
             self.plane.after_registration()
             return spec
@@ -134,7 +138,7 @@ class Injection:
         node = injector_node(spec.name)
         if node not in self._closed:
             stored = self.plane.store.read_watermarks(node)
-            if not stored or min(stored.values()) < MAX_TIMESTAMP:
+            if len(stored) < spec.key_ranges or min(stored.values()) < MAX_TIMESTAMP:
                 return
             self._closed.add(node)
         raise PreconditionError(
@@ -161,16 +165,16 @@ class Injection:
             batch.watermark = MAX_TIMESTAMP if msg.done else msg.watermark
         return batch
 
-    def owner_address(self, node: str) -> str | None:
-        """The address of the live worker owning ``node``'s range 0, if any. Read without
-        the lock (a stale owner answers NOT_OWNER and we retry)."""
+    def owner_address(self, node: str, range_id: int = 0) -> str | None:
+        """The address of the live worker owning ``node``'s range ``range_id``, if any.
+        Read without the lock (a stale owner answers NOT_OWNER and we retry)."""
         assigner = self.plane.assigner
-        owner = assigner.units.get((node, 0))
+        owner = assigner.units.get((node, range_id))
         worker = assigner.workers.get(owner.worker_id or "") if owner else None
         return worker.address if worker is not None and worker.alive else None
 
     def hand_over(self, node: str, batch: pb.DeliverBatch) -> pb.DeliverAck:
-        """One batch to the owner of ``node``'s range 0 over a kept-open Deliver stream,
+        """One batch to the owner of ``node``'s range ``batch.range_id`` over a kept-open Deliver stream,
         retried (to whoever owns it by then) until acked or ``inject_timeout_s``. Sent
         alone, after every earlier message of its call was acked: it resyncs the
         worker's ordering of the call."""
@@ -181,7 +185,7 @@ class Injection:
         busy_since: float | None = None
         busy_waits = 0
         while True:
-            address = self.owner_address(node)
+            address = self.owner_address(node, batch.range_id)
             if address:
                 link = self.links.link(address)
                 fut = link.send(batch, wait_s=10)
@@ -242,9 +246,9 @@ class Injection:
                     raise PreconditionError(f"inject message {index}: this service is draining (savepoint "
                                             "create --drain): it takes no more records, and its injectors "
                                             "are closed")
-                spec = self._injector_for(msg, index)
+                spec = self.injector_for(msg, f"inject message {index}", key_ranges=1)
                 self._check_open(spec, msg, index)
-                call.send(injector_node(spec.name), self._inject_batch(spec, msg, index, call.session))
+                call.send(spec, self._inject_batch(spec, msg, index, call.session))
             call.settle(0)
         except MillWheelError as exc:
             try:
@@ -278,16 +282,17 @@ class _InjectCall:
         self.session = session
         self.accepted = 0  # records of the messages accepted, a prefix of the call
         self.messages = 0  # whole messages accepted (a large one goes in several pieces)
-        self.seq = 0  # of the pieces sent: the worker takes them in this order
+        self.seqs: dict[tuple[str, int], int] = {}  # (injector, range) -> pieces sent: taken in this order
         self._piece_records = 0
         self.watermark = MIN_TIMESTAMP
         self.inflight: deque[tuple[str, pb.DeliverBatch, Future[Any], bool]] = deque()
 
-    def send(self, node: str, message: pb.DeliverBatch) -> None:
-        for batch, ends in split(message, self.controller.settings.batch):
-            self.seq += 1
-            batch.inject_seq = self.seq
-            address = self.controller.owner_address(node)
+    def send(self, spec: InjectorSpec, message: pb.DeliverBatch) -> None:
+        node = injector_node(spec.name)
+        for batch, ends in split(message, self.controller.settings.batch, spec.key_ranges):
+            unit = (node, batch.range_id)
+            self.seqs[unit] = batch.inject_seq = self.seqs.get(unit, 0) + 1
+            address = self.controller.owner_address(node, batch.range_id)
             fut = self.controller.links.link(address).try_send(batch) if address else None
             if fut is None:  # no owner yet, or no room: the careful path
                 self.settle(0)

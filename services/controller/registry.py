@@ -126,6 +126,9 @@ class Registry:
                 if known.stream != inj.stream:
                     raise AlreadyExistsError(f"injector {inj.name!r} is already registered for "
                                              f"stream {known.stream!r}")
+                if known.key_ranges != inj.key_ranges:
+                    raise AlreadyExistsError(f"injector {inj.name!r} is already registered with "
+                                             f"{known.key_ranges} key ranges, not {inj.key_ranges}")
                 if known.source != inj.source and inj.source is not None:
                     raise AlreadyExistsError(f"injector {inj.name!r} is already registered "
                                              "(with a different source)")
@@ -212,7 +215,7 @@ class Registry:
 
 
 def candidate_nodes(topology: Topology) -> dict[str, int]:
-    out = {injector_node(i.name): 1 for i in topology.injectors}
+    out = {injector_node(i.name): i.key_ranges for i in topology.injectors}
     out.update({c.name: c.options.key_ranges for c in topology.computations})
     out.update({sink_node(s.name): 1 for s in topology.sinks})
     return out

@@ -22,6 +22,7 @@ part               module                              RPCs
                                                         GetWatermark, GetState, ListKeys,
                                                         ClusterStatus, Subscribe
 ``injection``      inject.py (replay.py)                Inject, ReplayDeadLetters
+``writers``        writers.py                           InjectRoutes, WriterWatermark
 ``updates``        update.py                            UpdateComputation
 ``rescaling``      rescale.py                           RescaleComputation
 ``heartbeats``     heartbeat_rpc.py                     Heartbeat (the Cluster service)
@@ -56,6 +57,7 @@ from millwheel.state.protocol import StateStore
 from millwheel.state.url_display import redact
 
 from ..generated import millwheel_pb2 as pb
+from ..inject_limits import InjectLimits
 from ..metrics import PrometheusSensors
 from ..rpc.admission import AdmissionLimits
 from ..rpc.health import HealthMonitor
@@ -66,7 +68,6 @@ from .ha import Leadership, leader_only
 from .heartbeat_rpc import Heartbeats
 from .inject import INJECT_BATCH, Injection, InjectSettings, WorkerLinks
 from .leader import Elector, LeaderStore, lease_store_url
-from .limits import InjectLimits
 from .plane import ControlPlane, Timeouts
 from .queries import Queries
 from .registration import Registration
@@ -74,6 +75,7 @@ from .rescale import Rescaling
 from .retention import RetentionThread
 from .savepoint import Savepoints
 from .update import Updates
+from .writers import WRITER_EXPIRY_S, Writers
 
 log = logging.getLogger("millwheel.controller")
 Ctx = grpc.ServicerContext
@@ -90,6 +92,7 @@ class Controller:
         inject_timeout_s: float = 15.0, inject_wait_s: float = 10.0, inject_batch: int = INJECT_BATCH,
         limits: InjectLimits | None = None, allow_code: AllowList | None = None,
         lease_ttl_s: float = 2.0, takeover_grace_s: float = 10.0, lease_store: StateStore | None = None,
+        writer_expiry_s: float = WRITER_EXPIRY_S,
     ) -> None:
         """Nothing runs until :meth:`start`: it leads if it wins the store's lease, else
         stands by (services/controller/ha.py). ``lease_store``: the same store opened
@@ -108,6 +111,7 @@ class Controller:
         self.injection = Injection(plane, self.leadership, self.links, InjectSettings(
             limits=limits or InjectLimits(max_value_bytes=max_value_bytes), batch=inject_batch,
             timeout_s=inject_timeout_s, wait_s=inject_wait_s))
+        self.writers = Writers(plane, self.injection, writer_expiry_s)
         self.registration = Registration(plane)
         self.queries = Queries(plane, self.leadership)
         self.updates = Updates(plane)
@@ -171,6 +175,7 @@ class ControllerServicer:
         self.registration = controller.registration
         self.queries = controller.queries
         self.injection = controller.injection
+        self.writers = controller.writers
         self.updates = controller.updates
         self.rescaling = controller.rescaling
         self.heartbeats = controller.heartbeats
@@ -242,6 +247,16 @@ class ControllerServicer:
 
     @rpc
     @leader_only
+    def InjectRoutes(self, request: Any, context: Ctx) -> pb.InjectRoutesResponse:
+        return self.writers.routes(request, context)
+
+    @rpc
+    @leader_only
+    def WriterWatermark(self, request: Any, context: Ctx) -> pb.WriterWatermarkResponse:
+        return self.writers.watermark(request, context)
+
+    @rpc
+    @leader_only
     def ReplayDeadLetters(self, request: Any, context: Ctx) -> pb.ReplayDeadLettersResponse:
         return self.injection.replay_dead_letters(request, context)
 
@@ -266,6 +281,7 @@ def serve(
     inject_wait_s: float = 10.0, inject_batch: int = INJECT_BATCH, limits: InjectLimits | None = None,
     allow_code: str | None = None, advertise: str | None = None, lease_ttl_s: float = 2.0,
     takeover_grace_s: float = 10.0, cluster_port: int = 0, admission: AdmissionLimits | None = None,
+    writer_expiry_s: float = WRITER_EXPIRY_S,
 ) -> tuple[grpc.Server, int, int, Controller]:
     """Start a controller; returns (server, port, metrics port or 0, the Controller). It leads
     or stands by (services/controller/ha.py); ``advertise`` is the host the others
@@ -279,7 +295,8 @@ def serve(
                          max_value_bytes=max_value_bytes, sensors=sensors,
                          inject_wait_s=inject_wait_s, inject_batch=inject_batch, limits=limits,
                          allow_code=AllowList.parse(allow_code), lease_ttl_s=lease_ttl_s,
-                         takeover_grace_s=takeover_grace_s, lease_store=lease_store)
+                         takeover_grace_s=takeover_grace_s, lease_store=lease_store,
+                         writer_expiry_s=writer_expiry_s)
     advertise = advertised_host(host, advertise)
     server, bound, cluster_bound, health = start_servers(
         service.servicer, {"Controller": service.servicer}, host, port, cluster_port, advertise,

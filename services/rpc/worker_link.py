@@ -16,7 +16,7 @@ import queue
 import threading
 import time
 from concurrent.futures import Future
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import grpc
 
@@ -30,15 +30,25 @@ _CLOSE = object()
 
 
 class LinkError(Exception):
-    """The stream to a destination broke; pending batches must be retried."""
+    """The stream to a destination broke; pending batches must be retried. ``code``: the
+    status the receiver ended the stream with, if it did (None: the link broke)."""
+
+    def __init__(self, message: str, code: grpc.StatusCode | None = None) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 class PeerLink:
-    def __init__(self, address: str, max_inflight: int, sensors: PrometheusSensors | None = None) -> None:
+    """``chan``/``open_stream``: another stream of the same shape than the Worker service's
+    Deliver (a writer's Ingest.Write, services/inject_writer.py) on its own channel."""
+
+    def __init__(self, address: str, max_inflight: int, sensors: PrometheusSensors | None = None, *,
+                 chan: grpc.Channel | None = None,
+                 open_stream: Callable[[grpc.Channel], Callable[[Iterator[Any]], Any]] | None = None) -> None:
         self.address = address
         self.sensors = sensors or PrometheusSensors("link")
-        self._channel = channel(address)
-        self._stub = pb_grpc.WorkerStub(self._channel)
+        self._channel = chan if chan is not None else channel(address)
+        self._stub = (open_stream or (lambda ch: pb_grpc.WorkerStub(ch).Deliver))(self._channel)
         self._room = threading.BoundedSemaphore(max_inflight)
         self._lock = threading.Lock()
         self._pending: dict[int, Future[Any]] = {}
@@ -53,7 +63,7 @@ class PeerLink:
         with self._lock:
             return not self._pending
 
-    def send(self, batch: pb.DeliverBatch, wait_s: float) -> Future[Any] | None:
+    def send(self, batch: Any, wait_s: float) -> Future[Any] | None:
         """Queue ``batch``, waiting up to ``wait_s`` for room; None if none freed up."""
         deadline = time.monotonic() + wait_s
         while True:
@@ -63,7 +73,7 @@ class PeerLink:
             if self._room.acquire(timeout=max(0.0, deadline - time.monotonic())):
                 self._room.release()
 
-    def try_send(self, batch: pb.DeliverBatch) -> Future[Any] | None:
+    def try_send(self, batch: Any) -> Future[Any] | None:
         """Queue ``batch``, or None at once if ``max_inflight`` batches are unacked (the
         caller keeps the records and tries again when an ack frees room). The time
         from the first refusal to the next accepted batch counts as backpressure. A
@@ -101,7 +111,7 @@ class PeerLink:
                 yield item
 
         self._queue = q
-        self._call = self._stub.Deliver(requests())
+        self._call = self._stub(requests())
         threading.Thread(target=self._read, args=(self._call, q), daemon=True,
                          name=f"link-{self.address}").start()
 
@@ -116,7 +126,7 @@ class PeerLink:
                     self._room.release()
                     fut.set_result(ack)
         except grpc.RpcError as exc:
-            error = LinkError(f"stream to {self.address} failed: {exc.code().name}: {exc.details()}")
+            error = LinkError(f"stream to {self.address} failed: {exc.code().name}: {exc.details()}", exc.code())
         except Exception as exc:  # pragma: no cover - defensive
             error = LinkError(f"stream to {self.address} failed: {exc}")
         self._fail(q, error)

@@ -71,13 +71,13 @@ class Receiver:
         self._fenced = fenced
         self._drop = drop
         self._new_range_worker = new_range_worker
-        # (injector node, Inject session) -> last message accepted, for in-order injection
-        self._inject_seqs: OrderedDict[tuple[str, str], int] = OrderedDict()
+        # (injector node, range, Inject session) -> last message accepted, for in-order injection
+        self._inject_seqs: OrderedDict[tuple[str, int, str], int] = OrderedDict()
 
     def inject_order(self, batch: pb.DeliverBatch) -> pb.DeliverAck | None:
         """A refusal if this injection message's predecessor was not accepted here (the
         controller then resends from the first refused one, one at a time)."""
-        key = (batch.computation, batch.inject_session)
+        key = (batch.computation, batch.range_id, batch.inject_session)
         with self.shared.units_lock:
             last = self._inject_seqs.get(key)
             if last is None or batch.inject_resync:
@@ -92,22 +92,24 @@ class Receiver:
         return None
 
     def injected_in_order(self, batch: pb.DeliverBatch) -> None:
-        key = (batch.computation, batch.inject_session)
+        key = (batch.computation, batch.range_id, batch.inject_session)
         with self.shared.units_lock:
             self._inject_seqs[key] = max(self._inject_seqs.get(key, 0), batch.inject_seq)
 
-    def inject(self, node: str, records: list[Record], watermark: int | None) -> pb.DeliverAck:
-        """Injected records from the controller: checkpoint them into the injector's outbox."""
-        owned = self.shared.units.get((node, 0))
+    def inject(self, node: str, range_id: int, records: list[Record], watermark: int | None) -> pb.DeliverAck:
+        """Injected records (from the controller, or a client writing straight to this
+        worker: services/worker/ingest.py): checkpoint them into the outbox of the
+        injector's range ``range_id``."""
+        owned = self.shared.units.get((node, range_id))
         name = name_of(node)
         stream = next((i.stream for i in self.shared.topology.injectors if i.name == name), None)
         if owned is None or not owned.is_injector or stream is None:
             return pb.DeliverAck(status=pb.DeliverAck.NOT_OWNER,
-                                 message=f"{self.shared.worker_id} does not own {node}")
+                                 message=f"{self.shared.worker_id} does not own {node}/{range_id}")
         with owned.lock:
             if owned.dropped:
                 return pb.DeliverAck(status=pb.DeliverAck.NOT_OWNER,
-                                     message=f"range moved{self._fenced_note((node, 0))}")
+                                     message=f"range moved{self._fenced_note((node, range_id))}")
             outbox = owned.outbox
             assert outbox is not None
             if outbox.in_memory() >= self.max_injector_outbox:
@@ -290,7 +292,7 @@ class DeliverServicer:
             records = convert.records_from_proto(batch.records)
             if is_injector(batch.computation):
                 wm = batch.watermark if batch.HasField("watermark") else None
-                ack = self.receiver.inject(batch.computation, records, wm)
+                ack = self.receiver.inject(batch.computation, batch.range_id, records, wm)
                 if batch.inject_session and ack.status == pb.DeliverAck.OK:
                     self.receiver.injected_in_order(batch)
             else:

@@ -54,6 +54,7 @@ from millwheel.topology import Topology
 
 from ..generated import millwheel_pb2 as pb
 from ..generated import millwheel_pb2_grpc as pb_grpc
+from ..inject_limits import InjectLimits
 from ..metrics import PrometheusSensors
 from ..rpc import convert
 from ..rpc.cluster_routes import ClusterRoutes
@@ -65,6 +66,7 @@ from . import watchdog
 from .connectors import Connectors
 from .delivery import PeerLinks
 from .failing import RangeFailures
+from .ingest import IngestServicer
 from .parking import UnitOf
 from .progress import NoProgress, ProgressBlock
 from .receive import DeliverServicer, Receiver
@@ -89,6 +91,7 @@ class WorkerProcess:
         max_inflight: int = 8, max_slices: int = 4, max_injector_outbox: int = 50_000,
         heartbeat_s: float = 0.1, delivery_timeout_s: float = 5.0, weak_wait_s: float = 1.0,
         min_heartbeat_s: float = 0.025, allow_code: str | None = None, use_watchdog: bool = True,
+        inject_limits: InjectLimits | None = None,
     ) -> None:
         # As in local mode: a worker allocates a few objects per record and keeps many
         # alive (outbox mirrors, caches); CPython's young collections every 700
@@ -133,7 +136,8 @@ class WorkerProcess:
             delivery_timeout_s=delivery_timeout_s, process=self.receiver.process,
             commit=self.receiver.commit, rebuild=self.receiver.rebuild, fenced=self._fenced)
         self.server, self.port, self.health = start_server(
-            f"{host}:{port}", {"Worker": DeliverServicer(self.receiver, self.shared)})
+            f"{host}:{port}", {"Worker": DeliverServicer(self.receiver, self.shared),
+                               "Ingest": IngestServicer(self.receiver, self.shared, inject_limits or InjectLimits())})
         if advertise is None:
             advertise = socket.getfqdn() if host in ("0.0.0.0", "::", "") else host
         self.address = f"{advertise}:{self.port}"

@@ -35,6 +35,12 @@ from .parking import ConsumerBackoff, Unit
 INJ_WM_KEY = "__watermark__"
 
 
+def injector_wm_key(range_id: int) -> str:
+    """The state key of an injector range's watermark (range 0 keeps the key it had when
+    injectors had one range)."""
+    return INJ_WM_KEY if range_id == 0 else f"{INJ_WM_KEY}/{range_id}"
+
+
 Entry = tuple[str, str]  # (consumer, record id): an outbox entry
 
 
@@ -129,9 +135,10 @@ class OwnedRange:
             self.outbox = self.worker.outbox
             self.overruns = overruns.load(self.store, self.node, self.range_id)
         else:
-            raw = self.store.read_state(self.node, [INJ_WM_KEY]).get(INJ_WM_KEY)
+            key = injector_wm_key(self.range_id)
+            raw = self.store.read_state(self.node, [key]).get(key)
             self.injector_wm = int(raw) if raw is not None else MIN_TIMESTAMP
-            self.outbox = Outbox(self.store, self.node, 0)
+            self.outbox = Outbox(self.store, self.node, self.range_id)
 
     def fresh_overruns(self, min_age_s: float = 0.0) -> Overruns:
         """The range's recorded overruns. Read again (if older than ``min_age_s``) while
@@ -157,9 +164,12 @@ class OwnedRange:
         checkpoints a source batch; the controller acks its client only after this."""
         productions = [p for r in records for p in router.fan_out(stream, r)]
         wm = self.injector_wm if watermark is None else max(self.injector_wm, watermark)
+        writes: dict[str, bytes | None] = {}
+        if wm != self.injector_wm or not productions:  # unchanged: no write
+            writes[injector_wm_key(self.range_id)] = str(wm).encode()
         self.store.checkpoint(Checkpoint(
-            computation=self.node, range_id=0, token=self.token, now_us=now_us,
-            state_writes={INJ_WM_KEY: str(wm).encode()}, productions=productions))
+            computation=self.node, range_id=self.range_id, token=self.token, now_us=now_us,
+            state_writes=writes, productions=productions))
         assert self.outbox is not None
         self.outbox.add(productions)
         self.injector_wm = wm

@@ -39,7 +39,7 @@ from services.controller.ha import Leadership
 from services.controller.heartbeat_rpc import Heartbeats
 from services.controller.inject import Injection, InjectSettings, WorkerLinks
 from services.controller.leader import Elector, LeaderStore
-from services.controller.limits import InjectLimits
+from services.inject_limits import InjectLimits
 from services.controller.plane import ControlPlane, Timeouts
 from services.controller.registration import Registration
 from services.controller.registry import Registry

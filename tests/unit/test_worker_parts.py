@@ -222,7 +222,7 @@ def test_an_injection_under_a_superseded_token_is_refused(tmp_path: Path) -> Non
     owned = own_injector(shared, store)
     store.acquire("injector:src", 0)  # moved on
 
-    ack = receiver(shared, store, calls).inject("injector:src", records(["a", "b"]), None)
+    ack = receiver(shared, store, calls).inject("injector:src", 0, records(["a", "b"]), None)
 
     assert ack.status == pb.DeliverAck.NOT_OWNER
     assert [o for o, _ in calls.fenced] == [owned]

@@ -1,4 +1,5 @@
-"""The limits on one Inject message, checked before anything of it is sent on.
+"""The limits on one Inject message (and one Write batch of parallel ingestion,
+services/worker/ingest.py), checked before anything of it is sent on.
 
 Every limit is a field of :class:`InjectLimits` with its default here and a flag of
 ``millwheel controller`` (docs/service.md, "Limits"); a message over one is refused
@@ -45,10 +46,10 @@ class InjectLimits:
         if msg.stream:
             check_name(msg.stream, f"{where}: stream")
 
-    def check_message(self, msg: Any, index: int, now_us: int) -> list[int]:
-        """Every limit on message ``index``; returns the indexes of records without an
-        ID (the controller assigns them)."""
-        where = f"inject message {index}"
+    def check_message(self, msg: Any, index: int, now_us: int, where: str = "") -> list[int]:
+        """Every limit on message ``index`` (``where`` names it in errors); returns the
+        indexes of records without an ID (the controller assigns them)."""
+        where = where or f"inject message {index}"
         count = len(msg.records)
         if count > self.max_records:
             raise ResourceLimitError(f"{where}: {count} records, over the limit of "
@@ -78,7 +79,7 @@ class InjectLimits:
                     f"{at} (key {m.key[:100]!r}, id {m.id[:100]!r}): timestamp {m.timestamp} ({_iso(m.timestamp)}) is "
                     f"more than --max-future-us={self.max_future_us} ahead of the controller's "
                     f"clock ({_iso(now_us)})")
-        if msg.HasField("watermark"):
+        if "watermark" in msg.DESCRIPTOR.fields_by_name and msg.HasField("watermark"):
             wm = msg.watermark
             if wm >= MAX_TIMESTAMP or wm < MIN_TIMESTAMP:
                 raise InvalidSpecError(

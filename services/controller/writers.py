@@ -1,0 +1,266 @@
+"""Parallel ingestion's control side: routes to an injector's key ranges, and the
+watermarks of its writers (docs/service.md, "Parallel ingestion").
+
+Writers send records straight to the workers owning the injector's ranges
+(services/worker/ingest.py); the controller stays off that path. It answers where the
+ranges are (``InjectRoutes``) and keeps one low watermark per writer
+(``WriterWatermark``): MillWheel's injectors run as many processes, and an injector's
+watermark must hold for every one of them.
+
+**The watermark rule.** An injector's writers' watermark is the least of its *live*
+writers' watermarks, where
+
+* a writer joins at ``InjectRoutes`` (naming itself) at the injector's watermark then
+  (it cannot pull it back: its records below it are late, as any late record);
+* a writer's watermark only rises; ``done`` sets it to +inf (for itself alone);
+* a writer silent (no ``WriterWatermark``, which doubles as its keep-alive) for
+  ``expiry_s`` is dropped: it no longer holds the injector back. If it speaks again it
+  rejoins from then on; records it wrote below the watermark meanwhile are late;
+* the injector closes (+inf) once every live writer is done;
+* the writers' names (and which are done) are kept in the store, written when one joins,
+  is done or expires: a controller taking over loads them, each holding the injector at
+  its watermark then until it speaks again or expires (``expiry_s`` after the takeover).
+
+The result is pushed to every range of the injector as a watermark-only hand-over,
+checkpointed by the range's owner under its token (the range's watermark is then its
+own durable state, as with ``Inject``): each range reports the least of that watermark
+and its outbox's oldest record, and the injector's watermark is the least over its
+ranges. A writer sends its watermark only after every record below it was acked, so a
+record is in a range's outbox (holding it) before the watermark passes it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from millwheel.errors import InvalidSpecError, NotFoundError, ResourceLimitError
+from millwheel.limits import check_name
+from millwheel.nodes import injector_node
+from millwheel.record import MAX_TIMESTAMP, MIN_TIMESTAMP
+from millwheel.topology import InjectorSpec
+
+from ..generated import millwheel_pb2 as pb
+from ..rpc.server import check
+from ..rpc.status import PreconditionError
+from .inject import Injection
+from .plane import ControlPlane
+
+log = logging.getLogger("millwheel.controller")
+Ctx = grpc.ServicerContext
+
+META_PREFIX = "writers/"  #: + injector name: JSON {writer: done}
+WRITER_EXPIRY_S = 30.0  #: a writer silent this long no longer holds its injector's watermark
+MAX_WRITERS = 1024  #: live writers per injector
+
+
+@dataclass
+class Writer:
+    watermark: int
+    seen: float  # time.monotonic() of its last call
+    done: bool = False
+
+
+class Writers:
+    """InjectRoutes and WriterWatermark; the writers' table and the thread pushing each
+    injector's watermark to its ranges. Constructed with the plane and the injection
+    part (its registration on first use and its hand-over to a range's owner)."""
+
+    def __init__(self, plane: ControlPlane, injection: Injection, expiry_s: float = WRITER_EXPIRY_S) -> None:
+        self.plane = plane
+        self.injection = injection
+        self.expiry_s = expiry_s
+        self._lock = threading.Lock()  # the table; never held across a hand-over
+        self._table: dict[str, dict[str, Writer]] = {}  # injector -> writer -> its state
+        self._pushed: dict[str, int] = {}  # injector -> watermark handed to every range
+        self._epoch: int | None = None  # the leader epoch the table belongs to
+        self._wake = threading.Event()
+        self._thread = threading.Thread(target=self._push_loop, name="writer-watermarks", daemon=True)
+        self._thread.start()
+
+    # -- the table ----------------------------------------------------------------------
+    def _current(self) -> None:
+        """Under ``_lock``: a new leader epoch loads the writers kept in the store, each at
+        the least watermark (it holds the injector where it is) and seen now."""
+        epoch = self.plane.led_epoch
+        if epoch == self._epoch:
+            return
+        self._epoch = epoch
+        self._table.clear()
+        self._pushed.clear()
+        now = time.monotonic()
+        for key, raw in self.plane.store.list_meta(META_PREFIX).items():
+            try:
+                kept = json.loads(raw)
+            except ValueError:
+                continue
+            self._table[key[len(META_PREFIX):]] = {
+                name: Writer(MAX_TIMESTAMP if done else MIN_TIMESTAMP, now, bool(done))
+                for name, done in kept.items()}
+
+    def _keep(self, injector: str) -> None:
+        """Under ``_lock``: the writer set of ``injector`` into the store (a join, a done,
+        an expiry: not every watermark)."""
+        writers = self._table.get(injector, {})
+        self.plane.store.put_meta(META_PREFIX + injector,
+                                  json.dumps({n: w.done for n, w in writers.items()}).encode())
+
+    def _target(self, injector: str, now: float) -> int | None:
+        """Under ``_lock``: the least watermark of the live writers (expired ones dropped),
+        or None while it may not move (no live writer, or within the new leader's grace)."""
+        writers = self._table.get(injector)
+        if not writers:
+            return None
+        expired = [n for n, w in writers.items() if not w.done and now - w.seen > self.expiry_s]
+        for name in expired:
+            log.info("writer %r of injector %r silent for %.0f s: it no longer holds the watermark",
+                     name, injector, now - writers[name].seen)
+            del writers[name]
+        if expired:
+            self._keep(injector)
+        if not writers:
+            return None
+        return min(w.watermark for w in writers.values())
+
+    # -- RPCs ---------------------------------------------------------------------------
+    def routes(self, request: Any, context: Ctx) -> pb.InjectRoutesResponse:
+        check(request)
+        where = "InjectRoutes"
+        if not request.injector:
+            raise InvalidSpecError(f"{where}: 'injector' (the injector name) is required")
+        check_name(request.injector, f"{where}: injector")
+        if request.stream:
+            check_name(request.stream, f"{where}: stream")
+        if request.writer:
+            check_name(request.writer, f"{where}: writer")
+        p = self.plane
+        if p.assigner.stopped or p.assigner.draining:
+            raise PreconditionError(f"{where}: this service is stopped with a savepoint or draining "
+                                    "(savepoint create --drain) and takes no more records")
+        spec = self.injection.injector_for(request, where, key_ranges=request.key_ranges or None)
+        node = injector_node(spec.name)
+        watermark = self._node_watermark(spec)
+        if request.writer:
+            now = time.monotonic()
+            with self._lock:
+                self._current()
+                writers = self._table.setdefault(spec.name, {})
+                self._target(spec.name, now)  # drops the expired before counting
+                if request.writer not in writers and len(writers) >= MAX_WRITERS:
+                    raise ResourceLimitError(f"{where}: injector {spec.name!r} has {len(writers)} live "
+                                             f"writers, the most it takes ({MAX_WRITERS})")
+                known = writers.get(request.writer)
+                if known is None:
+                    writers[request.writer] = Writer(watermark, now)
+                    self._keep(spec.name)
+                else:
+                    known.seen = now
+        assigner = p.assigner
+        ranges = []
+        for r in range(spec.key_ranges):
+            owner = assigner.units.get((node, r))
+            worker = assigner.workers.get(owner.worker_id or "") if owner is not None else None
+            if worker is not None and worker.alive and owner is not None:
+                ranges.append(pb.RangeOwner(node=node, range_id=r, worker_id=worker.worker_id,
+                                            worker_address=worker.address, token=owner.token))
+            else:
+                ranges.append(pb.RangeOwner(node=node, range_id=r))
+        return pb.InjectRoutesResponse(
+            injector=spec.name, key_ranges=spec.key_ranges, ranges=ranges,
+            routing_version=assigner.version, writer_expiry_us=int(self.expiry_s * 1e6),
+            watermark=watermark)
+
+    def watermark(self, request: Any, context: Ctx) -> pb.WriterWatermarkResponse:
+        check(request)
+        where = "WriterWatermark"
+        if not request.writer:
+            raise InvalidSpecError(f"{where}: 'writer' (the writer's name, as in InjectRoutes) is required")
+        check_name(request.writer, f"{where}: writer")
+        check_name(request.injector, f"{where}: injector")
+        spec = self.plane.registry.injector(request.injector)
+        if spec is None:
+            raise NotFoundError(f"{where}: no injector named {request.injector!r}; InjectRoutes registers it")
+        value: int | None = None
+        if request.done:
+            value = MAX_TIMESTAMP
+        elif request.HasField("watermark"):
+            value = request.watermark
+            if not MIN_TIMESTAMP <= value < MAX_TIMESTAMP:
+                raise InvalidSpecError(f"{where}: watermark {value} is out of range (below 2^62, the "
+                                       "'done' value); to say this writer is done send done=true")
+            horizon = self.injection.settings.limits.max_future_us
+            now_us = self.plane.clock.now_us()
+            if horizon > 0 and value > now_us + horizon:
+                raise InvalidSpecError(f"{where}: watermark {value} is more than --max-future-us={horizon} "
+                                       "ahead of the controller's clock")
+        now = time.monotonic()
+        with self._lock:
+            self._current()
+            writers = self._table.setdefault(spec.name, {})
+            self._target(spec.name, now)
+            w = writers.get(request.writer)
+            if w is None:  # new here (after a failover or its expiry): it joins now
+                if len(writers) >= MAX_WRITERS:
+                    raise ResourceLimitError(f"{where}: injector {spec.name!r} has {len(writers)} live "
+                                             f"writers, the most it takes ({MAX_WRITERS})")
+                w = writers[request.writer] = Writer(MIN_TIMESTAMP if value is None else value, now)
+                self._keep(spec.name)
+            w.seen = now
+            if value is not None:
+                w.watermark = max(w.watermark, value)
+            if request.done and not w.done:
+                w.done = True
+                self._keep(spec.name)
+            live = sum(1 for x in writers.values() if not x.done)
+        self._wake.set()
+        return pb.WriterWatermarkResponse(watermark=self._node_watermark(spec), live_writers=live)
+
+    def _node_watermark(self, spec: InjectorSpec) -> int:
+        p = self.plane
+        with p.lock:
+            return p.wms.node(injector_node(spec.name), spec.key_ranges)
+
+    # -- pushing ------------------------------------------------------------------------
+    def _push_loop(self) -> None:
+        """Each injector's writers' watermark, when it rose, handed to every range (at most
+        every 50 ms per injector: watermarks coalesce), and expiries checked each second."""
+        p = self.plane
+        while not p.stop.is_set():
+            self._wake.wait(1.0)
+            self._wake.clear()
+            if not p.leading():
+                continue
+            now = time.monotonic()
+            with self._lock:
+                self._current()
+                due = {}
+                for name in list(self._table):
+                    target = self._target(name, now)
+                    if target is not None and target > self._pushed.get(name, MIN_TIMESTAMP):
+                        due[name] = target
+            for name, target in due.items():
+                try:
+                    self._push(name, target)
+                except Exception as exc:  # noqa: BLE001 - pushed again on the next pass
+                    log.info("watermark of injector %r not pushed yet: %s", name, exc)
+                    self._wake.set()
+            p.stop.wait(0.05)
+
+    def _push(self, name: str, target: int) -> None:
+        spec = self.plane.registry.injector(name)
+        if spec is None:
+            return
+        node = injector_node(name)
+        for r in range(spec.key_ranges):
+            batch = pb.DeliverBatch(computation=node, range_id=r, topology_version=self.plane.registry.version,
+                                    watermark=target)
+            self.injection.hand_over(node, batch)
+        with self._lock:
+            self._pushed[name] = max(self._pushed.get(name, MIN_TIMESTAMP), target)
+        log.debug("injector %r: writers' watermark %d pushed to its %d ranges", name, target, spec.key_ranges)

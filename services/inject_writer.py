@@ -1,0 +1,291 @@
+"""A writer of an injector: records straight to the workers owning their key ranges,
+the writer's own watermark to the controller (docs/service.md, "Parallel ingestion").
+
+::
+
+    with ControllerClient() as client, InjectWriter(client, "clicks", stream="clicks") as w:
+        w.write(records)          # pb.Record or millwheel.record.Record; IDs given if missing
+        w.advance(watermark)      # every record below it is durable first
+        w.done()                  # this writer sends no more (the injector closes when all are)
+
+How it goes:
+
+1. ``InjectRoutes`` (at start, and again whenever a worker says a range is not its own or
+   a link breaks): the injector's key-range count and each range's owner. It registers
+   the injector on first use (``stream``) and this writer, whose watermark then holds
+   the injector back.
+2. ``write``: every record gets an ID if it has none (``INJECTOR/wWRITER/N``, fixed before
+   the first send), its range is ``crc32(key) % key_ranges``, and each range's records go
+   in batches of ``batch`` to the range's owner on a kept-open ``Ingest.Write`` stream
+   per worker, up to ``window`` batches unacked per worker. ``write`` returns once its
+   batches are sent; an ack (or a refusal) is read when more room is needed or at
+   :meth:`flush`.
+3. A batch refused as NOT_OWNER, or lost with its link, is sent again to the range's owner
+   as the routes say by then (routes fetched again, waiting while the range has none); a
+   BUSY one (the range's outbox is full: the pipeline is slower than its writers) after
+   a growing pause. A resend is exactly-once because its records keep their IDs:
+   consumers drop an ID they have seen. Past ``timeout_s`` without progress it raises.
+4. ``advance(watermark)``: :meth:`flush` (every record written so far acked), then
+   ``WriterWatermark``. Watermarks sent more often than every ``watermark_every_s`` are
+   coalesced (the last one wins at the next send, or at :meth:`flush`/``done``).
+5. A thread sends a keep-alive ``WriterWatermark`` when the writer has been quiet for a
+   quarter of the controller's writer expiry: a live writer never expires.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import secrets
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any, Iterable
+
+import grpc
+
+from millwheel.errors import MillWheelError
+from millwheel.keys import key_range
+from millwheel.record import Record
+
+from .client import ControllerClient
+from .generated import millwheel_pb2 as pb
+from .generated import millwheel_pb2_grpc as pb_grpc
+from .rpc.status import UnavailableError
+from .rpc.worker_link import LinkError, PeerLink
+
+_RAISE = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED,
+          grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.PERMISSION_DENIED,
+          grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.UNIMPLEMENTED}
+
+
+class WriteError(MillWheelError):
+    """A batch a worker refused for what it is (its status code and message)."""
+
+    def __init__(self, message: str, code: grpc.StatusCode) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+Piece = tuple[int, list[pb.Record]]
+
+
+class InjectWriter:
+    def __init__(
+        self, client: ControllerClient, injector: str, *, stream: str = "", writer: str | None = None,
+        key_ranges: int = 0, batch: int = 2000, window: int = 8, timeout_s: float = 60.0,
+        watermark_every_s: float = 0.2,
+    ) -> None:
+        self.client = client
+        self.injector = injector
+        self.stream = stream
+        self.name = writer or f"w{secrets.token_hex(6)}"
+        self.batch = batch
+        self.window = window
+        self.timeout_s = timeout_s
+        self.watermark_every_s = watermark_every_s
+        self.written = 0  # records acked
+        self.resent = 0  # batches sent again (moved range, lost link, busy)
+        self.route_fetches = 0
+        self._key_ranges = key_ranges
+        self._owners: list[str] = []
+        self._expiry_s = 30.0
+        self._links: dict[str, PeerLink] = {}
+        self._outstanding: deque[tuple[Piece, Future[Any]]] = deque()
+        long_name = len(injector.encode()) + len(self.name.encode()) > 160
+        stem = hashlib.sha256(f"{injector}/{self.name}".encode()).hexdigest()[:32] if long_name else \
+            f"{injector}/w{self.name}"
+        self._prefix = f"{stem}/"
+        self._next_id = 0
+        self._wanted: int | None = None  # a watermark not sent yet (coalesced)
+        self._sent_at = 0.0
+        self.watermark = 0  # the injector's, as the controller last answered
+        self._closed = threading.Event()
+        self._call_lock = threading.Lock()
+        self._routes(first=True)
+        self._keepalive = threading.Thread(target=self._keep_alive, name=f"writer-{self.name}", daemon=True)
+        self._keepalive.start()
+
+    def __enter__(self) -> InjectWriter:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # -- routes -------------------------------------------------------------------------
+    def _routes(self, first: bool = False) -> None:
+        req = pb.InjectRoutesRequest(injector=self.injector, stream=self.stream, writer=self.name,
+                                     key_ranges=self._key_ranges if first else 0)
+        resp = self.client.inject_routes(req)
+        self.route_fetches += 1
+        self._key_ranges = resp.key_ranges
+        self._owners = [o.worker_address for o in sorted(resp.ranges, key=lambda o: o.range_id)]
+        self._expiry_s = resp.writer_expiry_us / 1e6 or 30.0
+        self.watermark = resp.watermark
+
+    def _link(self, address: str) -> PeerLink:
+        link = self._links.get(address)
+        if link is None:
+            sec = self.client.security
+            chan = sec.open_channel(address, sec.client_token, [
+                ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+                ("grpc.max_send_message_length", 64 * 1024 * 1024)])
+            link = self._links[address] = PeerLink(address, self.window, chan=chan,
+                                                   open_stream=lambda ch: pb_grpc.IngestStub(ch).Write)
+        return link
+
+    # -- records ------------------------------------------------------------------------
+    def _proto(self, records: Iterable[pb.Record | Record]) -> list[pb.Record]:
+        out = []
+        for rec in records:
+            if isinstance(rec, Record):
+                m = pb.Record(key=rec.key, value=rec.value, timestamp=rec.timestamp, id=rec.record_id)
+            else:
+                m = rec
+            if not m.id:
+                m.id = f"{self._prefix}{self._next_id}"
+                self._next_id += 1
+            out.append(m)
+        return out
+
+    def write(self, records: Iterable[pb.Record | Record]) -> None:
+        """Send ``records`` to their ranges' owners (step 2); durable once :meth:`flush`
+        (or :meth:`advance`) returns."""
+        n = self._key_ranges
+        groups: list[list[pb.Record]] = [[] for _ in range(n)]
+        for m in self._proto(records):
+            groups[key_range(m.key, n) if n > 1 else 0].append(m)
+        for r, group in enumerate(groups):
+            for start in range(0, len(group), self.batch):
+                self._send((r, group[start:start + self.batch]))
+
+    def _send(self, piece: Piece) -> None:
+        while len(self._outstanding) >= self.window * max(1, len(self._links)):
+            self._settle_one()
+        r, records = piece
+        address = self._owners[r] if r < len(self._owners) else ""
+        if not address:
+            self._resend([piece])
+            return
+        req = pb.WriteRequest(injector=self.injector, range_id=r)
+        req.records.extend(records)
+        fut = self._link(address).send(req, wait_s=self.timeout_s)
+        if fut is None:
+            self._resend([piece])
+            return
+        self._outstanding.append((piece, fut))
+
+    def _settle_one(self) -> None:
+        piece, fut = self._outstanding.popleft()
+        if self._ok(piece, fut) is not None:
+            rest = [piece]
+            self._resend(rest)
+
+    def _ok(self, piece: Piece, fut: Future[Any]) -> str | None:
+        """None if the batch was acked OK, else why not (raises for a refusal of what it is)."""
+        try:
+            ack = fut.result(timeout=self.timeout_s)
+        except FutureTimeout:
+            return "no ack in time"
+        except LinkError as exc:
+            if exc.code in _RAISE:
+                raise WriteError(str(exc), exc.code) from None
+            return str(exc)
+        if ack.status == pb.WriteAck.OK:
+            self.written += len(piece[1])
+            return None
+        if ack.status == pb.WriteAck.BUSY:
+            return "busy"
+        return ack.message or pb.WriteAck.Status.Name(ack.status)
+
+    def _resend(self, pieces: list[Piece]) -> None:
+        """Step 3: each piece sent alone until acked, routes fetched again between tries."""
+        deadline = time.monotonic() + self.timeout_s
+        attempt = 0
+        why = ""
+        while pieces:
+            self.resent += len(pieces)
+            attempt += 1
+            busy = why == "busy"
+            time.sleep(min(1.0, 0.01 * 2 ** min(attempt, 7)) * random.uniform(0.5, 1.0))
+            if not busy:
+                try:
+                    self._routes()
+                except MillWheelError as exc:
+                    why = str(exc)
+            left = []
+            for piece in pieces:
+                r, records = piece
+                address = self._owners[r] if r < len(self._owners) else ""
+                if not address:
+                    why = f"range {r} of injector {self.injector!r} has no live owner"
+                    left.append(piece)
+                    continue
+                req = pb.WriteRequest(injector=self.injector, range_id=r)
+                req.records.extend(records)
+                fut = self._link(address).send(req, wait_s=self.timeout_s)
+                problem = "no room on the link" if fut is None else self._ok(piece, fut)
+                if problem is not None:
+                    why = problem
+                    left.append(piece)
+                else:
+                    deadline = time.monotonic() + self.timeout_s  # progress
+                    attempt = 0
+            pieces = left
+            if pieces and time.monotonic() > deadline:
+                raise UnavailableError(f"injector {self.injector!r}: {len(pieces)} batches not written "
+                                       f"within {self.timeout_s:.0f} s: {why}")
+
+    def flush(self) -> None:
+        """Wait until every record written so far is acked (resending what must be)."""
+        while self._outstanding:
+            self._settle_one()
+
+    # -- watermarks ---------------------------------------------------------------------
+    def advance(self, watermark: int, *, now: bool = False) -> None:
+        """This writer's records from now on are at or after ``watermark`` (step 4)."""
+        self._wanted = watermark if self._wanted is None else max(self._wanted, watermark)
+        if now or time.monotonic() - self._sent_at >= self.watermark_every_s:
+            self._send_watermark()
+
+    def _send_watermark(self, done: bool = False) -> None:
+        self.flush()
+        req = pb.WriterWatermarkRequest(injector=self.injector, writer=self.name, done=done)
+        if self._wanted is not None and not done:
+            req.watermark = self._wanted
+        self._call(req)
+        self._wanted = None
+
+    def _call(self, req: pb.WriterWatermarkRequest) -> None:
+        with self._call_lock:
+            resp = self.client.writer_watermark(req)
+            self._sent_at = time.monotonic()
+            self.watermark = resp.watermark
+
+    def done(self) -> None:
+        """Flush; this writer sends no more records (its watermark is +inf). The injector
+        closes once every live writer is done."""
+        self._send_watermark(done=True)
+
+    def _keep_alive(self) -> None:
+        while not self._closed.wait(max(0.05, self._expiry_s / 4)):
+            if time.monotonic() - self._sent_at >= self._expiry_s / 4:
+                try:
+                    self._call(pb.WriterWatermarkRequest(injector=self.injector, writer=self.name))
+                except Exception:  # noqa: BLE001 - tried again at the next beat
+                    pass
+
+    def close(self) -> None:
+        """Flush what was written (and a coalesced watermark), stop the keep-alive, close
+        the links. A writer closed without :meth:`done` expires at the controller."""
+        try:
+            if self._wanted is not None:
+                self._send_watermark()
+            else:
+                self.flush()
+        finally:
+            self._closed.set()
+            for link in self._links.values():
+                link.close()
