@@ -220,8 +220,8 @@ class ControllerClient:
             sinks=[sink_to_proto(s) for s in sinks])
         return cast(pb.RegisterTopologyResponse, self._unary("RegisterTopology", req, self.timeout_s))
 
-    def register_injector(self, name: str, stream: str) -> pb.RegisterInjectorResponse:
-        req = pb.RegisterInjectorRequest(spec=pb.InjectorSpec(name=name, stream=stream))
+    def register_injector(self, name: str, stream: str, key_ranges: int = 1) -> pb.RegisterInjectorResponse:
+        req = pb.RegisterInjectorRequest(spec=pb.InjectorSpec(name=name, stream=stream, key_ranges=key_ranges))
         return cast(pb.RegisterInjectorResponse, self._unary("RegisterInjector", req, self.timeout_s))
 
     def unregister(self, name: str) -> None:

@@ -14,8 +14,8 @@ How it goes:
    a link breaks): the injector's key-range count and each range's owner. It registers
    the injector on first use (``stream``) and this writer, whose watermark then holds
    the injector back.
-2. ``write``: every record gets an ID if it has none (``INJECTOR/wWRITER/N``, fixed before
-   the first send), its range is ``crc32(key) % key_ranges``, and each range's records go
+2. ``write``: every record gets an ID if it has none (``INJECTOR/wWRITER/SESSION/N``, fixed
+   before the first send), its range is ``crc32(key) % key_ranges``, and each range's records go
    in batches of ``batch`` to the range's owner on a kept-open ``Ingest.Write`` stream
    per worker, up to ``window`` batches unacked per worker. ``write`` returns once its
    batches are sent; an ack (or a refusal) is read when more room is needed or at
@@ -97,7 +97,7 @@ class InjectWriter:
         long_name = len(injector.encode()) + len(self.name.encode()) > 160
         stem = hashlib.sha256(f"{injector}/{self.name}".encode()).hexdigest()[:32] if long_name else \
             f"{injector}/w{self.name}"
-        self._prefix = f"{stem}/"
+        self._prefix = f"{stem}/{secrets.token_hex(6)}/"  # a session: the same writer name later gets other IDs
         self._next_id = 0
         self._wanted: int | None = None  # a watermark not sent yet (coalesced)
         self._sent_at = 0.0

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from millwheel.errors import InvalidSpecError
-from millwheel.record import Record
+from millwheel.record import MIN_TIMESTAMP, Record
 from millwheel.sources import parse_json_record
 from millwheel.spec import load_spec_file, spec_parts
 
@@ -56,6 +56,21 @@ def add_commands(sub: Any) -> None:
     inj.add_argument("--no-watermark", action="store_true", help="do not advance the watermark")
     inj.add_argument("--done", action="store_true",
                      help="this is the injector's last input: advance its watermark to the end")
+    par = inj.add_argument_group(
+        "parallel ingestion (docs/service.md)",
+        "Records go straight to the workers owning the injector's key ranges; the controller "
+        "only says where they are and keeps each writer's watermark.")
+    par.add_argument("--writer", default="inject", metavar="NAME",
+                     help="this writer's name: the injector's watermark is the least of its live "
+                          "writers'; --done says this writer is done (default 'inject': every "
+                          "`millwheel inject` without --writer is the same writer). Give writers "
+                          "that feed one injector at once names of their own")
+    par.add_argument("--key-ranges", type=int, default=0, metavar="N",
+                     help="key ranges of an injector registered by this call (default: the most "
+                          "of its stream's consumers')")
+    par.add_argument("--via-controller", action="store_true",
+                     help="send every record through the controller's Inject instead (one "
+                          "watermark for all callers; what plain gRPC clients use)")
     inj.set_defaults(func=cmd_inject)
 
     wm = client_parser(sub, "watermark", "show low watermarks",
@@ -158,6 +173,10 @@ def _read_records(path: str) -> Iterator[Record]:
 def cmd_inject(args: argparse.Namespace) -> int:
     if args.file != "-" and not Path(args.file).is_file():
         raise InvalidSpecError(f"{args.file}: no such file")
+    if args.batch < 1:
+        raise InvalidSpecError(f"--batch must be at least 1, got {args.batch}")
+    if not args.via_controller:
+        return _inject_direct(args)
     messages = inject_messages(
         args.injector, args.stream, _read_records(args.file), batch=args.batch,
         max_disorder_us=None if args.no_watermark else args.max_disorder_us, done=args.done)
@@ -166,6 +185,38 @@ def cmd_inject(args: argparse.Namespace) -> int:
     data = {"injector": args.injector, "accepted": resp.accepted, "watermark": json_ts(resp.watermark)}
     return emit(args, data, f"injected {resp.accepted} records through {args.injector!r}; "
                  f"injector watermark {fmt_ts(resp.watermark)}")
+
+
+def _inject_direct(args: argparse.Namespace) -> int:
+    """Parallel ingestion (services/inject_writer.py): the records to their ranges' owners,
+    this writer's watermark (the newest timestamp so far minus --max-disorder-us) after
+    each batch, coalesced; --done at the end."""
+    from ..inject_writer import InjectWriter
+
+    newest = MIN_TIMESTAMP
+    with client_for(args) as client:
+        with InjectWriter(client, args.injector, stream=args.stream, writer=args.writer,
+                          key_ranges=args.key_ranges) as writer:
+            chunk: list[Record] = []
+            for rec in _read_records(args.file):
+                chunk.append(rec)
+                newest = max(newest, rec.timestamp)
+                if len(chunk) >= args.batch:
+                    writer.write(chunk)
+                    chunk = []
+                    if not args.no_watermark:
+                        writer.advance(max(MIN_TIMESTAMP, newest - args.max_disorder_us))
+            writer.write(chunk)
+            if args.done:
+                writer.done()
+            elif not args.no_watermark and newest > MIN_TIMESTAMP:
+                writer.advance(max(MIN_TIMESTAMP, newest - args.max_disorder_us), now=True)
+            else:
+                writer.flush()
+        accepted, watermark = writer.written, writer.watermark
+    data = {"injector": args.injector, "accepted": accepted, "watermark": json_ts(watermark)}
+    return emit(args, data, f"injected {accepted} records through {args.injector!r}; "
+                 f"injector watermark {fmt_ts(watermark)}")
 
 
 def cmd_watermark(args: argparse.Namespace) -> int:

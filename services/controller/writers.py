@@ -21,7 +21,8 @@ writers' watermarks, where
   is done or expires: a controller taking over loads them, each holding the injector at
   its watermark then until it speaks again or expires (``expiry_s`` after the takeover).
 
-The result is pushed to every range of the injector as a watermark-only hand-over,
+When it rises (at a ``WriterWatermark``, answered once it is in, or an expiry) it is
+pushed to every range of the injector as a watermark-only hand-over,
 checkpointed by the range's owner under its token (the range's watermark is then its
 own durable state, as with ``Inject``): each range reports the least of that watermark
 and its outbox's oldest record, and the injector's watermark is the least over its
@@ -68,8 +69,8 @@ class Writer:
 
 
 class Writers:
-    """InjectRoutes and WriterWatermark; the writers' table and the thread pushing each
-    injector's watermark to its ranges. Constructed with the plane and the injection
+    """InjectRoutes and WriterWatermark; the writers' table, and the thread that moves an
+    injector's watermark on when a writer expires. Constructed with the plane and the injection
     part (its registration on first use and its hand-over to a range's owner)."""
 
     def __init__(self, plane: ControlPlane, injection: Injection, expiry_s: float = WRITER_EXPIRY_S) -> None:
@@ -80,6 +81,7 @@ class Writers:
         self._table: dict[str, dict[str, Writer]] = {}  # injector -> writer -> its state
         self._pushed: dict[str, int] = {}  # injector -> watermark handed to every range
         self._epoch: int | None = None  # the leader epoch the table belongs to
+        self._pushers: dict[str, threading.Lock] = {}  # injector -> one push at a time
         self._wake = threading.Event()
         self._thread = threading.Thread(target=self._push_loop, name="writer-watermarks", daemon=True)
         self._thread.start()
@@ -218,8 +220,8 @@ class Writers:
                 w.done = True
                 self._keep(spec.name)
             live = sum(1 for x in writers.values() if not x.done)
-        self._wake.set()
-        return pb.WriterWatermarkResponse(watermark=self._node_watermark(spec), live_writers=live)
+        pushed = self.push_due(spec.name)  # in every range before the answer: the writer may rely on it
+        return pb.WriterWatermarkResponse(watermark=pushed, live_writers=live)
 
     def _node_watermark(self, spec: InjectorSpec) -> int:
         p = self.plane
@@ -228,39 +230,43 @@ class Writers:
 
     # -- pushing ------------------------------------------------------------------------
     def _push_loop(self) -> None:
-        """Each injector's writers' watermark, when it rose, handed to every range (at most
-        every 50 ms per injector: watermarks coalesce), and expiries checked each second."""
+        """Expiries (each second, or when woken): an injector whose least live writer
+        expired moves on without it."""
         p = self.plane
         while not p.stop.is_set():
             self._wake.wait(1.0)
             self._wake.clear()
             if not p.leading():
                 continue
-            now = time.monotonic()
             with self._lock:
                 self._current()
-                due = {}
-                for name in list(self._table):
-                    target = self._target(name, now)
-                    if target is not None and target > self._pushed.get(name, MIN_TIMESTAMP):
-                        due[name] = target
-            for name, target in due.items():
+                names = list(self._table)
+            for name in names:
                 try:
-                    self._push(name, target)
+                    self.push_due(name)
                 except Exception as exc:  # noqa: BLE001 - pushed again on the next pass
                     log.info("watermark of injector %r not pushed yet: %s", name, exc)
-                    self._wake.set()
-            p.stop.wait(0.05)
 
-    def _push(self, name: str, target: int) -> None:
-        spec = self.plane.registry.injector(name)
-        if spec is None:
-            return
-        node = injector_node(name)
-        for r in range(spec.key_ranges):
-            batch = pb.DeliverBatch(computation=node, range_id=r, topology_version=self.plane.registry.version,
-                                    watermark=target)
-            self.injection.hand_over(node, batch)
+    def push_due(self, name: str) -> int:
+        """Hand the writers' watermark of injector ``name`` to every range if it rose (one
+        push at a time per injector); returns the watermark pushed."""
         with self._lock:
-            self._pushed[name] = max(self._pushed.get(name, MIN_TIMESTAMP), target)
-        log.debug("injector %r: writers' watermark %d pushed to its %d ranges", name, target, spec.key_ranges)
+            pusher = self._pushers.setdefault(name, threading.Lock())
+        with pusher:
+            with self._lock:
+                self._current()
+                target = self._target(name, time.monotonic())
+                pushed = self._pushed.get(name, MIN_TIMESTAMP)
+            if target is None or target <= pushed:
+                return pushed
+            spec = self.plane.registry.injector(name)
+            if spec is None:
+                return pushed
+            node = injector_node(name)
+            for r in range(spec.key_ranges):
+                batch = pb.DeliverBatch(computation=node, range_id=r, watermark=target,
+                                        topology_version=self.plane.registry.version)
+                self.injection.hand_over(node, batch)
+            with self._lock:
+                self._pushed[name] = pushed = max(self._pushed.get(name, MIN_TIMESTAMP), target)
+            return pushed

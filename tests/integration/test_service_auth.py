@@ -34,6 +34,7 @@ from grpc_reflection.v1alpha import reflection_pb2
 from millwheel.record import Record
 from millwheel.topology import Topology
 from services.generated import millwheel_pb2 as pb
+from services.inject_writer import InjectWriter
 from services.rpc.convert import spec_to_proto
 from services.rpc.security import Security
 from tests.support import pipelines
@@ -113,6 +114,11 @@ def payloads(worker: str) -> dict[str, bytes]:
         "Heartbeat": pb.HeartbeatRequest(worker_id="stranger", address="127.0.0.1:1").SerializeToString(),
         "Deliver": pb.DeliverBatch(computation="injector:events", range_id=0, records=[rec],
                                    watermark=2**62, topology_version=99).SerializeToString(),
+        "Write": pb.WriteRequest(injector="events", range_id=0, records=[rec]).SerializeToString(),
+        "InjectRoutes": pb.InjectRoutesRequest(injector="intruder", stream="events",
+                                               writer="intruder").SerializeToString(),
+        "WriterWatermark": pb.WriterWatermarkRequest(injector="events", writer="intruder",
+                                                     done=True).SerializeToString(),
         "ServerReflectionInfo": reflection_pb2.ServerReflectionRequest(list_services="").SerializeToString(),
     }
 
@@ -158,6 +164,7 @@ def test_every_rpc_refuses_missing_and_wrong_tokens_and_changes_nothing(secured:
     targets = [(pb.DESCRIPTOR.services_by_name["Controller"], [c.address], False),
                (pb.DESCRIPTOR.services_by_name["Cluster"], [c.address], True),
                (pb.DESCRIPTOR.services_by_name["Worker"], [worker], True),
+               (pb.DESCRIPTOR.services_by_name["Ingest"], [worker], False),
                (REFLECTION, [c.address, worker], False)]
     assert {s.name for s, _, _ in targets} >= set(pb.DESCRIPTOR.services_by_name), \
         "a millwheel service is not covered"
@@ -176,6 +183,7 @@ def test_every_rpc_refuses_missing_and_wrong_tokens_and_changes_nothing(secured:
                     assert "internal to the cluster" in details
                 checked.append(f"{service.name}/{method.name}")
     assert "Controller/Inject" in checked and "Cluster/Heartbeat" in checked and "Worker/Deliver" in checked
+    assert "Ingest/Write" in checked
     assert len(checked) >= sum(len(s.methods) for s, _, _ in targets)
 
     time.sleep(0.5)  # a heartbeat or delivery that got through would show by now
@@ -187,6 +195,12 @@ def test_every_rpc_refuses_missing_and_wrong_tokens_and_changes_nothing(secured:
     assert call(c.address, pb.DESCRIPTOR.services_by_name["Controller"],
                 pb.DESCRIPTOR.services_by_name["Controller"].methods_by_name["ClusterStatus"],
                 b"", TOKEN)[0] == grpc.StatusCode.OK
+    # and parallel ingestion (the worker's public Ingest service) with the client token
+    with InjectWriter(c.client, "events", writer="with-token") as w:
+        w.write([pb.Record(key="k", value=b'{"user": "u1", "n": 1}', timestamp=2_000 * pipelines.SECOND,
+                           id="with-token-1")])
+        w.flush()
+    assert w.written == 1
 
 
 def test_health_answers_without_a_token(secured: Cluster) -> None:

@@ -126,7 +126,7 @@ class Cluster:
     # -- a user's actions ----------------------------------------------------------------
     def register(self, topology: Topology) -> None:
         for inj in topology.injectors:
-            self.client.register_injector(inj.name, inj.stream)
+            self.client.register_injector(inj.name, inj.stream, inj.key_ranges)
         for spec in topology.computations:
             logged = [s for s in spec.all_outputs() if s in topology.log_streams]
             self.client.register_computation(spec_to_proto(spec), logged)

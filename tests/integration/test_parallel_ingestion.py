@@ -1,0 +1,176 @@
+"""Parallel ingestion (docs/service.md, "Parallel ingestion"): writers send an injector's
+records straight to the workers owning its key ranges, each writer with its own
+watermark; the injector's watermark is the least of its live writers'.
+
+Real controller and worker processes on loopback (tests/support/service_cluster.py),
+written to with :class:`services.inject_writer.InjectWriter` as a user's program would.
+Exactly-once is checked record by record against the failure-free local run, also with a
+worker killed -9 while the writers write.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Iterator
+
+import grpc
+import pytest
+
+from millwheel.record import MAX_TIMESTAMP, MIN_TIMESTAMP, Record
+from millwheel.topology import InjectorSpec, Topology
+from services.generated import millwheel_pb2 as pb
+from services.generated import millwheel_pb2_grpc as pb_grpc
+from services.inject_writer import InjectWriter, WriteError
+from services.rpc.server import channel
+from tests.support import pipelines
+from tests.support.service_cluster import PIPELINE_CODE, Cluster, expected_outputs, start_cluster, wait_for
+
+pytestmark = pytest.mark.timeout(240)
+SECOND = 1_000_000
+DISORDER = 2 * SECOND
+
+
+def keyed(records: list[Record]) -> list[Record]:
+    """The workload with each record keyed by its user (spread over the injector's ranges)."""
+    return [Record(json.loads(r.value)["user"], r.value, r.timestamp, r.record_id) for r in records]
+
+
+def topology(injector_ranges: int = 4) -> Topology:
+    base = pipelines.topology(key_ranges=3)
+    return Topology(base.computations, (InjectorSpec("events", "events", key_ranges=injector_ranges),),
+                    base.log_streams)
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    c = start_cluster(tmp_path, workers=2, allow_code=PIPELINE_CODE, controller_args=["--writer-expiry", "3"])
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+def write_share(c: Cluster, name: str, records: list[Record], *, done: bool = True, batch: int = 60) -> None:
+    """One writer: its records message by message, its watermark the newest time it has
+    sent minus the disorder bound after each."""
+    with InjectWriter(c.client, "events", stream="events", writer=name, timeout_s=60) as w:
+        newest = MIN_TIMESTAMP
+        for i in range(0, len(records), batch):
+            chunk = records[i:i + batch]
+            w.write(chunk)
+            newest = max(newest, *(r.timestamp for r in chunk))
+            w.advance(newest - DISORDER)
+            time.sleep(0.01)
+        if done:
+            w.done()
+
+
+def test_two_writers_feed_one_injector_across_workers_exactly_once(cluster: Cluster, tmp_path: Path) -> None:
+    topo = topology()
+    cluster.register(topo)
+    records = keyed(pipelines.workload(n=1200))
+    shares = [records[0::2], records[1::2]]
+    threads = [threading.Thread(target=write_share, args=(cluster, f"w{i}", share)) for i, share in enumerate(shares)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    cluster.wait_watermark("totals", MAX_TIMESTAMP, timeout=90)
+    want = expected_outputs(tmp_path, topo, pipelines.sources(records, DISORDER), ("counts", "totals"))
+    assert cluster.outputs("counts") == want["counts"]
+    assert cluster.outputs("totals") == want["totals"]
+    # the injector's four ranges were spread over both workers: both took records
+    owners = {r.worker_id for r in cluster.client.status().ranges if r.node == "injector:events"}
+    assert len(owners) == 2
+
+
+def test_a_worker_killed_while_writers_write_loses_and_repeats_nothing(cluster: Cluster, tmp_path: Path) -> None:
+    topo = topology()
+    cluster.register(topo)
+    cluster.start_worker()
+    cluster.wait_balanced()
+    records = keyed(pipelines.workload(n=1500))
+    shares = [records[0::2], records[1::2]]
+    threads = [threading.Thread(target=write_share, args=(cluster, f"w{i}", share)) for i, share in enumerate(shares)]
+    for t in threads:
+        t.start()
+    time.sleep(1.0)
+    os.kill(cluster.workers[0].pid, signal.SIGKILL)  # owns some of the injector's ranges
+    for t in threads:
+        t.join(180)
+        assert not t.is_alive()
+    cluster.wait_watermark("totals", MAX_TIMESTAMP, timeout=120)
+    want = expected_outputs(tmp_path, topo, pipelines.sources(records, DISORDER), ("counts", "totals"))
+    assert cluster.outputs("counts") == want["counts"]
+    assert cluster.outputs("totals") == want["totals"]
+
+
+def injector_wm(c: Cluster) -> int:
+    return c.client.watermarks("injector:events")[0].low_watermark
+
+
+def test_the_injector_watermark_is_the_least_of_its_live_writers(cluster: Cluster) -> None:
+    cluster.register(topology())
+    a = InjectWriter(cluster.client, "events", writer="a")
+    b = InjectWriter(cluster.client, "events", writer="b")
+    c = InjectWriter(cluster.client, "events", writer="c")
+    try:
+        a.advance(5_000 * SECOND, now=True)
+        c.advance(4_000 * SECOND, now=True)
+        b.advance(3_000 * SECOND, now=True)
+        wait_for(lambda: injector_wm(cluster) == 3_000 * SECOND, 20, "the least writer's watermark")
+        time.sleep(1.0)
+        assert injector_wm(cluster) == 3_000 * SECOND  # b holds it: not past
+        a.done()  # done for itself alone: b and c still hold the injector
+        time.sleep(1.0)
+        assert injector_wm(cluster) == 3_000 * SECOND
+        b.close()  # b vanishes (no done): after the expiry (3 s here) it holds nothing
+        wait_for(lambda: injector_wm(cluster) == 4_000 * SECOND, 30, "b to expire")
+        # a writer joining later starts at the injector's watermark: it cannot pull it back
+        d = InjectWriter(cluster.client, "events", writer="d")
+        d.advance(3_500 * SECOND, now=True)
+        time.sleep(1.0)
+        assert injector_wm(cluster) == 4_000 * SECOND
+        d.done()
+        c.done()  # every live writer done: the injector is closed
+        wait_for(lambda: injector_wm(cluster) == MAX_TIMESTAMP, 20, "the injector to close")
+        late = InjectWriter(cluster.client, "events", writer="late")
+        with pytest.raises(WriteError) as err:
+            late.write([Record("k", b"{}", 9_000 * SECOND, "late-1")])
+            late.flush()
+        assert err.value.code == grpc.StatusCode.FAILED_PRECONDITION and "closed" in str(err.value)
+    finally:
+        for w in (a, b, c):
+            w._closed.set()
+
+
+def test_write_refuses_what_is_not_an_injector_range(cluster: Cluster) -> None:
+    """The client token opens Ingest.Write, and it reaches injector ranges only: a batch for
+    an unknown injector or a range it does not have, or records without IDs, is refused
+    and changes nothing."""
+    cluster.register(topology())
+    routes = cluster.client.inject_routes(pb.InjectRoutesRequest(injector="events"))
+    address = next(o.worker_address for o in routes.ranges if o.worker_address)
+    stub = pb_grpc.IngestStub(channel(address))
+
+    def one(req: pb.WriteRequest) -> pb.WriteAck:
+        return next(iter(stub.Write(iter([req]), timeout=10)))
+
+    r = next(o.range_id for o in routes.ranges if o.worker_address == address)
+    # (the worker learns the registry at its next heartbeat: until then it knows no injector)
+    wait_for(lambda: one(pb.WriteRequest(injector="events", range_id=r)).status == pb.WriteAck.OK, 20,
+             "the worker to know the injector")
+    ack = one(pb.WriteRequest(injector="parse", range_id=0, records=[pb.Record(key="k", value=b"{}", id="x")]))
+    assert ack.status == pb.WriteAck.NOT_OWNER and "no injector" in ack.message
+    with pytest.raises(grpc.RpcError) as err:
+        one(pb.WriteRequest(injector="events", range_id=9, records=[pb.Record(key="k", value=b"{}", id="x")]))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "range_id 9" in err.value.details()
+    with pytest.raises(grpc.RpcError) as err:
+        one(pb.WriteRequest(injector="events", range_id=r, records=[pb.Record(key="k", value=b"{}")]))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "needs an 'id'" in err.value.details()
+    assert cluster.outputs("counts") == []
