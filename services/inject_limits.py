@@ -77,8 +77,8 @@ class InjectLimits:
             if m.timestamp > horizon:
                 raise InvalidSpecError(
                     f"{at} (key {m.key[:100]!r}, id {m.id[:100]!r}): timestamp {m.timestamp} ({_iso(m.timestamp)}) is "
-                    f"more than --max-future-us={self.max_future_us} ahead of the controller's "
-                    f"clock ({_iso(now_us)})")
+                    f"more than --max-future-us={self.max_future_us} ahead of the "
+                    f"service's clock ({_iso(now_us)})")
         if "watermark" in msg.DESCRIPTOR.fields_by_name and msg.HasField("watermark"):
             wm = msg.watermark
             if wm >= MAX_TIMESTAMP or wm < MIN_TIMESTAMP:

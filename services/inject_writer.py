@@ -53,7 +53,7 @@ from millwheel.record import Record
 from .client import ControllerClient
 from .generated import millwheel_pb2 as pb
 from .generated import millwheel_pb2_grpc as pb_grpc
-from .rpc.status import UnavailableError
+from .rpc.status import UnavailableError, error_class
 from .rpc.worker_link import LinkError, PeerLink
 
 _RAISE = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -61,12 +61,13 @@ _RAISE = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED,
           grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.UNIMPLEMENTED}
 
 
-class WriteError(MillWheelError):
-    """A batch a worker refused for what it is (its status code and message)."""
-
-    def __init__(self, message: str, code: grpc.StatusCode) -> None:
-        super().__init__(message)
-        self.code = code
+def refused(exc: LinkError) -> MillWheelError:
+    """A batch a worker refused for what it is: the error of its status (``.status``), as
+    the controller client raises them, with the worker's message."""
+    assert exc.code is not None
+    err = error_class(exc.code)(f"{exc.details} [{exc.code.name}]")
+    err.status = exc.code  # type: ignore[attr-defined]
+    return err
 
 
 Piece = tuple[int, list[pb.Record]]
@@ -111,8 +112,11 @@ class InjectWriter:
     def __enter__(self) -> InjectWriter:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+        if exc_type is not None:  # a failed write: send no watermark past what is not in
+            self._shut()
+        else:
+            self.close()
 
     # -- routes -------------------------------------------------------------------------
     def _routes(self, first: bool = False) -> None:
@@ -191,7 +195,7 @@ class InjectWriter:
             return "no ack in time"
         except LinkError as exc:
             if exc.code in _RAISE:
-                raise WriteError(str(exc), exc.code) from None
+                raise refused(exc) from None
             return str(exc)
         if ack.status == pb.WriteAck.OK:
             self.written += len(piece[1])
@@ -286,6 +290,9 @@ class InjectWriter:
             else:
                 self.flush()
         finally:
-            self._closed.set()
-            for link in self._links.values():
-                link.close()
+            self._shut()
+
+    def _shut(self) -> None:
+        self._closed.set()
+        for link in self._links.values():
+            link.close()

@@ -33,9 +33,10 @@ class LinkError(Exception):
     """The stream to a destination broke; pending batches must be retried. ``code``: the
     status the receiver ended the stream with, if it did (None: the link broke)."""
 
-    def __init__(self, message: str, code: grpc.StatusCode | None = None) -> None:
+    def __init__(self, message: str, code: grpc.StatusCode | None = None, details: str = "") -> None:
         super().__init__(message)
         self.code = code
+        self.details = details
 
 
 class PeerLink:
@@ -126,7 +127,8 @@ class PeerLink:
                     self._room.release()
                     fut.set_result(ack)
         except grpc.RpcError as exc:
-            error = LinkError(f"stream to {self.address} failed: {exc.code().name}: {exc.details()}", exc.code())
+            error = LinkError(f"stream to {self.address} failed: {exc.code().name}: {exc.details()}", exc.code(),
+                              str(exc.details()))
         except Exception as exc:  # pragma: no cover - defensive
             error = LinkError(f"stream to {self.address} failed: {exc}")
         self._fail(q, error)

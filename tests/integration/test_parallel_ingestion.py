@@ -21,11 +21,12 @@ from typing import Iterator
 import grpc
 import pytest
 
+from millwheel.errors import MillWheelError
 from millwheel.record import MAX_TIMESTAMP, MIN_TIMESTAMP, Record
 from millwheel.topology import InjectorSpec, Topology
 from services.generated import millwheel_pb2 as pb
 from services.generated import millwheel_pb2_grpc as pb_grpc
-from services.inject_writer import InjectWriter, WriteError
+from services.inject_writer import InjectWriter
 from services.rpc.server import channel
 from tests.support import pipelines
 from tests.support.service_cluster import PIPELINE_CODE, Cluster, expected_outputs, start_cluster, wait_for
@@ -140,10 +141,11 @@ def test_the_injector_watermark_is_the_least_of_its_live_writers(cluster: Cluste
         c.done()  # every live writer done: the injector is closed
         wait_for(lambda: injector_wm(cluster) == MAX_TIMESTAMP, 20, "the injector to close")
         late = InjectWriter(cluster.client, "events", writer="late")
-        with pytest.raises(WriteError) as err:
+        with pytest.raises(MillWheelError) as err:
             late.write([Record("k", b"{}", 9_000 * SECOND, "late-1")])
             late.flush()
-        assert err.value.code == grpc.StatusCode.FAILED_PRECONDITION and "closed" in str(err.value)
+        assert getattr(err.value, "status", None) == grpc.StatusCode.FAILED_PRECONDITION
+        assert "injector 'events' is closed" in str(err.value)
     finally:
         for w in (a, b, c):
             w._closed.set()
