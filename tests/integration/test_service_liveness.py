@@ -35,8 +35,8 @@ from millwheel.record import Record
 from millwheel.sources import ListSource
 from millwheel.topology import CodeRef, ComputationSpec, InjectorSpec, InputSpec, Options, Topology
 from services.client import ControllerClient
-from services.inject_limits import InjectLimits
 from services.generated import millwheel_pb2 as pb
+from services.inject_limits import InjectLimits
 from services.rpc.server import channel
 from tests.support.service_cluster import PIPELINE_CODE, Cluster, expected_outputs, wait_for
 

@@ -39,7 +39,6 @@ from services.controller.ha import Leadership
 from services.controller.heartbeat_rpc import Heartbeats
 from services.controller.inject import Injection, InjectSettings, WorkerLinks
 from services.controller.leader import Elector, LeaderStore
-from services.inject_limits import InjectLimits
 from services.controller.plane import ControlPlane, Timeouts
 from services.controller.registration import Registration
 from services.controller.registry import Registry
@@ -47,6 +46,7 @@ from services.controller.rescale import Rescaling
 from services.controller.savepoint import Savepoints
 from services.controller.update import Updates
 from services.generated import millwheel_pb2 as pb
+from services.inject_limits import InjectLimits
 from services.rpc.controller_link import LEADER_METADATA
 from services.rpc.convert import sink_to_proto, spec_to_proto
 from services.rpc.status import NotLeaderError, PreconditionError
