@@ -42,7 +42,7 @@ import time
 from collections import deque
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, TypeVar
 
 import grpc
 
@@ -71,6 +71,7 @@ def refused(exc: LinkError) -> MillWheelError:
 
 
 Piece = tuple[int, list[pb.Record]]
+T = TypeVar("T")
 
 
 class InjectWriter:
@@ -122,12 +123,24 @@ class InjectWriter:
     def _routes(self, first: bool = False) -> None:
         req = pb.InjectRoutesRequest(injector=self.injector, stream=self.stream, writer=self.name,
                                      key_ranges=self._key_ranges if first else 0)
-        resp = self.client.inject_routes(req)
+        resp = self._controller(lambda: self.client.inject_routes(req))
         self.route_fetches += 1
         self._key_ranges = resp.key_ranges
         self._owners = [o.worker_address for o in sorted(resp.ranges, key=lambda o: o.range_id)]
         self._expiry_s = resp.writer_expiry_us / 1e6 or 30.0
         self.watermark = resp.watermark
+
+    def _controller(self, call: Callable[[], T]) -> T:
+        """A controller call, tried again while no controller leads (a failover, a restart)
+        for up to ``timeout_s``."""
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            try:
+                return call()
+            except UnavailableError:
+                if time.monotonic() > deadline or self._closed.is_set():
+                    raise
+                time.sleep(0.2)
 
     def _link(self, address: str) -> PeerLink:
         link = self._links.get(address)
@@ -264,7 +277,7 @@ class InjectWriter:
 
     def _call(self, req: pb.WriterWatermarkRequest) -> None:
         with self._call_lock:
-            resp = self.client.writer_watermark(req)
+            resp = self._controller(lambda: self.client.writer_watermark(req))
             self._sent_at = time.monotonic()
             self.watermark = resp.watermark
 

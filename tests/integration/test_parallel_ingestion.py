@@ -151,6 +151,31 @@ def test_the_injector_watermark_is_the_least_of_its_live_writers(cluster: Cluste
             w._closed.set()
 
 
+def test_a_new_controller_knows_the_writers_a_lagging_one_still_holds_the_injector(cluster: Cluster) -> None:
+    """The writers' names are kept in the store: after the controller is killed -9 and
+    started again, a writer that has not spoken since still holds the injector back, where
+    a controller knowing only the writers that spoke would move it past that writer."""
+    cluster.register(topology())
+    a = InjectWriter(cluster.client, "events", writer="a")
+    b = InjectWriter(cluster.client, "events", writer="b")
+    try:
+        a.advance(5_000 * SECOND, now=True)
+        b.advance(3_000 * SECOND, now=True)
+        wait_for(lambda: injector_wm(cluster) == 3_000 * SECOND, 20, "the least writer's watermark")
+        assert cluster.controller is not None
+        os.kill(cluster.controller.pid, signal.SIGKILL)
+        cluster.controller.wait(10)
+        cluster.start_controller()
+        a.advance(6_000 * SECOND, now=True)  # b has not spoken to the new controller
+        time.sleep(1.0)
+        assert injector_wm(cluster) == 3_000 * SECOND
+        b.advance(4_000 * SECOND, now=True)
+        wait_for(lambda: injector_wm(cluster) == 4_000 * SECOND, 20, "b's watermark")
+    finally:
+        for w in (a, b):
+            w._closed.set()
+
+
 def test_write_refuses_what_is_not_an_injector_range(cluster: Cluster) -> None:
     """The client token opens Ingest.Write, and it reaches injector ranges only: a batch for
     an unknown injector or a range it does not have, or records without IDs, is refused
