@@ -98,8 +98,9 @@ class Receiver:
 
     def inject(self, node: str, range_id: int, records: list[Record], watermark: int | None) -> pb.DeliverAck:
         """Injected records (from the controller, or a client writing straight to this
-        worker: services/worker/ingest.py): checkpoint them into the outbox of the
-        injector's range ``range_id``."""
+        worker: services/worker/ingest.py) to their consumers: delivered at once when the
+        range's outbox is empty, and what was not acked in time checkpointed into the
+        outbox of the injector's range ``range_id`` (with the watermark) before the ack."""
         owned = self.shared.units.get((node, range_id))
         name = name_of(node)
         stream = next((i.stream for i in self.shared.topology.injectors if i.name == name), None)
@@ -122,8 +123,15 @@ class Receiver:
                     status=pb.DeliverAck.BUSY, watermark=owned.injector_wm,
                     message=f"injector {name!r} is busy: {outbox.in_memory()} records wait in its "
                             f"outbox for its consumers (limit {self.max_injector_outbox})")
+            productions = [p for r in records for p in self.shared.router.fan_out(stream, r)]
+            if productions and not len(outbox):
+                # Delivered now, as weak productions are (commit, below): the sender holds
+                # the records until this ack, so only what no consumer acked in time needs
+                # the outbox (a store write and delete a record saved). A crash before the
+                # ack makes the sender resend; consumers drop the IDs they have.
+                productions = self._deliver_weak(node, productions)
             try:
-                owned.inject(records, watermark, self.shared.router, stream, self.clock.now_us())
+                owned.inject(productions, watermark, self.clock.now_us())
             except FencedError as exc:
                 self._fenced(owned, exc)
                 return pb.DeliverAck(status=pb.DeliverAck.NOT_OWNER, message=str(exc))

@@ -21,10 +21,9 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from millwheel.record import MAX_TIMESTAMP, MIN_TIMESTAMP, Record
+from millwheel.record import MAX_TIMESTAMP, MIN_TIMESTAMP
 from millwheel.runtime.outbox import Outbox
 from millwheel.runtime.range_worker import RangeWorker
-from millwheel.runtime.routing import Router
 from millwheel.state.protocol import Checkpoint, Production, StateStore
 
 from ..generated import millwheel_pb2 as pb
@@ -157,13 +156,16 @@ class OwnedRange:
     def is_injector(self) -> bool:
         return self.worker is None
 
-    def inject(self, records: list[Record], watermark: int | None, router: Router,
-               stream: str, now_us: int) -> None:
-        """Checkpoint injected records and the injector's watermark into this range's
-        outbox (under its token), the way :class:`~millwheel.runtime.injector.InjectorWorker`
-        checkpoints a source batch; the controller acks its client only after this."""
-        productions = [p for r in records for p in router.fan_out(stream, r)]
+    def inject(self, productions: list[Production], watermark: int | None, now_us: int) -> None:
+        """Checkpoint the productions of injected records (those the receiver did not
+        deliver at once: services/worker/receive.py) and the injector's watermark into
+        this range's outbox (under its token), the way
+        :class:`~millwheel.runtime.injector.InjectorWorker` checkpoints a source batch;
+        the sender is acked only after this. Nothing to keep (all delivered, the
+        watermark unchanged): no checkpoint."""
         wm = self.injector_wm if watermark is None else max(self.injector_wm, watermark)
+        if not productions and wm == self.injector_wm and watermark is None:
+            return
         writes: dict[str, bytes | None] = {}
         if wm != self.injector_wm or not productions:  # unchanged: no write
             writes[injector_wm_key(self.range_id)] = str(wm).encode()

@@ -284,7 +284,7 @@ def injected(tmp_path: Path) -> Iterator[tuple[SQLiteStore, Shared, OwnedRange, 
     owned = own_injector(shared, store)
     keys = {0: keys_in(0), 1: keys_in(1)}
     with owned.lock:
-        owned.inject(records(keys[0] + keys[1]), None, shared.router, "events", 1)
+        owned.inject([p for r in records(keys[0] + keys[1]) for p in shared.router.fan_out("events", r)], None, 1)
     yield store, shared, owned, keys
     store.close()
 
