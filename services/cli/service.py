@@ -320,6 +320,7 @@ def cmd_up(args: argparse.Namespace) -> int:
                                 start_new_session=True, env=env)
     # Every child is stopped on the way out, whatever the way: a controller that never
     # answers, Ctrl-C while starting, an error, or the end of a normal run.
+    store_probe = StoreProbe(args.store)
     try:
         procs += [controller_proc(i) for i in range(first)]
         with ControllerClient(controller, security=client_sec) as client:
@@ -329,8 +330,10 @@ def cmd_up(args: argparse.Namespace) -> int:
                     client.status()
                     break
                 except Exception:
-                    if all(p.poll() is not None for p in procs) or time.monotonic() > deadline:
-                        print("millwheel up: the controller did not start", file=sys.stderr)
+                    cause = store_probe.failure()
+                    if cause or all(p.poll() is not None for p in procs) or time.monotonic() > deadline:
+                        print("millwheel up: the controller did not start"
+                              + (f": cannot open the store: {cause}" if cause else ""), file=sys.stderr)
                         return 1
                     time.sleep(0.1)
             procs += [worker() for _ in range(args.workers)]
@@ -370,6 +373,57 @@ def cmd_up(args: argparse.Namespace) -> int:
         for p in procs[:first]:
             _reap(p, 10)
     return 0
+
+
+class StoreProbe:
+    """``up`` opens a Redis store itself, as its controllers do (``open_store``), but with
+    short timeouts (:data:`PROBE_QUERY`), in a thread while they start: a Redis that is
+    down or does not answer is named within seconds, where the controller would retry
+    for 30 s and ``up`` say only that it did not start. (A SQLite store's error comes
+    at once, from the controller itself.)"""
+
+    #: The probe's timeouts: lower ones given in the URL are kept.
+    PROBE_QUERY = {"connect_timeout": 2.0, "socket_timeout": 2.0, "retry_deadline": 4.0}
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._failure: str | None = None
+        self._done = threading.Event()
+        if url.split(":", 1)[0] in ("redis", "rediss"):
+            threading.Thread(target=self._run, name="store-probe", daemon=True).start()
+        else:
+            self._done.set()
+
+    def failure(self) -> str | None:
+        """Why the store cannot be opened, once the probe failed; else None."""
+        return self._failure if self._done.is_set() else None
+
+    def _run(self) -> None:
+        from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+        from millwheel.state import open_store
+        from millwheel.state.url_display import redact
+
+        parts = urlsplit(self.url)
+        query = dict(parse_qsl(parts.query, keep_blank_values=True))
+        for name, limit in self.PROBE_QUERY.items():
+            try:
+                given = float(query.get(name, limit))
+            except ValueError:
+                continue  # the store's own parsing says what is wrong with it
+            query[name] = f"{min(given, limit) if given > 0 else limit:g}"
+        probe_url = urlunsplit(parts._replace(query=urlencode(query)))
+        try:
+            store = open_store(probe_url)
+            try:
+                store.get_meta("up-probe")
+            finally:
+                store.close()
+        except Exception as exc:  # noqa: BLE001 - whatever it is, it is the cause to name
+            message = str(exc).replace(redact(probe_url), redact(self.url))
+            self._failure = message if redact(self.url) in message else f"{redact(self.url)}: {message}"
+        finally:
+            self._done.set()
 
 
 def _free_ports(host: str, n: int) -> list[int]:

@@ -10,9 +10,11 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from tests.integration.test_up_cleanup import children, up
+from tests.support.redis_server import RedisServer, free_port
 from tests.support.service_cluster import ROOT, wait_for
 
 
@@ -41,3 +43,35 @@ def test_up_on_port_0_takes_free_ports_and_says_which(tmp_path: Path) -> None:
         proc.send_signal(signal.SIGINT)
         proc.wait(60)
     assert not children(ports[0]) and not children(ports[1])
+
+
+def test_up_on_a_redis_that_is_down_or_refuses_says_why_at_once(tmp_path: Path) -> None:
+    port = free_port()  # nothing listens there
+    started = time.monotonic()
+    proc = up(tmp_path, 0, "--ui-port", "-1", "--store", f"redis://127.0.0.1:{port}/0")
+    assert proc.wait(60) == 1
+    took = time.monotonic() - started
+    text = (tmp_path / "up.log").read_text()
+    assert "the controller did not start: cannot open the store: " \
+           f"redis://127.0.0.1:{port}/0: " in text and "Connection refused" in text, text
+    assert took < 12, (took, text)  # not the 20 s up waits for a controller, nor the store's 30 s
+
+    with RedisServer(requirepass="s3cret") as server:
+        proc = up(tmp_path, 0, "--ui-port", "-1", "--store", f"redis://127.0.0.1:{server.port}/0")
+        assert proc.wait(60) == 1
+        text = (tmp_path / "up.log").read_text()
+        assert "cannot open the store" in text and "authenticated" in text, text
+        # The password where the store looks for it: up starts (the probe in its way of nothing).
+        with open(tmp_path / "up.log", "wb") as log:
+            proc = subprocess.Popen([sys.executable, "-m", "services.cli", "up", "--port", "0", "--no-auth",
+                                     "--ui-port", "-1", "--metrics-port", "-1", "--workers", "1",
+                                     "--store", f"redis://127.0.0.1:{server.port}/0"], cwd=tmp_path,
+                                    env={**os.environ, "PYTHONPATH": str(ROOT),
+                                         "MILLWHEEL_REDIS_PASSWORD": "s3cret"}, stdout=log, stderr=log)
+        try:
+            wait_for(lambda: "millwheel is up" in (tmp_path / "up.log").read_text() or proc.poll() is not None,
+                     60, "up to start")
+            assert proc.poll() is None, (tmp_path / "up.log").read_text()
+        finally:
+            proc.send_signal(signal.SIGINT)
+            proc.wait(60)
