@@ -137,7 +137,8 @@ def free_port() -> int:
 #: Store kinds: SQLite; one redis-server without AOF, AOF everysec, AOF always; a Redis
 #: Cluster of 3 masters + 3 replicas with AOF always (tests/support/redis_cluster.py),
 #: and the same with ``wait_replicas=1`` (each write waits for its replica: docs/redis.md).
-STORE_KINDS = ("sqlite", "redis", "redis-aof", "redis-always", "redis-cluster", "redis-cluster-wait")
+STORE_KINDS = ("sqlite", "redis", "redis-aof", "redis-always", "redis-cluster", "redis-cluster-wait",
+               "redis-cluster-noaof")
 
 
 def private_store(kind: str, tmp: Path) -> tuple[str, Any]:
@@ -145,6 +146,11 @@ def private_store(kind: str, tmp: Path) -> tuple[str, Any]:
         raise ValueError(f"store kind {kind!r} is not one of {', '.join(STORE_KINDS)}")
     if kind == "sqlite":
         return f"sqlite:///{tmp}/service.db", None
+    if kind == "redis-cluster-noaof":  # 3 masters, no replicas, no AOF: the store sharded (scale-out)
+        from tests.support.redis_cluster import RedisClusterNodes
+
+        nodes = RedisClusterNodes(replicas=0, appendonly=False)
+        return nodes.url, nodes
     if kind.startswith("redis-cluster"):  # 3 masters + 3 replicas, AOF always (bench/cases/ha.py)
         from tests.support.redis_cluster import RedisClusterNodes
 

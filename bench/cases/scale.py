@@ -1,7 +1,8 @@
 """The scale-out figure: the three-stage pipeline across ``millwheel up --workers W``,
 fed by parallel ingestion (several writer processes, ``InjectWriter``).
 
-For each store (SQLite, or a private ``redis-server`` without AOF) and each worker count W,
+For each store (SQLite, a private ``redis-server`` without AOF, or ``redis-cluster-noaof``: a
+private Redis Cluster of 3 masters without replicas or AOF, the store sharded) and each worker count W,
 on a fresh store:
 
 * ``millwheel up --workers W``; the three-stage pipeline (bench/pipelines.py: parse ->
@@ -57,7 +58,7 @@ from millwheel.record import MIN_TIMESTAMP
 from services.client import ControllerClient
 from services.rpc.convert import spec_to_proto
 
-STORES = ("sqlite", "redis")
+STORES = ("sqlite", "redis", "redis-cluster-noaof")
 
 
 # -- the writer processes --------------------------------------------------------------

@@ -44,13 +44,14 @@ def free_cluster_port() -> int:
 class RedisClusterNodes:
     """``masters`` masters with ``replicas`` replicas each, formed and ready."""
 
-    def __init__(self, masters: int = 3, replicas: int = 1) -> None:
+    def __init__(self, masters: int = 3, replicas: int = 1, appendonly: bool = True) -> None:
+        """``appendonly=False``: no AOF (a throughput figure's store, not a durable one)."""
         self.nodes: list[RedisServer] = []
         try:
             for _ in range(masters * (1 + replicas)):
                 port = free_cluster_port()
                 self.nodes.append(RedisServer(
-                    appendonly=True, appendfsync="always", port=port,
+                    appendonly=appendonly, appendfsync="always", port=port,
                     extra_args=[
                         "--cluster-enabled", "yes",
                         "--cluster-config-file", f"nodes-{port}.conf",
