@@ -143,10 +143,12 @@ class OwnedRange:
         """The range's recorded overruns. Read again (if older than ``min_age_s``) while
         the range is new here: the previous owner may still overrun a batch for up to
         its deadline after the move, and its watchdog records that just before the
-        batch is resent to us. Later, the map read at take time stays current."""
+        batch is resent to us. Later, the map read at take time stays current. A range
+        under its first token (1) had no previous owner: nothing to read again (it was a
+        store read per batch for the first minute of every new range)."""
         assert self.worker is not None
         now = time.monotonic()
-        if now - self.taken_at < self.worker.spec.options.max_batch_seconds + 10 and \
+        if self.token > 1 and now - self.taken_at < self.worker.spec.options.max_batch_seconds + 10 and \
                 now - self._overruns_read >= min_age_s:
             self.overruns = overruns.load(self.store, self.node, self.range_id)
             self._overruns_read = now
