@@ -41,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args: argparse.Namespace | None = None
     try:
         parser = build_parser()
         try:
@@ -53,6 +54,12 @@ def main(argv: list[str] | None = None) -> int:
         return code
     except MillWheelError as exc:
         print(f"millwheel: error: {exc}", file=sys.stderr)
+        if args is not None and hasattr(args, "controller") and getattr(exc, "status", None) is not None:
+            from .output import hint  # a client command's call failed: what to check
+
+            said = hint(exc, args)
+            if said:
+                print(f"millwheel: hint: {said}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("millwheel: interrupted", file=sys.stderr)

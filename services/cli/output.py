@@ -34,6 +34,33 @@ def client_for(args: argparse.Namespace) -> ControllerClient:
     return ControllerClient(args.controller, security=security.from_args(args, server=False))
 
 
+#: gRPC's words for a controller that could not be reached at all (nothing listens, no
+#: such host), as opposed to one that answered UNAVAILABLE itself (its store is down).
+UNREACHABLE = ("failed to connect to all addresses", "DNS resolution failed", "errors resolving")
+
+
+def hint(exc: BaseException, args: argparse.Namespace) -> str | None:
+    """What to check after a client command failed with ``exc``, or None: the service
+    not running where the command looked (UNAVAILABLE, nothing reached), or the token
+    missing or refused (UNAUTHENTICATED)."""
+    import grpc
+
+    from ..client import controller_address
+
+    status = getattr(exc, "status", None)
+    if status == grpc.StatusCode.UNAVAILABLE and any(m in str(exc) for m in UNREACHABLE):
+        address = controller_address(getattr(args, "controller", None))
+        return (f"is `millwheel up` (or a controller) running at {address}? Another address: "
+                "--controller HOST:PORT or $MILLWHEEL_CONTROLLER")
+    if status == grpc.StatusCode.UNAUTHENTICATED:
+        source = security.client_token_source(args)
+        if source is None:
+            return f"this client sent no token: {security.token_lookup()}"
+        return (f"the token sent ({source}) is not the service's; `millwheel up` prints the path of "
+                f"the one it uses (its data directory's {security.CLIENT_TOKEN_FILE})")
+    return None
+
+
 def fmt_ts(us: int) -> str:
     if us <= MIN_TIMESTAMP:
         return "-inf (nothing yet)"

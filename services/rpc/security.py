@@ -199,6 +199,29 @@ def _token(flag: str | None, env: str, env_file: str, what: str, fallback: Path 
     return None
 
 
+def client_token_source(args: argparse.Namespace | None) -> str | None:
+    """Where a client's token comes from, in the order :func:`from_args` looks (the
+    flag, ``$MILLWHEEL_AUTH_TOKEN``, ``$MILLWHEEL_AUTH_TOKEN_FILE``, the file
+    ``millwheel up`` writes), or None if it has none: for messages."""
+    flag = getattr(args, "auth_token_file", None) if args is not None else None
+    if flag:
+        return f"--auth-token-file {flag}"
+    if os.environ.get(ENV_TOKEN, "").strip():
+        return f"${ENV_TOKEN}"
+    if os.environ.get(ENV_TOKEN_FILE):
+        return f"${ENV_TOKEN_FILE} ({os.environ[ENV_TOKEN_FILE]})"
+    fallback = DEFAULT_DATA_DIR / CLIENT_TOKEN_FILE
+    return str(fallback.resolve()) if fallback.is_file() else None
+
+
+def token_lookup() -> str:
+    """Where a client looks for its token, for a message saying it has none."""
+    return (f"give it with --auth-token-file FILE, ${ENV_TOKEN} or ${ENV_TOKEN_FILE}; without them "
+            f"it reads {(DEFAULT_DATA_DIR / CLIENT_TOKEN_FILE).resolve()} (not there), the file "
+            "`millwheel up` writes when started in that directory and prints the path of "
+            f"(with --store sqlite:///DIR/NAME.db: DIR/{CLIENT_TOKEN_FILE})")
+
+
 def _usable(token: str, where: str) -> str:
     """A token must fit in a gRPC metadata value: printable ASCII, no spaces."""
     if not token.isascii() or not token.isprintable() or any(c.isspace() for c in token):

@@ -13,9 +13,10 @@ import sys
 import time
 from pathlib import Path
 
+from services.rpc.security import Security
 from tests.integration.test_up_cleanup import children, up
 from tests.support.redis_server import RedisServer, free_port
-from tests.support.service_cluster import ROOT, wait_for
+from tests.support.service_cluster import ROOT, Cluster, wait_for
 
 
 def millwheel(cwd: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -75,3 +76,38 @@ def test_up_on_a_redis_that_is_down_or_refuses_says_why_at_once(tmp_path: Path) 
         finally:
             proc.send_signal(signal.SIGINT)
             proc.wait(60)
+
+
+def test_a_client_against_a_stopped_service_is_asked_whether_up_runs(tmp_path: Path) -> None:
+    address = f"127.0.0.1:{free_port()}"  # nothing listens there
+    for args in (("status", "--controller", address), ("watermark", "--json", "--controller", address)):
+        out = millwheel(tmp_path, *args)
+        assert out.returncode == 2 and "[UNAVAILABLE]" in out.stderr, out.stderr
+        assert f"is `millwheel up` (or a controller) running at {address}?" in out.stderr, out.stderr
+    default = millwheel(tmp_path, "status", env={"MILLWHEEL_CONTROLLER": address})
+    assert f"running at {address}?" in default.stderr and "$MILLWHEEL_CONTROLLER" in default.stderr
+
+
+def test_a_client_without_the_token_is_told_where_it_is_looked_for(tmp_path: Path) -> None:
+    token, secret = "t0ken-for-clients", "cluster-s3cret"
+    cluster = Cluster(tmp_path, env={"MILLWHEEL_AUTH_TOKEN": token, "MILLWHEEL_CLUSTER_SECRET": secret},
+                      security=Security(client_token=token))
+    bare = {k: v for k, v in os.environ.items() if not k.startswith("MILLWHEEL_")}
+    try:
+        cluster.start_controller()
+        elsewhere = tmp_path / "elsewhere"  # no ./millwheel-data/client-token here
+        elsewhere.mkdir()
+        out = subprocess.run([sys.executable, "-m", "services.cli", "status", "--controller", cluster.address],
+                             capture_output=True, text=True, cwd=elsewhere, timeout=60,
+                             env={**bare, "PYTHONPATH": str(ROOT)})
+        assert out.returncode == 2 and "[UNAUTHENTICATED]" in out.stderr, out.stderr
+        for where in ("--auth-token-file", "$MILLWHEEL_AUTH_TOKEN", "$MILLWHEEL_AUTH_TOKEN_FILE",
+                      str(elsewhere / "millwheel-data" / "client-token")):
+            assert where in out.stderr, (where, out.stderr)
+        (elsewhere / "wrong").write_text("not-the-token\n")
+        wrong = subprocess.run([sys.executable, "-m", "services.cli", "status", "--controller", cluster.address,
+                                "--auth-token-file", "wrong"], capture_output=True, text=True, cwd=elsewhere,
+                               timeout=60, env={**bare, "PYTHONPATH": str(ROOT)})
+        assert wrong.returncode == 2 and "the token sent (--auth-token-file wrong)" in wrong.stderr, wrong.stderr
+    finally:
+        cluster.stop()
