@@ -105,6 +105,11 @@ def add_commands(sub: Any) -> None:
                     help="an injector's outbox holding N records refuses more until it drains: "
                          "Inject waits, then answers RESOURCE_EXHAUSTED (default 50000)")
     _limit_args(wk)
+    wk.add_argument("--ingest-port", type=int, default=0, metavar="PORT",
+                    help="where writers send records (parallel ingestion, docs/service.md): a "
+                         "listener of its own with client admission, so writers cannot take the "
+                         "threads of records between workers (default 0: any free port; the "
+                         "controller tells writers where)")
     wk.add_argument("--weak-wait", type=float, default=1.0, metavar="SECONDS",
                     help="weak productions: outputs not acked downstream within this time are "
                          "checkpointed and resent later (default 1)")
@@ -259,7 +264,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
         worker_id=args.worker_id, batch_size=args.batch_size, max_inflight=args.max_inflight,
         max_injector_outbox=args.max_injector_outbox, weak_wait_s=args.weak_wait,
         heartbeat_s=args.heartbeat, delivery_timeout_s=args.delivery_timeout,
-        allow_code=args.allow_code, use_watchdog=not args.no_watchdog, inject_limits=_inject_limits(args))
+        allow_code=args.allow_code, use_watchdog=not args.no_watchdog, inject_limits=_inject_limits(args),
+        ingest_port=args.ingest_port)
     metrics = "metrics off" if args.metrics_port < 0 else f"metrics port {worker.metrics_port}"
     print(f"millwheel worker {worker.worker_id} listening on {worker.address} ({metrics}, "
           f"store {describe_store(args.store)})", file=sys.stderr, flush=True)

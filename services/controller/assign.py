@@ -46,6 +46,7 @@ class WorkerState:
     worker_id: str
     address: str
     metrics_address: str = ""
+    ingest_address: str = ""  # where writers send records (services/worker/ingest.py); "" from older workers
     last_seen: float = field(default_factory=time.monotonic)
     alive: bool = True
     draining: bool = False

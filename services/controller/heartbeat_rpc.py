@@ -61,6 +61,7 @@ class Heartbeats:
             if a.heartbeat(request.worker_id, request.address, request.metrics_address,
                            request.draining, frozenset(request.refused)):
                 a.rebalance()
+            a.workers[request.worker_id].ingest_address = request.ingest_address
             p.failing.heard(request.worker_id, request.failing, a.workers)
             p.sinks_down[request.worker_id] = dict(request.sinks_down)  # docs/connectors.md
             p.sink_positions[request.worker_id] = dict(request.sink_positions)  # what a drain waits for

@@ -170,7 +170,8 @@ class Writers:
             worker = assigner.workers.get(owner.worker_id or "") if owner is not None else None
             if worker is not None and worker.alive and owner is not None:
                 ranges.append(pb.RangeOwner(node=node, range_id=r, worker_id=worker.worker_id,
-                                            worker_address=worker.address, token=owner.token))
+                                            worker_address=worker.ingest_address or worker.address,
+                                            token=owner.token))
             else:
                 ranges.append(pb.RangeOwner(node=node, range_id=r))
         return pb.InjectRoutesResponse(

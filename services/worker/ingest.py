@@ -9,8 +9,11 @@ the injector's range under its owner's token (:meth:`Receiver.inject`), exactly 
 batch the controller hands over: the ack says it is durable; a zombie's checkpoint is
 fenced (NOT_OWNER) and the writer asks for the routes again.
 
-Who may call it: the client token opens this service (not the cluster secret alone), and
-it reaches injector ranges only; a batch naming a computation, a sink or an injector this
+Who may call it: the client token opens this service (not the cluster secret alone), on a
+listener of its own (``worker --ingest-port``) whose threads are admitted per client
+(services/rpc/admission.py: streams per client and in total, idle streams ended), so a
+client holding streams open takes no thread from the Worker service; and it reaches
+injector ranges only; a batch naming a computation, a sink or an injector this
 worker does not know is refused and changes nothing. Record IDs are required: the writer
 gives every record its ID before the first send, so a batch resent after a lost ack (or to
 the range's next owner) is dropped downstream as the duplicate it is.
@@ -29,7 +32,9 @@ from millwheel.record import MAX_TIMESTAMP
 from ..generated import millwheel_pb2 as pb
 from ..inject_limits import InjectLimits
 from ..rpc import convert
-from ..rpc.server import Malformed
+from ..rpc.admission import Admission, AdmissionLimits
+from ..rpc.security import process
+from ..rpc.server import ListenError, Malformed, start_server
 from ..rpc.status import PreconditionError, code_for
 from .receive import Receiver
 from .shared import Shared
@@ -84,3 +89,16 @@ class IngestServicer:
             except MillWheelError as exc:
                 context.abort(code_for(exc), str(exc))
             yield ack
+
+
+def start_ingest(host: str, port: int, servicer: IngestServicer,
+                 limits: AdmissionLimits) -> tuple[grpc.Server, int, Admission]:
+    """The Ingest listener: its own server and threads, client admission under ``limits``."""
+    admission = Admission(limits, process().cluster_secret)
+    try:
+        server, bound, _health = start_server(f"{host}:{port}", {"Ingest": servicer}, admission=admission,
+                                              probes=False, pool_name="ingest")
+    except ListenError as exc:
+        admission.close()
+        raise ListenError(f"{exc} (--ingest-port)") from None
+    return server, bound, admission

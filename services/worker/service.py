@@ -57,6 +57,7 @@ from ..generated import millwheel_pb2_grpc as pb_grpc
 from ..inject_limits import InjectLimits
 from ..metrics import PrometheusSensors
 from ..rpc import convert
+from ..rpc.admission import AdmissionLimits
 from ..rpc.cluster_routes import ClusterRoutes
 from ..rpc.controller_link import ControllerLink, fails_over
 from ..rpc.health import HealthMonitor
@@ -66,7 +67,7 @@ from . import watchdog
 from .connectors import Connectors
 from .delivery import PeerLinks
 from .failing import RangeFailures
-from .ingest import IngestServicer
+from .ingest import IngestServicer, start_ingest
 from .parking import UnitOf
 from .progress import NoProgress, ProgressBlock
 from .receive import DeliverServicer, Receiver
@@ -91,7 +92,8 @@ class WorkerProcess:
         max_inflight: int = 8, max_slices: int = 4, max_injector_outbox: int = 50_000,
         heartbeat_s: float = 0.1, delivery_timeout_s: float = 5.0, weak_wait_s: float = 1.0,
         min_heartbeat_s: float = 0.025, allow_code: str | None = None, use_watchdog: bool = True,
-        inject_limits: InjectLimits | None = None,
+        inject_limits: InjectLimits | None = None, ingest_port: int = 0,
+        ingest_admission: AdmissionLimits | None = None,
     ) -> None:
         # As in local mode: a worker allocates a few objects per record and keeps many
         # alive (outbox mirrors, caches); CPython's young collections every 700
@@ -136,11 +138,17 @@ class WorkerProcess:
             delivery_timeout_s=delivery_timeout_s, process=self.receiver.process,
             commit=self.receiver.commit, rebuild=self.receiver.rebuild, fenced=self._fenced)
         self.server, self.port, self.health = start_server(
-            f"{host}:{port}", {"Worker": DeliverServicer(self.receiver, self.shared),
-                               "Ingest": IngestServicer(self.receiver, self.shared, inject_limits or InjectLimits())})
+            f"{host}:{port}", {"Worker": DeliverServicer(self.receiver, self.shared)})
+        # Writers (parallel ingestion) on a listener of its own, its threads under client
+        # admission: however many streams a client opens, the Worker service's threads
+        # (records between workers, the controller's hand-overs) stay free.
+        self.ingest_server, self.ingest_port, self.ingest_admission = start_ingest(
+            host, ingest_port, IngestServicer(self.receiver, self.shared, inject_limits or InjectLimits()),
+            ingest_admission or AdmissionLimits())
         if advertise is None:
             advertise = socket.getfqdn() if host in ("0.0.0.0", "::", "") else host
         self.address = f"{advertise}:{self.port}"
+        self.ingest_address = f"{advertise}:{self.ingest_port}"
         self.worker_id = self.shared.worker_id = worker_id or f"{self.address}/{os.getpid()}"
         self.metrics_port = self.sensors.serve(host, metrics_port) if metrics_port is not None else 0
         self.metrics_address = f"{advertise}:{self.metrics_port}" if self.metrics_port else ""
@@ -184,6 +192,8 @@ class WorkerProcess:
 
     def stop(self) -> None:
         self.stopped.set()
+        self.ingest_server.stop(grace=1.0).wait(2.0)
+        self.ingest_admission.close()
         self.server.stop(grace=1.0).wait(2.0)
         for t in [*self._threads, *self.connectors.threads]:
             t.join(timeout=2.0)
@@ -254,7 +264,8 @@ class WorkerProcess:
         try:
             resp = link.stub(pb_grpc.ClusterStub, target).Heartbeat(pb.HeartbeatRequest(
                 worker_id=self.worker_id, address=self.address, metrics_address=self.metrics_address,
-                draining=draining, known_topology_version=self.shared.version, reports=reports,
+                ingest_address=self.ingest_address, draining=draining,
+                known_topology_version=self.shared.version, reports=reports,
                 refused=sorted(self.refused), failing=self.failures.reports(), incremental=True,
                 known_assignments_epoch=self._known_assignments[0],
                 known_assignments_version=self._known_assignments[1],

@@ -201,3 +201,45 @@ def test_write_refuses_what_is_not_an_injector_range(cluster: Cluster) -> None:
         one(pb.WriteRequest(injector="events", range_id=r, records=[pb.Record(key="k", value=b"{}")]))
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "needs an 'id'" in err.value.details()
     assert cluster.outputs("counts") == []
+
+
+def test_a_client_holding_write_streams_open_stops_no_pipeline(cluster: Cluster, tmp_path: Path) -> None:
+    """Writers reach a worker on a listener of its own, admitted per client: a client that
+    opens Write streams and sends nothing holds at most its share of that listener (past
+    it: RESOURCE_EXHAUSTED naming the limit), while records between workers, the
+    controller's Inject and the heartbeats go on (before, the streams took the threads of
+    the worker's one server, Deliver's included, and the pipeline stopped)."""
+    topo = topology()
+    cluster.register(topo)
+    routes = cluster.client.inject_routes(pb.InjectRoutesRequest(injector="events"))
+    ingest = sorted({o.worker_address for o in routes.ranges if o.worker_address})
+    assert ingest and not set(ingest) & {w.address for w in cluster.client.status().workers}
+    held: list[threading.Event] = []
+    calls = []
+    for address in ingest:
+        stub = pb_grpc.IngestStub(channel(address))
+        for _ in range(40):  # more than a client's 32 streams
+            stop = threading.Event()
+            held.append(stop)
+            calls.append(stub.Write(iter(stop.wait, True), timeout=120))  # sends nothing until stopped
+    try:
+        refused = []
+        for call in calls[32:40]:
+            try:
+                next(call)
+            except grpc.RpcError as exc:
+                refused.append(exc)
+        assert refused and all(e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED for e in refused)
+        assert "--max-client-streams" in refused[0].details() or "streams" in refused[0].details()
+        # the pipeline flows meanwhile: records through the controller to the sink, exactly
+        records = keyed(pipelines.workload(n=300))
+        cluster.inject("events", "events", records, batch=100, max_disorder_us=DISORDER, done=True)
+        cluster.wait_watermark("totals", MAX_TIMESTAMP, timeout=60)
+        want = expected_outputs(tmp_path, topo, pipelines.sources(records, DISORDER), ("counts",))
+        assert cluster.outputs("counts") == want["counts"]
+        assert all(w.alive for w in cluster.client.status().workers)
+    finally:
+        for stop in held:
+            stop.set()
+        for call in calls:
+            call.cancel()

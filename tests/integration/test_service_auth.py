@@ -87,6 +87,12 @@ def worker_address(c: Cluster) -> str:
     return str(next(w.address for w in c.client.status().workers if w.alive))
 
 
+def ingest_address(c: Cluster) -> str:
+    """Where writers reach a worker (its Ingest listener), as the controller's routes say."""
+    routes = c.client.inject_routes(pb.InjectRoutesRequest(injector="events"))
+    return str(next(o.worker_address for o in routes.ranges if o.worker_address))
+
+
 # -- tokens -----------------------------------------------------------------------------------
 @pytest.fixture
 def secured(tmp_path: Path) -> Iterator[Cluster]:
@@ -164,7 +170,7 @@ def test_every_rpc_refuses_missing_and_wrong_tokens_and_changes_nothing(secured:
     targets = [(pb.DESCRIPTOR.services_by_name["Controller"], [c.address], False),
                (pb.DESCRIPTOR.services_by_name["Cluster"], [c.address], True),
                (pb.DESCRIPTOR.services_by_name["Worker"], [worker], True),
-               (pb.DESCRIPTOR.services_by_name["Ingest"], [worker], False),
+               (pb.DESCRIPTOR.services_by_name["Ingest"], [ingest_address(c)], False),
                (REFLECTION, [c.address, worker], False)]
     assert {s.name for s, _, _ in targets} >= set(pb.DESCRIPTOR.services_by_name), \
         "a millwheel service is not covered"
