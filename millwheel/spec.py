@@ -203,10 +203,14 @@ def sources_from_dict(data: Mapping[str, Any], base: Path) -> dict[str, Any]:
             sources[spec.name] = open_source(spec.name, spec.source.settings, SystemClock(), str(base))
     for inj in data.get("injectors", []):
         if "file" in inj:
-            path = Path(inj["file"])
-            sources[inj["name"]] = JsonLinesSource(
-                path if path.is_absolute() else base / path, int(inj.get("max_disorder_us", 0))
-            )
+            given = Path(inj["file"])
+            path = given if given.is_absolute() else base / given
+            if not path.is_file():
+                what = "is not a file" if path.exists() else "does not exist"
+                raise InvalidSpecError(
+                    f"injector {inj['name']!r}: file {str(given)!r} {what} ({path.resolve()}"
+                    + (", relative to the spec file's directory)" if not given.is_absolute() else ")"))
+            sources[inj["name"]] = JsonLinesSource(path, int(inj.get("max_disorder_us", 0)))
     return sources
 
 

@@ -111,3 +111,22 @@ def test_a_client_without_the_token_is_told_where_it_is_looked_for(tmp_path: Pat
         assert wrong.returncode == 2 and "the token sent (--auth-token-file wrong)" in wrong.stderr, wrong.stderr
     finally:
         cluster.stop()
+
+
+def test_run_names_the_injector_whose_file_is_missing(tmp_path: Path) -> None:
+    spec = tmp_path / "pipelines" / "spec.yaml"
+    spec.parent.mkdir()
+    (spec.parent / "clicks.jsonl").write_text('{"key": "a", "value": 1, "timestamp": 1}\\n')
+    spec.write_text("""injectors:
+  - {name: clicks, stream: clicks, file: clicks.jsonl}
+  - {name: views, stream: views, file: data/views.jsonl}
+computations:
+  - name: keep
+    inputs: [clicks, views]
+    outputs: [kept]
+    code: {name: filter, params: {expr: "True"}}
+""")
+    out = millwheel(tmp_path, "run", str(spec), "--store", f"sqlite:///{tmp_path}/local.db")
+    assert out.returncode == 2, out.stderr
+    assert "injector 'views': file 'data/views.jsonl' does not exist" in out.stderr, out.stderr
+    assert str(spec.parent / "data" / "views.jsonl") in out.stderr, out.stderr
