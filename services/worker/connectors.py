@@ -38,6 +38,9 @@ from .units import INJ_WM_KEY, OwnedRange
 log = logging.getLogger("millwheel.worker")
 Unit = tuple[str, int]
 IDLE_S = 0.02
+#: Between passes while this worker owns no source (or no sink): a source or sink given
+#: to it starts within this; not 50 passes a second over every range for nothing.
+NONE_OWNED_S = 0.25
 UNBUILT_RETRY_S = 30.0  #: how often a sink that could not be built is tried again
 
 
@@ -82,7 +85,7 @@ class Connectors:
                 log.exception("source pass failed")
                 time.sleep(0.5)
             if not moved:
-                time.sleep(IDLE_S)
+                time.sleep(IDLE_S if self.sources else NONE_OWNED_S)
         for _token, src in self.sources.values():
             src.close()
 
@@ -226,7 +229,7 @@ class Connectors:
                 if runner.dropped:
                     runner.close()
             if not moved:
-                time.sleep(IDLE_S)
+                time.sleep(IDLE_S if owned else NONE_OWNED_S)
         with self._sinks_lock:
             for runner in self.sinks.values():
                 runner.close()
