@@ -71,6 +71,7 @@ def refused(exc: LinkError) -> MillWheelError:
 
 
 Piece = tuple[int, list[pb.Record]]
+ACK_TIMEOUT_S = 10.0  #: a batch unacked this long: its link is reset and the batch sent again
 T = TypeVar("T")
 
 
@@ -203,8 +204,9 @@ class InjectWriter:
     def _ok(self, piece: Piece, fut: Future[Any]) -> str | None:
         """None if the batch was acked OK, else why not (raises for a refusal of what it is)."""
         try:
-            ack = fut.result(timeout=self.timeout_s)
-        except FutureTimeout:
+            ack = fut.result(timeout=ACK_TIMEOUT_S)
+        except FutureTimeout:  # a stopped or partitioned worker: its stream is abandoned
+            self._reset_link_of(piece, f"no ack within {ACK_TIMEOUT_S:.0f} s")
             return "no ack in time"
         except LinkError as exc:
             if exc.code in _RAISE:
@@ -216,6 +218,13 @@ class InjectWriter:
         if ack.status == pb.WriteAck.BUSY:
             return "busy"
         return ack.message or pb.WriteAck.Status.Name(ack.status)
+
+    def _reset_link_of(self, piece: Piece, why: str) -> None:
+        r = piece[0]
+        address = self._owners[r] if r < len(self._owners) else ""
+        link = self._links.get(address)
+        if link is not None:
+            link.reset(why)
 
     def _resend(self, pieces: list[Piece]) -> None:
         """Step 3: each piece sent alone until acked, routes fetched again between tries."""

@@ -146,18 +146,19 @@ class PeerLink:
             if not fut.done():
                 fut.set_exception(error)
 
-    def reset(self, reason: str) -> None:
+    def reset(self, reason: str, quiet: bool = False) -> None:
         """Abandon the stream (e.g. a batch is overdue: the receiver may be stopped)."""
         with self._lock:
             q, call = self._queue, self._call
         if q is None:
             return
-        log.warning("resetting link to %s: %s", self.address, reason)
+        if not quiet:
+            log.warning("resetting link to %s: %s", self.address, reason)
         if call is not None:
             call.cancel()
         self._fail(q, LinkError(f"link to {self.address} reset: {reason}"))
 
     def close(self) -> None:
         self._closed = True
-        self.reset("closing")
+        self.reset("closing", quiet=True)
         self._channel.close()
