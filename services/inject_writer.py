@@ -106,6 +106,7 @@ class InjectWriter:
         self._sent_at = 0.0
         self.watermark = 0  # the injector's, as the controller last answered
         self._closed = threading.Event()
+        self._contacted = False  # a controller has answered this writer
         self._call_lock = threading.Lock()
         self._routes(first=True)
         self._keepalive = threading.Thread(target=self._keep_alive, name=f"writer-{self.name}", daemon=True)
@@ -133,13 +134,16 @@ class InjectWriter:
 
     def _controller(self, call: Callable[[], T]) -> T:
         """A controller call, tried again while no controller leads (a failover, a restart)
-        for up to ``timeout_s``."""
+        for up to ``timeout_s``, once one has answered this writer."""
         deadline = time.monotonic() + self.timeout_s
         while True:
             try:
-                return call()
+                answer = call()
+                self._contacted = True
+                return answer
             except UnavailableError:
-                if time.monotonic() > deadline or self._closed.is_set():
+                # Before any answer, no service there is the likelier story: said at once.
+                if not self._contacted or time.monotonic() > deadline or self._closed.is_set():
                     raise
                 time.sleep(0.2)
 
