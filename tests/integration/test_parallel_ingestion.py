@@ -56,7 +56,8 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
         c.stop()
 
 
-def write_share(c: Cluster, name: str, records: list[Record], *, done: bool = True, batch: int = 60) -> None:
+def write_share(c: Cluster, name: str, records: list[Record], *, done: bool = True, batch: int = 60,
+                pause_s: float = 0.01) -> None:
     """One writer: its records message by message, its watermark the newest time it has
     sent minus the disorder bound after each."""
     with InjectWriter(c.client, "events", stream="events", writer=name, timeout_s=60) as w:
@@ -66,7 +67,7 @@ def write_share(c: Cluster, name: str, records: list[Record], *, done: bool = Tr
             w.write(chunk)
             newest = max(newest, *(r.timestamp for r in chunk))
             w.advance(newest - DISORDER)
-            time.sleep(0.01)
+            time.sleep(pause_s)
         if done:
             w.done()
 
@@ -97,11 +98,44 @@ def test_a_worker_killed_while_writers_write_loses_and_repeats_nothing(cluster: 
     cluster.wait_balanced()
     records = keyed(pipelines.workload(n=1500))
     shares = [records[0::2], records[1::2]]
-    threads = [threading.Thread(target=write_share, args=(cluster, f"w{i}", share)) for i, share in enumerate(shares)]
+    threads = [threading.Thread(target=write_share, args=(cluster, f"w{i}", share),
+                                kwargs={"batch": 30, "pause_s": 0.25}) for i, share in enumerate(shares)]
     for t in threads:
-        t.start()
+        t.start()  # ~6 s of writing each
     time.sleep(1.0)
     os.kill(cluster.workers[0].pid, signal.SIGKILL)  # owns some of the injector's ranges
+    for t in threads:
+        t.join(180)
+        assert not t.is_alive()
+    cluster.wait_watermark("totals", MAX_TIMESTAMP, timeout=120)
+    want = expected_outputs(tmp_path, topo, pipelines.sources(records, DISORDER), ("counts", "totals"))
+    assert cluster.outputs("counts") == want["counts"]
+    assert cluster.outputs("totals") == want["totals"]
+
+
+def test_a_paused_worker_coming_back_as_a_zombie_writes_nothing_twice(cluster: Cluster, tmp_path: Path) -> None:
+    """SIGSTOP a worker that owns injector ranges while writers write: their batches to it
+    time out, its ranges move (new tokens), the writers send the batches to the new owners;
+    then SIGCONT: what it still holds (Write batches read before the pause, its outboxes)
+    is fenced or dropped downstream by record ID. The output equals the failure-free run."""
+    topo = topology()
+    cluster.register(topo)
+    cluster.wait_balanced()
+    records = keyed(pipelines.workload(n=1500))
+    shares = [records[0::2], records[1::2]]
+    threads = [threading.Thread(target=write_share, args=(cluster, f"w{i}", share),
+                                kwargs={"batch": 30, "pause_s": 0.25}) for i, share in enumerate(shares)]
+    for t in threads:
+        t.start()  # ~6 s of writing each
+    time.sleep(1.0)
+    paused = cluster.workers[0]
+    os.kill(paused.pid, signal.SIGSTOP)
+    try:
+        wait_for(lambda: all(r.worker_id and not r.worker_id.endswith(f"/{paused.pid}")
+                             for r in cluster.client.status().ranges), 30, "the paused worker's ranges to move")
+        time.sleep(2.0)
+    finally:
+        os.kill(paused.pid, signal.SIGCONT)
     for t in threads:
         t.join(180)
         assert not t.is_alive()
