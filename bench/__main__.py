@@ -19,8 +19,8 @@ from bench.harness import commit
 from bench.report.tables import markdown
 from bench.report.targets import ratios_and_targets
 
-SECTIONS = ("limits", "throughput", "latency", "recovery", "service", "ha", "growth", "ttl", "peer", "registry",
-            "soak")
+SECTIONS = ("limits", "throughput", "latency", "recovery", "service", "ha", "growth", "ttl", "peer", "cli",
+            "scale", "subscribe", "registry", "soak")
 DEFAULT_SECTIONS = SECTIONS[:-2]  # registry (~10 minutes) and the soak (30): run only when asked for
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -54,18 +54,31 @@ Sections (all but soak by default, in this order; latency uses throughput's figu
               own virtualenv bench/.peers/flink is made on first use, Java needed).
               Interleaved rounds against millwheel: python -m bench.peers.peer_flink N ROUNDS;
               Pathway with persistence (full runs only, bench/.peers/pathway)
+  cli         issue 31: the public CLI only, as a user runs it: `millwheel up
+              --workers 2` + register + `inject --done` + `subscribe` against
+              `millwheel run` on the same files, SQLite, 200k records, 3
+              interleaved rounds (quick: 20k, 1): records/s and CPU per record
+              summed over every process, both ratios (bench/cases/cli_vs_local.py)
+  scale       issue 31: the three stages across `millwheel up --workers W`, fed by
+              max(2, W) parallel writers, SQLite, 200k records, W = 1, 2, 4, 8 up
+              to half the cores (quick: 20k, W = 1, 2), and local mode beside:
+              speed-up over 1 worker, x local, CPU per record (bench/cases/scale.py)
+  subscribe   issue 31: `millwheel subscribe --json` of a 1M-row log, 3 rounds
+              (quick: 100k rows, 1): rows/s (bench/cases/subscribe.py)
   registry    opt-in (--only registry): registry size (512/2048/8192 key ranges;
               100/500 computations with 64 KiB params) vs heartbeat latency,
               worker RSS, ClusterStatus time and worker flaps (bench/cases/registry_scale.py)
   soak        opt-in (--only soak): `millwheel up --workers 2`, three stages, at
-              50% of its measured capacity for --soak-minutes (default 30; quick 6):
+              --soak-load % of its measured capacity (default 50) for
+              --soak-minutes (default 30; quick 6):
               RSS per process, store size, consumed-ID and log rows, watermark lag
               and records/s every minute to CSV and PNG; targets: RSS and store
               growth <= 10% over the last 20 minutes, lag flat, output exact
               (alone: python -m bench.cases.soak --help)
 
 --quick takes under 3 minutes (20k-record cases, a reduced matrix); the full run
-takes 20-30 minutes on 2 cores (growth's 10M run alone ~4-5). Redis cases start private redis-servers on free
+takes 20-30 minutes on 2 cores (growth's 10M run alone ~4-5;
+cli, scale and subscribe together ~4, quick ~0.5). Redis cases start private redis-servers on free
 ports (never the system Redis). See docs/bench.md for what each figure means.
 """
 
@@ -95,6 +108,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="+", choices=SECTIONS, metavar="SECTION",
                         help=f"run only these sections ({', '.join(SECTIONS)}; registry and soak only when named)")
     parser.add_argument("--soak-minutes", type=float, help="minutes of the soak section (default 30, quick 6)")
+    parser.add_argument("--soak-load", type=float, metavar="PCT",
+                        help="the soak's share of its measured capacity, in %% (default 50; issue 31's "
+                             "target: --soak-minutes 60 --soak-load 70)")
     parser.add_argument("--out", type=Path, default=RESULTS, help=f"results directory (default {RESULTS})")
     args = parser.parse_args(argv)
     mode = suite.QUICK if args.quick else suite.FULL
@@ -107,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
           file=sys.stderr)
     load_before = os.getloadavg()
     started = time.monotonic()
-    results = suite.run(mode, sections, soak_minutes=args.soak_minutes, out_dir=args.out)
+    results = suite.run(mode, sections, soak_minutes=args.soak_minutes, out_dir=args.out,
+                        soak_load_pct=args.soak_load)
     meta = {
         "date": date, "commit": sha, "mode": mode.name, "sections": sorted(sections),
         "machine": machine(), "python": platform.python_version(),
@@ -124,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / f"{stem}.md").write_text(md)
     print(md)
     print(f"wrote {args.out / stem}.json and .md in {meta['duration_s']:.0f} s", file=sys.stderr)
-    wrong = [e for sec in ("throughput", "latency", "recovery", "service", "ha", "long", "soak")
+    wrong = [e for sec in ("throughput", "latency", "recovery", "service", "ha", "long", "soak", "cli", "scale",
+                           "subscribe")
              for e in results.get(sec, [])
              if "result" in e and not e["result"]["correct"]["ok"]]
     return 1 if wrong else 0

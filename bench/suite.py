@@ -8,6 +8,7 @@ port. Progress goes to stderr, one line per case.
 
 from __future__ import annotations
 
+import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +34,12 @@ class Mode:
 
 SOAK_MINUTES_FULL = 30.0
 SOAK_MINUTES_QUICK = 6.0
+SOAK_LOAD_PCT = 50.0  # the soak's share of the measured capacity (issue 31's soak: 70, for 60 minutes)
+# issue 31's sections: (records, rounds) of the CLI-only comparison, records of the
+# scale-out runs, (rows, rounds) of the subscribe read, per mode
+CLI_PLAN = {"quick": (20_000, 1), "full": (200_000, 3)}
+SCALE_RECORDS = {"quick": 20_000, "full": 200_000}
+SUBSCRIBE_PLAN = {"quick": (100_000, 1), "full": (1_000_000, 3)}
 QUICK = Mode("quick", 20_000, 3.0, 1.0, (3.0, 3.0), False)
 FULL = Mode("full", 100_000, 8.0, 3.0, (6.0, 6.0), True)
 
@@ -56,9 +63,10 @@ def _lat(r: dict[str, Any]) -> str:
 
 
 def run(mode: Mode, sections: set[str], soak_minutes: float | None = None,
-        out_dir: Path | None = None) -> dict[str, Any]:
+        out_dir: Path | None = None, soak_load_pct: float | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {"throughput": [], "latency": [], "recovery": [], "limits": [], "peer": [],
-                           "service": [], "ha": [], "long": [], "soak": [], "registry": [], "notes": []}
+                           "service": [], "ha": [], "long": [], "soak": [], "registry": [], "cli": [],
+                           "scale": [], "subscribe": [], "notes": []}
     stores = Stores()
     uniform1k = WorkloadArgs(mode.n, 1_000, "uniform")
     try:
@@ -101,6 +109,23 @@ def run(mode: Mode, sections: set[str], soak_minutes: float | None = None,
             _peer_flink(mode, out, uniform1k)
             log("== peer: Pathway with persistence (its own virtualenv bench/.peers/pathway)")
             _peer_pathway(mode, out, uniform1k)
+        if "cli" in sections:
+            records, rounds = CLI_PLAN[mode.name]
+            log(f"== cli: millwheel up --workers 2 + register + inject --done + subscribe vs millwheel run, "
+                f"CLI only, {records:,} records, {rounds} interleaved round(s)")
+            from bench.cases import cli_vs_local
+
+            cli_vs_local.section(records, rounds, out["cli"], run_case)
+        if "scale" in sections:
+            log(f"== scale: the three stages across millwheel up --workers {scale_workers(mode)}, "
+                f"parallel writers, SQLite, {SCALE_RECORDS[mode.name]:,} records")
+            _scale(mode, stores, out)
+        if "subscribe" in sections:
+            rows, rounds = SUBSCRIBE_PLAN[mode.name]
+            log(f"== subscribe: millwheel subscribe --json of a {rows:,}-row log, {rounds} round(s)")
+            run_case(out["subscribe"], f"subscribe {rows:,} rows", {"figure": "subscribe", "rows": rows},
+                     subscribe_case, rows, rounds,
+                     summary=lambda r: f"{r['after_cli_rows_s'] or 0:,.0f} rows/s")
         if "registry" in sections:
             log("== registry: registry size vs heartbeat latency, worker RSS, ClusterStatus, flaps")
             from bench.cases import registry_scale
@@ -108,10 +133,11 @@ def run(mode: Mode, sections: set[str], soak_minutes: float | None = None,
             registry_scale.section(out["registry"], run_case)
         if "soak" in sections:
             minutes = soak_minutes or (SOAK_MINUTES_FULL if mode.full_matrix else SOAK_MINUTES_QUICK)
-            log(f"== soak: millwheel up --workers 2, three stages, 50% of capacity, {minutes:g} minutes")
+            load_pct = soak_load_pct or SOAK_LOAD_PCT
+            log(f"== soak: millwheel up --workers 2, three stages, {load_pct:g}% of capacity, {minutes:g} minutes")
             from bench.cases import soak
 
-            soak.section(minutes, out_dir or soak.RESULTS, out["soak"], run_case)
+            soak.section(minutes, out_dir or soak.RESULTS, out["soak"], run_case, load_pct=load_pct)
         if stores.redis_error:
             out["notes"].append(f"Redis not available: {stores.redis_error}")
     finally:
@@ -279,3 +305,46 @@ def _peer_pathway(mode: Mode, out: dict[str, Any], uniform1k: WorkloadArgs) -> N
         return
     run_case(out["peer"], "pathway uniform-1k persistence on (snapshots every 1 s)", meta,
           peer_pathway.pathway_case, wa, summary=_tp)
+
+
+def scale_workers(mode: Mode) -> list[int]:
+    """Worker counts of the scale section: 1 and 2 (quick); 1, 2, 4, 8 up to half the
+    machine's cores (full: each worker, its writer and the controller need a core)."""
+    if not mode.full_matrix:
+        return [1, 2]
+    cap = max(1, (os.cpu_count() or 1) // 2)
+    return [w for w in (1, 2, 4, 8) if w <= cap]
+
+
+def _scale(mode: Mode, stores: Stores, out: dict[str, Any]) -> None:
+    """bench/cases/scale.py's runs (SQLite; writers = max(2, workers)), after local mode's
+    three-stage backlog of the same size (its "x local" yardstick), each in a fresh process."""
+    from bench.cases import scale
+
+    n = SCALE_RECORDS[mode.name]
+    cpus = os.cpu_count()
+    res = out["scale"]
+    url = stores.url("sqlite")
+    assert url is not None
+    run_case(res, f"scale: local mode, three stages, sqlite, {n:,} records",
+             {"figure": "local", "records": n, "store": "sqlite", "cpus": cpus},
+             backlog_case, WorkloadArgs(n, 1_000, "uniform"), "three", url, True, "strong", summary=_tp)
+    for workers in scale_workers(mode):
+        writers = max(2, workers)
+        run_case(res, f"scale: {workers} worker(s), {writers} writers, sqlite, {n:,} records",
+                 {"figure": "service", "workers": workers, "writers": writers, "records": n, "store": "sqlite",
+                  "cpus": cpus},
+                 scale.scale, n, "sqlite", workers, writers,
+                 summary=lambda r: f"{r['records_per_s'] or 0:,.0f} rec/s, "
+                                   f"{r['cpu_us_per_record'] or 0:,.0f} CPU µs/record")
+
+
+def subscribe_case(rows: int, rounds: int) -> dict[str, Any]:
+    """bench/cases/subscribe.py's case with the suite's verdict (``correct``): every round's
+    read complete and in order."""
+    from bench.cases import subscribe
+
+    r: dict[str, Any] = subscribe.case(rows, rounds)
+    ok = bool(r.get("after_exact"))
+    r["correct"] = {"ok": ok, "detail": "exact" if ok else "a read was incomplete or out of order"}
+    return r

@@ -3,8 +3,8 @@
 What a user running the service for days would watch (issue 24 item 4, issue 27):
 ``millwheel up --workers 2``, the three-stage pipeline (parse -> windowed count with
 a state TTL -> sink, the sink stream logged), fed over ``Inject`` at 50% of the
-capacity measured first by a short backlog run (or ``--rate``), for ``--minutes``
-(default 30). Every ``--sample-s`` (default 60 s) it samples:
+capacity measured first by a short backlog run (``--load-pct`` another share of it, or
+``--rate``), for ``--minutes`` (default 30). Every ``--sample-s`` (default 60 s) it samples:
 
 * RSS of every process: the controller, each worker, each worker's watchdog (and the
   private redis-server with ``--store redis``/``redis-aof``);
@@ -76,7 +76,8 @@ INCIDENTS = {"workers declared dead": "declared dead", "leader lease lost": "is 
 @dataclasses.dataclass(frozen=True)
 class Plan:
     minutes: float = 30.0
-    rate: float | None = None  # records/s; None: 50% of a measured backlog rate
+    rate: float | None = None  # records/s; None: load_pct% of a measured backlog rate
+    load_pct: float = 50.0  # the share of the measured capacity fed when no rate is given
     store: str = "sqlite"
     sample_s: float = 60.0
     state_ttl_s: float = 60.0
@@ -356,7 +357,7 @@ def run(plan: Plan) -> dict[str, Any]:
         log(f"  measuring capacity: backlog of {plan.capacity_records:,} records on {plan.store} ...")
         capacity = measure_capacity(plan)
         log(f"  capacity {capacity:,.0f} records/s")
-    rate = plan.rate or capacity / 2  # type: ignore[operator]
+    rate = plan.rate or capacity * plan.load_pct / 100  # type: ignore[operator]
     out_dir = Path(plan.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = f"{datetime.date.today().isoformat()}-{commit()}-soak-{plan.store}-{plan.minutes:g}min"
@@ -438,7 +439,8 @@ def run(plan: Plan) -> dict[str, Any]:
     soak_series.write_csv(csv_path, samples)
     soak_series.plot(png_path, samples, duration_s,
                      f"soak: millwheel up --workers 2, three stages, {plan.store}, {rate:,.0f} records/s "
-                     f"({'50% of ' + format(capacity, ',.0f') if capacity else 'given'}), {plan.minutes:g} min")
+                     f"({f'{plan.load_pct:g}% of ' + format(capacity, ',.0f') if capacity else 'given'}), "
+                     f"{plan.minutes:g} min")
     result = {
         "plan": dataclasses.asdict(plan), "capacity_records_per_s": capacity, "rate": rate,
         "minutes": plan.minutes, "store": plan.store, "samples": samples, "summary": summary,
@@ -474,9 +476,11 @@ def table(result: dict[str, Any]) -> list[str]:
 
 
 # -- the opt-in "soak" section of ``python -m bench`` ----------------------------------------
-def section(minutes: float, out_dir: Path, out: list[dict[str, Any]], case: Any) -> None:
-    case(out, f"soak {minutes:g} min, sqlite, 50% of capacity", {"figure": "soak", "store": "sqlite"},
-         run, Plan(minutes=minutes, out=str(out_dir)),
+def section(minutes: float, out_dir: Path, out: list[dict[str, Any]], case: Any,
+            load_pct: float = 50.0) -> None:
+    case(out, f"soak {minutes:g} min, sqlite, {load_pct:g}% of capacity",
+         {"figure": "soak", "store": "sqlite", "minutes": minutes, "load_pct": load_pct},
+         run, Plan(minutes=minutes, load_pct=load_pct, out=str(out_dir)),
          summary=lambda r: "; ".join(f"{t['target'].split(' (')[0]}: "
                                      f"{'n/a' if t['value'] is None else format(t['value'], '.2f')} "
                                      f"{'met' if t['met'] else 'NOT met'}" for t in r["targets"]))
@@ -491,8 +495,9 @@ def markdown(entries: list[dict[str, Any]]) -> list[str]:
             lines.append(f"Failed: {e.get('error', '')}")
             continue
         cap = r["capacity_records_per_s"]
+        pct = r["plan"].get("load_pct", 50.0)
         lines += [f"{r['minutes']:g} minutes at {r['rate']:,.0f} records/s "
-                  f"({'50% of the measured ' + format(cap, ',.0f') if cap else 'given'}), "
+                  f"({f'{pct:g}% of the measured ' + format(cap, ',.0f') if cap else 'given'}), "
                   f"{r['records']:,} records; samples in `{Path(r['files']['csv']).name}`, "
                   f"plot `{Path(r['files']['png']).name}`.", ""] + table(r)
     return lines
@@ -502,7 +507,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.cases.soak", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--minutes", type=float, default=30.0, help="how long to inject (default 30)")
-    ap.add_argument("--rate", type=float, help="records/s (default: 50%% of a backlog run measured first)")
+    ap.add_argument("--rate", type=float, help="records/s (default: --load-pct of a backlog run measured first)")
+    ap.add_argument("--load-pct", type=float, default=50.0,
+                    help="without --rate: the share of the measured capacity to feed, in %% (default 50; "
+                         "issue 31's soak: 70 for 60 minutes)")
     ap.add_argument("--store", default="sqlite", choices=STORES)
     ap.add_argument("--sample-s", type=float, default=60.0, help="seconds between samples (default 60)")
     ap.add_argument("--state-ttl-s", type=float, default=60.0, help="the count stage's state TTL (default 60)")
@@ -520,11 +528,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="workers write tracemalloc snapshots every this many seconds (slows them)")
     ap.add_argument("--out", default=str(RESULTS), help=f"output directory (default {RESULTS})")
     a = ap.parse_args(argv)
-    if a.minutes <= 0 or a.sample_s <= 0 or (a.rate is not None and a.rate <= 0) or a.users < 1:
-        ap.error("--minutes, --sample-s, --rate and --users must be positive")
+    if a.minutes <= 0 or a.sample_s <= 0 or (a.rate is not None and a.rate <= 0) or a.users < 1 \
+            or a.load_pct <= 0:
+        ap.error("--minutes, --sample-s, --rate, --load-pct and --users must be positive")
     if a.log_retention_s < 1:
         ap.error("--log-retention-s must be at least 1 (the store's smallest log retention)")
-    plan = Plan(minutes=a.minutes, rate=a.rate, store=a.store, sample_s=a.sample_s, state_ttl_s=a.state_ttl_s,
+    plan = Plan(minutes=a.minutes, rate=a.rate, load_pct=a.load_pct, store=a.store, sample_s=a.sample_s,
+                state_ttl_s=a.state_ttl_s,
                 id_retention_s=a.id_retention_s, log_retention_s=a.log_retention_s, users=a.users,
                 turnover_s=a.turnover_s, batch=a.batch,
                 capacity_records=a.capacity_records, tracemalloc_s=a.tracemalloc_s, out=a.out)

@@ -26,12 +26,13 @@ def markdown(doc: dict[str, Any]) -> str:
         "",
         "## Targets",
         "",
-        "| target | measured | bound | met |",
-        "|---|---|---|---|",
+        "| target | measured | bound | met | note |",
+        "|---|---|---|---|---|",
     ]
     for t in doc["targets"]:
         met = {True: "yes", False: "**no**", None: "n/a"}[t["met"]]
-        lines.append(f"| {t['target']} | {_f(t['value'], 2)} {t['unit']} | {_f(t['bound'], 2)} | {met} |")
+        note = str(t.get("note") or "").replace("|", "/")
+        lines.append(f"| {t['target']} | {_f(t['value'], 2)} {t['unit']} | {_f(t['bound'], 2)} | {met} | {note} |")
     lines += ["", "## Backlog throughput (records/s draining a fixed backlog; output checked exactly)", "",
               "| pipeline | workload | records | store | config | records/s | checkpoints | peak RSS MB | output |",
               "|---|---|---|---|---|---|---|---|---|"]
@@ -89,6 +90,14 @@ def markdown(doc: dict[str, Any]) -> str:
         from bench.cases import soak
 
         lines += soak.markdown(res["soak"])
+    if res.get("cli"):
+        from bench.cases import cli_vs_local
+
+        lines += cli_vs_local.markdown(res["cli"])
+    if res.get("scale"):
+        lines += _scale(res["scale"])
+    if res.get("subscribe"):
+        lines += _subscribe(res["subscribe"])
     lines += ["", "## Physical limits (same machine, same run, same record sizes)", "",
               "| limit | setting | records/s (or ops/s) |", "|---|---|---|"]
     for e in res["limits"]:
@@ -144,3 +153,29 @@ def _redis_memory(res: dict[str, Any]) -> dict[str, Any] | None:
         if e.get("pipeline") == "single" and e.get("config") == "eo-strong" and r.get("redis_memory_midway"):
             return r["redis_memory_midway"]["groups"]  # type: ignore[no-any-return]
     return None
+
+
+def _scale(entries: list[dict[str, Any]]) -> list[str]:
+    """The scale section: bench/cases/scale.py's table of its runs and local mode's."""
+    from bench.cases import scale
+
+    runs = [e["result"] for e in entries if e.get("figure") == "service" and "result" in e]
+    local = [e["result"] for e in entries if e.get("figure") == "local" and "result" in e]
+    cpus = next((e.get("cpus") for e in entries if e.get("cpus")), None)
+    lines = ["", f"## Scale-out: three stages across `millwheel up --workers W`, parallel writers "
+             f"(bench/cases/scale.py; {cpus} cores)", ""] + scale.table(runs, local)
+    lines += [f"- {e.get('figure')} {e.get('workers', '')}: FAILED {e['error']}" for e in entries if "error" in e]
+    return lines
+
+
+def _subscribe(entries: list[dict[str, Any]]) -> list[str]:
+    lines = ["", "## `millwheel subscribe --json` of a log (bench/cases/subscribe.py)", ""]
+    for e in entries:
+        r = e.get("result")
+        if r is None:
+            lines.append(f"Failed: {e.get('error', '')}")
+            continue
+        each = ", ".join(f"{x['cli_rows_s']:,}" for x in r["rounds"] if x.get("label") == "after")
+        lines.append(f"{r['rows']:,}-row log (SQLite): median {_f(r.get('after_cli_rows_s'))} rows/s "
+                     f"(rounds: {each}); {'exact' if r.get('after_exact') else '**NOT EXACT**'}.")
+    return lines

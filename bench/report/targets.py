@@ -76,6 +76,11 @@ def ratios_and_targets(res: dict[str, Any]) -> tuple[dict[str, Any], list[dict[s
     ha = next((e for e in res.get("ha", []) if e.get("figure") == "cluster_vs_single_summary"), None)
     ratios["service_redis_cluster / service_redis_always (interleaved rounds, medians)"] = \
         ha["ratio_to_single"].get("redis-cluster") if ha else None
+    cli = _cli_result(res)
+    ratios["cli only: service (up --workers 2, inject, subscribe) / millwheel run, records/s (medians)"] = \
+        cli["rate_ratio"] if cli else None
+    ratios["cli only: service / millwheel run, CPU per record summed over every process (medians)"] = \
+        cli["cpu_ratio"] if cli else None
     lat = _find(res["latency"], pipeline="single", store="redis-aof", load_pct=50)
     lat_sqlite = _find(res["latency"], pipeline="single", store="sqlite", load_pct=50)
     lags = [e["result"]["watermark_lag_added_ms"] for e in res["latency"]
@@ -124,6 +129,7 @@ def ratios_and_targets(res: dict[str, Any]) -> tuple[dict[str, Any], list[dict[s
             targets.append(_target(f"soak: {e.get('error', 'failed')}", None, 0.0, ""))
     soak_rows = [t for t in targets if t["target"].startswith("soak")]
     targets += issue_24_targets(ratios, lat_sqlite, lat, soak_rows)
+    targets += issue_31_targets(res)
     return ratios, targets
 
 
@@ -148,6 +154,177 @@ def issue_24_targets(ratios: dict[str, Any], lat_sqlite: dict[str, Any] | None, 
                 lower=True),
         soak,
     ]
+
+
+#: Where issue 31's targets are judged: the CLI-only comparison at this many records on
+#: this many cores, the scale-out on at least this many, the soak this long at this
+#: share of its capacity, the subscribe read of a log this long.
+CLI_RECORDS_31, CLI_CORES_31 = 200_000, 2
+SCALE_CORES_31 = 16
+SOAK_MINUTES_31, SOAK_LOAD_PCT_31 = 60.0, 70.0
+SUBSCRIBE_ROWS_31 = 1_000_000
+
+
+def _cli_result(res: dict[str, Any]) -> dict[str, Any] | None:
+    """The CLI-only comparison's result (bench/cases/cli_vs_local.py), when every run was exact."""
+    for e in res.get("cli", []):
+        r = e.get("result")
+        if r is not None and r.get("correct", {}).get("ok"):
+            return r  # type: ignore[no-any-return]
+    return None
+
+
+def issue_31_targets(res: dict[str, Any]) -> list[dict[str, Any]]:
+    """Issue 31's five rows, under the names the issue gives them, each with a ``note``
+    saying what the figure is made of, or why there is none (value None: not run, or
+    not measurable here). A figure measured away from the target's conditions (a quick
+    run's sizes, another core count) is shown with met unknown (None), never judged."""
+    rows: list[dict[str, Any]] = []
+
+    # 1 and 2: bench/cases/cli_vs_local.py (python -m bench --only cli)
+    cli = _cli_result(res)
+    cli_entries = list(res.get("cli", []))
+    if cli is None:
+        why = ("not run (python -m bench --only cli; alone: python -m bench.cases.cli_vs_local)" if not cli_entries
+               else "no exact run: " + _why_not(cli_entries))
+        rows += [_row("service >= 1.0x local (CLI, 2 cores)", None, 1.0, "ratio", note=why),
+                 _row("CPU per record <= 1.5x local", None, 1.5, "ratio", lower=True, note=why)]
+    else:
+        where = (f"{cli['records']:,} records, {cli['rounds']} interleaved round(s), {cli['cpus']} cores, "
+                 f"up --workers {cli['workers']}, SQLite")
+        full = cli["records"] >= CLI_RECORDS_31
+        off = [] if full else [f"judged at {CLI_RECORDS_31:,} records"]
+        off_cores = off + ([] if cli["cpus"] == CLI_CORES_31 else [f"judged on {CLI_CORES_31} cores"])
+        rows.append(_row(
+            "service >= 1.0x local (CLI, 2 cores)", cli["rate_ratio"], 1.0, "ratio", judged=not off_cores,
+            note=f"service {_n(cli['service_records_per_s'])} rec/s, millwheel run "
+                 f"{_n(cli['local_records_per_s'])} rec/s (medians; {where})" + _off(off_cores)))
+        busiest = _busiest_note(cli)
+        rows.append(_row(
+            "CPU per record <= 1.5x local", cli["cpu_ratio"], 1.5, "ratio", lower=True, judged=not off,
+            note=f"service {_n(cli['service_cpu_us_per_record'])} µs, millwheel run "
+                 f"{_n(cli['local_cpu_us_per_record'])} µs of CPU a record (medians; controller, workers, "
+                 f"watchdogs, up, inject, subscribe summed{busiest}; {where})" + _off(off)))
+
+    # 3: bench/cases/scale.py (python -m bench --only scale)
+    rows.append(_scale_row(res.get("scale", [])))
+
+    # 4: bench/cases/soak.py (python -m bench --only soak --soak-minutes 60 --soak-load 70)
+    rows.append(_soak_row(res.get("soak", [])))
+
+    # 5: bench/cases/subscribe.py (python -m bench --only subscribe)
+    sub = next((e for e in res.get("subscribe", []) if "result" in e), None)
+    if sub is None:
+        why = ("not run (python -m bench --only subscribe)" if not res.get("subscribe")
+               else _why_not(res["subscribe"]))
+        rows.append(_row("subscribe >= 100k rows/s", None, 100_000, "rows/s", note=why))
+    else:
+        r = sub["result"]
+        exact = bool(r.get("after_exact"))
+        figure = r.get("after_cli_rows_s") if exact else None
+        full = r["rows"] >= SUBSCRIBE_ROWS_31
+        n_rounds = len([x for x in r.get("rounds", []) if x.get("label") == "after"])
+        note = (f"millwheel subscribe --json of a {r['rows']:,}-row log (SQLite), median of {n_rounds} round(s)"
+                + ("" if exact else "; NOT EXACT: no figure")
+                + _off([] if full else [f"judged on a {SUBSCRIBE_ROWS_31:,}-row log"]))
+        rows.append(_row("subscribe >= 100k rows/s", figure, 100_000, "rows/s", judged=full, note=note))
+    return rows
+
+
+def _scale_row(entries: list[dict[str, Any]]) -> dict[str, Any]:
+    name, bound = "8 workers >= 5x 1 worker and >= 3x local (16 cores)", 5.0
+    if not entries:
+        return _row(name, None, bound, "x 1 worker", note="not run (python -m bench --only scale)")
+    cpus = next((e.get("cpus") for e in entries if e.get("cpus")), None)
+    if cpus is None or cpus < SCALE_CORES_31:
+        return _row(name, None, bound, "x 1 worker", note=f"not measured: {cpus or 'unknown'} cores here")
+
+    def rate(**match: Any) -> float | None:
+        for e in entries:
+            r = e.get("result")
+            if r and all(e.get(k) == v for k, v in match.items()) and r.get("correct", {}).get("ok"):
+                return r.get("records_per_s")  # type: ignore[no-any-return]
+        return None
+
+    one, eight, local = rate(figure="service", workers=1), rate(figure="service", workers=8), rate(figure="local")
+    if one is None or eight is None or local is None:
+        missing = [what for what, v in (("1 worker", one), ("8 workers", eight), ("local mode", local)) if v is None]
+        return _row(name, None, bound, "x 1 worker",
+                    note=f"no exact run of {', '.join(missing)} ({cpus} cores; full runs run 8 workers from "
+                         f"16 cores)")
+    speedup, vs_local = eight / one, eight / local
+    row = _row(name, speedup, bound, "x 1 worker",
+               note=f"8 workers {eight:,.0f} rec/s: {speedup:.2f}x 1 worker ({one:,.0f}), {vs_local:.2f}x local "
+                    f"mode ({local:,.0f}; bound 3x); {cpus} cores, SQLite")
+    row["met"] = speedup >= bound and vs_local >= 3.0
+    return row
+
+
+def _soak_row(entries: list[dict[str, Any]]) -> dict[str, Any]:
+    name = "soak 60 min at 70%: flat"
+    how = f"python -m bench --only soak --soak-minutes {SOAK_MINUTES_31:g} --soak-load {SOAK_LOAD_PCT_31:g}"
+    ran = [e for e in entries if "result" in e]
+    if not ran:
+        why = f"not run ({how})" if not entries else f"{_why_not(entries)} ({how})"
+        return _row(name, None, 0, "rows unmet", lower=True, note=why)
+    ok_runs = [e["result"] for e in ran if e["result"].get("minutes", 0) >= SOAK_MINUTES_31
+               and e["result"].get("plan", {}).get("rate") is None
+               and e["result"].get("plan", {}).get("load_pct", 50.0) >= SOAK_LOAD_PCT_31]
+    if not ok_runs:
+        r = ran[0]["result"]
+        pct = r.get("plan", {}).get("load_pct", 50.0)
+        at = f"{r.get('rate') or 0:,.0f} records/s given" if r.get("plan", {}).get("rate") else f"{pct:g}%"
+        return _row(name, None, 0, "rows unmet", lower=True,
+                    note=f"not run: the soak ran {r.get('minutes', 0):g} min at {at} ({how})")
+    r = ok_runs[0]
+    if r.get("interrupted"):
+        return _row(name, None, 0, "rows unmet", lower=True, note="the soak was interrupted")
+    soak_rows = r.get("targets", [])
+    unmet = sum(1 for t in soak_rows if t.get("met") is not True)
+    detail = "; ".join(f"{t['target'].split(' (')[0].removeprefix('soak: ')}: "
+                       f"{'n/a' if t.get('value') is None else format(t['value'], '.2f')} {t.get('unit', '')}"
+                       f" ({'met' if t.get('met') else 'unmet'})" for t in soak_rows)
+    return _row(name, unmet, 0, "rows unmet", lower=True,
+                note=f"{r['minutes']:g} min at {r['rate']:,.0f} records/s ({r['plan'].get('load_pct', 50.0):g}% of "
+                     f"{r.get('capacity_records_per_s') or 0:,.0f}); {detail}")
+
+
+def _why_not(entries: list[dict[str, Any]]) -> str:
+    for e in entries:
+        if "error" in e:
+            return f"failed: {str(e['error'])[:200]}"
+        r = e.get("result") or {}
+        if not r.get("correct", {}).get("ok", True):
+            return f"not exact: {str(r['correct'].get('detail', ''))[:200]}"
+    return "no result"
+
+
+def _busiest_note(cli: dict[str, Any]) -> str:
+    """The service's busiest process in the run nearest the median rate, and its share."""
+    runs = [r for r in cli.get("runs", []) if r.get("mode") == "service" and r.get("busiest")]
+    if not runs:
+        return ""
+    med = cli.get("service_records_per_s") or 0
+    busy = min(runs, key=lambda r: abs((r.get("records_per_s") or 0) - med))["busiest"]
+    return f"; busiest {busy['process']} {busy['share']:.0%}" if busy.get("share") is not None else ""
+
+
+def _n(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:,.0f}"
+
+
+def _off(why: list[str]) -> str:
+    return f"; measured off the target's conditions ({', '.join(why)}): not judged" if why else ""
+
+
+def _row(name: str, value: float | None, bound: float, unit: str, lower: bool = False, note: str = "",
+         judged: bool = True) -> dict[str, Any]:
+    """A target row with a note; ``judged=False``: the figure is shown, met left unknown."""
+    row = _target(name, value, bound, unit, lower)
+    if not judged:
+        row["met"] = None
+    row["note"] = note
+    return row
 
 
 def _service_best(res: dict[str, Any]) -> float | None:
