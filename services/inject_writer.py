@@ -15,11 +15,11 @@ How it goes:
    the injector on first use (``stream``) and this writer, whose watermark then holds
    the injector back.
 2. ``write``: every record gets an ID if it has none (``INJECTOR/wWRITER/SESSION/N``, fixed
-   before the first send), its range is ``crc32(key) % key_ranges``, and each range's records go
-   in batches of ``batch`` to the range's owner on a kept-open ``Ingest.Write`` stream
-   per worker, up to ``window`` batches unacked per worker. ``write`` returns once its
-   batches are sent; an ack (or a refusal) is read when more room is needed or at
-   :meth:`flush`.
+   before the first send) and its range, ``crc32(key) % key_ranges``; a range's records
+   go once ``batch`` of them are queued (filled across ``write`` calls; the rest at
+   :meth:`flush`) to the range's owner on a kept-open ``Ingest.Write`` stream per worker,
+   up to ``window`` batches unacked per worker. An ack (or a refusal) is read when more
+   room is needed or at :meth:`flush`.
 3. A batch refused as NOT_OWNER, or lost with its link, is sent again to the range's owner
    as the routes say by then (routes fetched again, waiting while the range has none); a
    BUSY one (the range's outbox is full: the pipeline is slower than its writers) after
@@ -97,6 +97,7 @@ class InjectWriter:
         self._expiry_s = 30.0
         self._links: dict[str, PeerLink] = {}
         self._outstanding: deque[tuple[Piece, Future[Any]]] = deque()
+        self._queued: list[list[pb.Record]] = []  # per range: records not sent yet (under ``batch``)
         long_name = len(injector.encode()) + len(self.name.encode()) > 160
         stem = hashlib.sha256(f"{injector}/{self.name}".encode()).hexdigest()[:32] if long_name else \
             f"{injector}/w{self.name}"
@@ -173,15 +174,27 @@ class InjectWriter:
         return out
 
     def write(self, records: Iterable[pb.Record | Record]) -> None:
-        """Send ``records`` to their ranges' owners (step 2); durable once :meth:`flush`
-        (or :meth:`advance`) returns."""
+        """Queue ``records`` for their ranges' owners (step 2): a range's records go as a
+        batch once ``batch`` of them are queued, across calls (small writes still make
+        full batches), the rest at :meth:`flush`; durable once :meth:`flush` (or
+        :meth:`advance`) returns."""
         n = self._key_ranges
-        groups: list[list[pb.Record]] = [[] for _ in range(n)]
+        if len(self._queued) != n:
+            self._queued = [[] for _ in range(n)]
+        queued = self._queued
         for m in self._proto(records):
-            groups[key_range(m.key, n) if n > 1 else 0].append(m)
-        for r, group in enumerate(groups):
-            for start in range(0, len(group), self.batch):
-                self._send((r, group[start:start + self.batch]))
+            r = key_range(m.key, n) if n > 1 else 0
+            group = queued[r]
+            group.append(m)
+            if len(group) >= self.batch:
+                queued[r] = []
+                self._send((r, group))
+
+    def _send_queued(self) -> None:
+        for r, group in enumerate(self._queued):
+            if group:
+                self._queued[r] = []
+                self._send((r, group))
 
     def _send(self, piece: Piece) -> None:
         while len(self._outstanding) >= self.window * max(1, len(self._links)):
@@ -269,7 +282,9 @@ class InjectWriter:
                                        f"within {self.timeout_s:.0f} s: {why}")
 
     def flush(self) -> None:
-        """Wait until every record written so far is acked (resending what must be)."""
+        """Send what is queued and wait until every record written so far is acked
+        (resending what must be)."""
+        self._send_queued()
         while self._outstanding:
             self._settle_one()
 
