@@ -25,6 +25,9 @@ class NodeWatermark:
     low_watermark: int
     input_low_watermark: int
     lag_us: int
+    #: What holds ``low_watermark`` where it is, in words ("input: NODE", a range's own
+    #: pending work, an injector's least live writer, ...); empty once done.
+    held_by: str = ""
 
     @property
     def done(self) -> bool:

@@ -73,9 +73,14 @@ def add_commands(sub: Any) -> None:
                           "watermark for all callers; what plain gRPC clients use)")
     inj.set_defaults(func=cmd_inject)
 
-    wm = client_parser(sub, "watermark", "show low watermarks",
-                       "Show the low watermark of every computation and injector, or of one.")
+    wm = client_parser(sub, "watermark", "show low watermarks and what holds them",
+                       "Show the low watermark of every computation and injector, or of one, and "
+                       "what holds it where it is (HELD BY): a range not reporting or failing, "
+                       "'input: NODE' (its slowest upstream node), a range's own pending work, an "
+                       "injector's slowest live writer or its outbox.")
     wm.add_argument("computation", nargs="?", default="", metavar="COMPUTATION")
+    wm.add_argument("--why", action="store_true",
+                    help="follow 'input: NODE' upstream from COMPUTATION to what holds the chain")
     wm.set_defaults(func=cmd_watermark)
 
     st = client_parser(sub, "state", "show the state and pending timers of a key",
@@ -220,13 +225,24 @@ def _inject_direct(args: argparse.Namespace) -> int:
 
 
 def cmd_watermark(args: argparse.Namespace) -> int:
+    if args.why and not args.computation:
+        raise InvalidSpecError("--why follows one node's watermark upstream: name the COMPUTATION")
     with client_for(args) as client:
         wms = client.watermarks(args.computation)
+        if args.why:  # up the chain of "input: NODE" to what holds it
+            seen = {w.node for w in wms}
+            while wms[-1].held_by.startswith("input: ") and len(wms) < 100:
+                up = wms[-1].held_by[len("input: "):]
+                if up in seen:
+                    break
+                seen.add(up)
+                wms += client.watermarks(up)
     data = [{"node": w.node, "low_watermark": json_ts(w.low_watermark),
-             "input_low_watermark": json_ts(w.input_low_watermark), "lag_us": w.lag_us} for w in wms]
-    rows = [(w.node, fmt_ts(w.low_watermark), fmt_ts(w.input_low_watermark), fmt_lag(w.lag_us))
+             "input_low_watermark": json_ts(w.input_low_watermark), "lag_us": w.lag_us,
+             "held_by": w.held_by} for w in wms]
+    rows = [(w.node, fmt_ts(w.low_watermark), fmt_ts(w.input_low_watermark), w.held_by or "-", fmt_lag(w.lag_us))
             for w in wms]
-    return emit(args, data, table(["NODE", "LOW WATERMARK", "INPUT WATERMARK", "LAG"], rows))
+    return emit(args, data, table(["NODE", "LOW WATERMARK", "INPUT WATERMARK", "HELD BY", "LAG"], rows))
 
 
 def cmd_state(args: argparse.Namespace) -> int:

@@ -33,6 +33,7 @@ from ..rpc.server import check
 from ..rpc.status import UnavailableError
 from . import views
 from .ha import Leadership
+from .held_by import LeastWriter
 from .plane import ControlPlane
 from .registry import Registry
 from .rescale_journal import read_keyed
@@ -51,9 +52,13 @@ class Queries:
     ClusterStatus, Subscribe: answered from the plane, forwarding what only the leader
     knows through ``leadership``."""
 
-    def __init__(self, plane: ControlPlane, leadership: Leadership) -> None:
+    def __init__(self, plane: ControlPlane, leadership: Leadership,
+                 least_writer: LeastWriter | None = None) -> None:
+        """``least_writer``: an injector's least live writer (services/controller/writers.py),
+        for what holds its watermark."""
         self.plane = plane
         self.leadership = leadership
+        self.least_writer = least_writer
 
     def _looked_up(self, lookup: Callable[[], T]) -> T:
         """``lookup()``; if it finds no such name on a standby, once more after re-reading
@@ -104,7 +109,7 @@ class Queries:
                 else:
                     nodes = sorted(out)
                 return pb.GetWatermarkResponse(
-                    watermarks=[views.node_watermark(p, n, out, inputs) for n in nodes])
+                    watermarks=[views.node_watermark(p, n, out, inputs, self.least_writer) for n in nodes])
         return self._looked_up(answer)
 
     def get_state(self, request: Any, context: Ctx) -> pb.GetStateResponse:

@@ -113,7 +113,7 @@ class Controller:
             timeout_s=inject_timeout_s, wait_s=inject_wait_s))
         self.writers = Writers(plane, self.injection, writer_expiry_s)
         self.registration = Registration(plane)
-        self.queries = Queries(plane, self.leadership)
+        self.queries = Queries(plane, self.leadership, self.writers.least)
         self.updates = Updates(plane)
         self.heartbeats = Heartbeats(plane, self.leadership)
         self.savepoints = Savepoints(plane, self.leadership, hand_over=self.injection.hand_over)

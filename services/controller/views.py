@@ -12,17 +12,20 @@ from millwheel.topology import CodeRef, ComputationSpec, Options
 from ..generated import millwheel_pb2 as pb
 from ..rpc import convert
 from .errors import error_info
+from .held_by import LeastWriter, held_by
 from .plane import ControlPlane
 
 Watermarks = tuple[dict[str, int], dict[str, int]]  # (every node's output, every computation's input)
 
 
-def node_watermark(plane: ControlPlane, node: str, out: dict[str, int], inputs: dict[str, int]) -> pb.NodeWatermark:
+def node_watermark(plane: ControlPlane, node: str, out: dict[str, int], inputs: dict[str, int],
+                   least_writer: LeastWriter | None = None) -> pb.NodeWatermark:
     wm = out[node]
     now = plane.clock.now_us()
     lag = 0 if wm <= MIN_TIMESTAMP or wm >= MAX_TIMESTAMP else max(0, now - wm)
     return pb.NodeWatermark(node=node, low_watermark=wm,
-                            input_low_watermark=inputs.get(node, out[node]), lag_us=lag)
+                            input_low_watermark=inputs.get(node, out[node]), lag_us=lag,
+                            held_by=held_by(plane, node, out, inputs, least_writer))
 
 
 def ranges(plane: ControlPlane, node: str | None = None) -> list[pb.RangeInfo]:

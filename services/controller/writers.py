@@ -130,6 +130,21 @@ class Writers:
             return None
         return min(w.watermark for w in writers.values())
 
+    def least(self, injector: str) -> tuple[str, int, float] | None:
+        """(name, watermark, seconds since heard) of ``injector``'s least live writer
+        that is not done, if any (what holds its watermark: services/controller/held_by.py).
+        Read without the store: a table from another leader epoch counts as empty."""
+        now = time.monotonic()
+        with self._lock:
+            if self._epoch != self.plane.led_epoch:
+                return None
+            live = [(n, w) for n, w in self._table.get(injector, {}).items()
+                    if not w.done and now - w.seen <= self.expiry_s]
+        if not live:
+            return None
+        name, w = min(live, key=lambda item: item[1].watermark)
+        return name, w.watermark, now - w.seen
+
     # -- RPCs ---------------------------------------------------------------------------
     def routes(self, request: Any, context: Ctx) -> pb.InjectRoutesResponse:
         check(request)

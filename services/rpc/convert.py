@@ -204,7 +204,7 @@ def timer_to_proto(timer: Timer) -> pb.TimerInfo:
 
 # -- query answers -----------------------------------------------------------------------
 def watermark_from_proto(msg: pb.NodeWatermark) -> NodeWatermark:
-    return NodeWatermark(msg.node, msg.low_watermark, msg.input_low_watermark, msg.lag_us)
+    return NodeWatermark(msg.node, msg.low_watermark, msg.input_low_watermark, msg.lag_us, msg.held_by)
 
 
 def key_state_from_proto(computation: str, key: str, msg: pb.GetStateResponse) -> KeyState:

@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -29,7 +31,14 @@ from services.generated import millwheel_pb2_grpc as pb_grpc
 from services.inject_writer import InjectWriter
 from services.rpc.server import channel
 from tests.support import pipelines
-from tests.support.service_cluster import PIPELINE_CODE, Cluster, expected_outputs, start_cluster, wait_for
+from tests.support.service_cluster import (
+    PIPELINE_CODE,
+    ROOT,
+    Cluster,
+    expected_outputs,
+    start_cluster,
+    wait_for,
+)
 
 pytestmark = pytest.mark.timeout(240)
 SECOND = 1_000_000
@@ -207,6 +216,37 @@ def test_a_new_controller_knows_the_writers_a_lagging_one_still_holds_the_inject
         wait_for(lambda: injector_wm(cluster) == 4_000 * SECOND, 20, "b's watermark")
     finally:
         for w in (a, b):
+            w._closed.set()
+
+
+def test_a_stuck_watermark_says_what_holds_it(cluster: Cluster) -> None:
+    """GetWatermark's held_by (and ``millwheel watermark --why``): a computation waiting for
+    its input names its slowest upstream node, and the injector names its slowest live
+    writer; when that writer advances, the answer follows."""
+    cluster.register(topology())
+    fast = InjectWriter(cluster.client, "events", writer="fast")
+    slow = InjectWriter(cluster.client, "events", writer="slow")
+    try:
+        fast.advance(5_000 * SECOND, now=True)
+        slow.advance(2_000 * SECOND, now=True)
+        wait_for(lambda: injector_wm(cluster) == 2_000 * SECOND, 20, "the slow writer's watermark")
+        wait_for(lambda: cluster.client.watermarks("totals")[0].low_watermark >= 2_000 * SECOND, 20,
+                 "the watermark to reach the last stage")
+        held = {w.node: w.held_by for w in cluster.client.watermarks()}
+        assert held["parse"] == "input: injector:events"
+        assert held["counts"] == "input: parse" and held["totals"] == "input: counts"
+        assert held["injector:events"].startswith("writer 'slow' at 2000000000 ")
+        why = subprocess.run([sys.executable, "-m", "services.cli", "watermark", "totals", "--why", "--json",
+                              "--controller", cluster.address], capture_output=True, text=True, timeout=60,
+                             cwd=ROOT)
+        chain = [(w["node"], w["held_by"]) for w in json.loads(why.stdout)]
+        assert [n for n, _ in chain] == ["totals", "counts", "parse", "injector:events"], why.stdout + why.stderr
+        assert "writer 'slow'" in chain[-1][1]
+        slow.done()
+        fast.done()
+        wait_for(lambda: cluster.client.watermarks("injector:events")[0].held_by == "", 20, "done: nothing holds it")
+    finally:
+        for w in (fast, slow):
             w._closed.set()
 
 
