@@ -48,7 +48,7 @@ import grpc
 
 from millwheel.errors import MillWheelError
 from millwheel.keys import key_range
-from millwheel.record import Record
+from millwheel.record import MIN_TIMESTAMP, Record
 from millwheel.runtime.routing import record_of
 
 from .client import ControllerClient
@@ -78,6 +78,12 @@ T = TypeVar("T")
 
 
 class InjectWriter:
+    """One writer of an injector (see the module docstring). ``writer``: its name, which
+    its watermark is kept under (default: a random one); ``key_ranges``: the injector's,
+    if this registers it (0: its consumers' most); ``batch``: records per Write message;
+    ``window``: messages unacked per worker; ``timeout_s``: how long without progress
+    before a write or a controller call gives up."""
+
     def __init__(
         self, client: ControllerClient, injector: str, *, stream: str = "", writer: str | None = None,
         key_ranges: int = 0, batch: int = 2000, window: int = 8, timeout_s: float = 60.0,
@@ -107,7 +113,7 @@ class InjectWriter:
         self._next_id = 0
         self._wanted: int | None = None  # a watermark not sent yet (coalesced)
         self._sent_at = 0.0
-        self.watermark = 0  # the injector's, as the controller last answered
+        self.watermark = MIN_TIMESTAMP  # the injector's, as the controller last answered
         self._closed = threading.Event()
         self._contacted = False  # a controller has answered this writer
         self._call_lock = threading.Lock()
