@@ -23,6 +23,7 @@ The caller holds the plane's lock.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Callable
 
 from millwheel.errors import InvalidSpecError
@@ -65,12 +66,12 @@ def held_by(plane: ControlPlane, node: str, out: dict[str, int], inputs: dict[st
         writer = least_writer(name_of(node)) if least_writer is not None else None
         if writer is not None and writer[1] <= stored[r]:
             name, at, age = writer
-            return f"writer {name!r} at {at} (heard {age:.1f} s ago)"
+            return f"writer {name!r} at {_when(at)} (heard {age:.1f} s ago)"
         if pending:
             return f"range {r}: {pending} records in its outbox not yet taken by every consumer"
         if writer is not None:
             name, at, age = writer
-            return f"writer {name!r} at {at} (heard {age:.1f} s ago)"
+            return f"writer {name!r} at {_when(at)} (heard {age:.1f} s ago)"
         return "its watermark as set: nothing has advanced it further (Inject's watermark or done)"
     try:
         upstream = plane.registry.topology.upstream(node)
@@ -82,3 +83,13 @@ def held_by(plane: ControlPlane, node: str, out: dict[str, int], inputs: dict[st
         return f"input: {least}"
     what = f"{pending} pending" if pending else "timers not yet fired or productions not yet acked"
     return f"range {r}: its own pending work ({what})"
+
+
+def _when(us: int) -> str:
+    """An event time for people: UTC to the millisecond (``-inf`` before any watermark)."""
+    if us <= MIN_TIMESTAMP:
+        return "-inf"
+    try:
+        return datetime.fromtimestamp(us / 1e6, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+    except (OverflowError, ValueError, OSError):
+        return f"{us} µs"
