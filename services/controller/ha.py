@@ -136,7 +136,7 @@ class Leadership:
             p.registry, p.assigner = registry, assigner
             p.registry_changed()  # units for every registered node; moves only orphans
             p.led_epoch = epoch
-        log.warning("leader %s (epoch %d) took over in %.3f s: registry version %d, %d ranges, "
+        log.info("leader %s (epoch %d) took over in %.3f s: registry version %d, %d ranges, "
                     "%d known workers", p.address, epoch, time.monotonic() - started,
                     p.registry.version, len(p.assigner.units), len(p.assigner.workers))
 

@@ -162,7 +162,9 @@ class Elector:
                 self._valid_until = sent + self.ttl_s * SAFETY
                 self.epoch = epoch
                 self.leader_address, self.leader_epoch = self.address, epoch
-                log.warning("controller %s is the leader (epoch %d)", self.address, epoch)
+                # The first election is routine; a later epoch means a leader changed.
+                log.log(logging.INFO if epoch == 1 else logging.WARNING,
+                        "controller %s is the leader (epoch %d)", self.address, epoch)
                 won = epoch
         try:
             lease = self.store.read_lease()
