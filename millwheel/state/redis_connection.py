@@ -198,6 +198,23 @@ class RedisConnection:
             wait_replicas=int(number("wait_replicas", 0)),
         )
 
+    def servers(self) -> list[tuple[str, int]]:
+        """The servers this store's data is on, as (host, port): its URL's, and on Redis
+        Cluster every node its client knows (replicas too). No call is made: what a
+        connector is compared with (millwheel/connectors/own_store.py)."""
+        parts = urlsplit(self.url)
+        try:
+            port = parts.port or 6379
+        except ValueError:
+            port = 6379
+        out = [(parts.hostname or "127.0.0.1", port)] if self.url else []
+        if self._cluster:
+            try:
+                out += [(str(n.host), int(n.port)) for n in self._client.get_nodes()]
+            except Exception:  # noqa: BLE001 - a cluster client not yet initialized: the URL's node alone
+                pass
+        return out
+
     # -- the client: one node, or a cluster --------------------------------------
     @property
     def _r(self) -> Any:

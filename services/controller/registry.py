@@ -15,6 +15,7 @@ import json
 import threading
 from typing import Sequence
 
+from millwheel.connectors.own_store import refuse_own_store
 from millwheel.connectors.spec import SinkSpec, sink_to_dict, sinks_from_list
 from millwheel.errors import AlreadyExistsError, InvalidSpecError, NotFoundError, ResourceLimitError
 from millwheel.importing import AllowList
@@ -142,6 +143,11 @@ class Registry:
                     raise AlreadyExistsError(f"sink {sink.name!r} is already registered (with other settings)")
                 continue
             new_sinks.append(sink)
+        # A Redis connector naming the store's own server would write into its keys (issue 34, item 5).
+        refuse_own_store([*((f"injector {i.name!r} source", i.source.type, i.source.settings)
+                            for i in new_injectors if i.source is not None),
+                          *((f"sink {s.name!r}", s.connector.type, s.connector.settings) for s in new_sinks)],
+                         self.store)
         outputs = {s for c in (*topo.computations, *new_comps) for s in c.all_outputs()}
         for stream in log_streams:
             if stream not in outputs:

@@ -20,6 +20,7 @@ import time
 from typing import Callable
 
 from millwheel.clock import SystemClock
+from millwheel.connectors.own_store import refuse_own_store
 from millwheel.connectors.pulled import PulledSource, open_source
 from millwheel.connectors.spec import SinkSpec
 from millwheel.errors import FencedError, MillWheelError
@@ -106,6 +107,9 @@ class Connectors:
             try:
                 if unit not in self.sources:
                     assert spec.source is not None
+                    # (the registry refuses it; this one was stored before it did: issue 34, item 5)
+                    refuse_own_store([(f"injector {spec.name!r} source", spec.source.type, spec.source.settings)],
+                                     self.store)
                     self.sources[unit] = (owned.token, open_source(spec.name, spec.source.settings, self.clock))
                 moved += self._pull(owned, spec, self.sources[unit][1])
             except Exception as exc:  # noqa: BLE001 - this source's failure alone (issue 34, item 2)
@@ -173,7 +177,7 @@ class Connectors:
 
     def _take(self, unit: Unit, token: int, spec: SinkSpec) -> None:
         """Build the sink's runner. One that cannot be built (its connector refuses its
-        settings, its client library is missing) is that sink's failure alone: shown as
+        settings, it names the store's own Redis, its client library is missing) is that sink's failure alone: shown as
         down (:meth:`down`), logged once per token, tried again every UNBUILT_RETRY_S; it
         never stops the heartbeat that gave it, nor the ranges given with it (issue 34)."""
         now = time.monotonic()
@@ -181,6 +185,7 @@ class Connectors:
         if failed is not None and failed[0] == token and now < failed[2]:
             return
         try:
+            refuse_own_store([(f"sink {spec.name!r}", spec.connector.type, spec.connector.settings)], self.store)
             runner = SinkRunner(spec, self.store, token, batch_size=self.batch_size)
         except Exception as exc:  # noqa: BLE001 - whatever the connector raises: this sink's failure
             since = failed[1] if failed is not None and failed[0] == token else now
