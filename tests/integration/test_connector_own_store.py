@@ -92,3 +92,24 @@ def test_connectors_naming_the_services_own_redis_are_refused(
     topo = controller.plane.registry.topology
     assert [s.name for s in topo.sinks] == ["out"]
     assert sorted(i.name for i in topo.injectors) == ["ev", "pulled", "single"]
+
+
+def test_every_node_of_the_stores_cluster_is_the_store() -> None:
+    """On Redis Cluster a connector naming any node (not only the URL's) is refused."""
+    from millwheel.connectors.own_store import refuse_own_store
+    from millwheel.errors import InvalidSpecError
+    from millwheel.state.url import open_store
+    from tests.support.redis_cluster import RedisClusterNodes
+
+    with RedisClusterNodes(masters=3, replicas=0) as nodes, RedisServer() as other:
+        store = open_store(nodes.url)
+        try:
+            store.get_meta("x")  # the client finds the cluster
+            ports = {port for _h, port in store.servers()}  # type: ignore[attr-defined]
+            assert len(ports) == 3
+            for port in ports:
+                with pytest.raises(InvalidSpecError, match="own store"):
+                    refuse_own_store([("sink 'x'", "redis-stream", {"url": f"redis://localhost:{port}"})], store)
+            refuse_own_store([("sink 'x'", "redis-stream", {"url": f"redis://localhost:{other.port}"})], store)
+        finally:
+            store.close()
