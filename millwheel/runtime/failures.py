@@ -154,8 +154,8 @@ def give_up(rw: RangeWorker, txn: RangeTransaction, err: UserCodeError, attempts
         txn.records_in += 1
     txn.resolved.append(item_id)
     txn.errors.append(error_json(
-        item_id=item_id, key=key, exc_type=err.exc_type, message=err.exc_message, time_us=now,
-        attempts=attempts, outcome=outcome, range_id=rw.range_id))
+        item_id=item_id, key=key, exc_type=err.exc_type, message=err.exc_message, frames=err.frames,
+        time_us=now, attempts=attempts, outcome=outcome, range_id=rw.range_id))
     counter = "dead_lettered" if dead else "skipped"
     txn.counters[counter] = txn.counters.get(counter, 0) + 1
     if not dead:

@@ -43,12 +43,12 @@ def add_commands(sub: Any) -> None:
 def _error_dict(e: pb.ErrorInfo) -> dict[str, Any]:
     return {"range": e.range_id, "key": e.key, "record_id": e.record_id, "time": e.time,
             "attempts": e.attempts, "exception_type": e.exception_type, "message": e.message,
-            "outcome": e.outcome}
+            "outcome": e.outcome, "where": e.where}
 
 
 def _rows(errors: Any) -> list[tuple[Any, ...]]:
     return [(e.range_id, e.key, e.record_id.replace("\x1f", "/")[:60], fmt_ts(e.time) if e.time else "-", e.attempts,
-             e.outcome, f"{e.exception_type}: {e.message}") for e in errors]
+             e.outcome, f"{e.exception_type}: {e.message}" + (f" (at {e.where})" if e.where else "")) for e in errors]
 
 
 HEADERS = ["RANGE", "KEY", "RECORD", "TIME", "ATTEMPTS", "OUTCOME", "ERROR"]

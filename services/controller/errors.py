@@ -29,7 +29,14 @@ def _error_proto(raw: bytes, range_id: int, attempts: int | None = None, outcome
         record_id=str(e.get("record_id", "")), time=int(e.get("time", 0)),
         attempts=int(e.get("attempts", 0) if attempts is None else attempts),
         exception_type=str(e.get("exception_type", "")), message=str(e.get("message", "")),
-        outcome=outcome or str(e.get("outcome", "")))
+        outcome=outcome or str(e.get("outcome", "")), where=_where(e.get("traceback")))
+
+
+def _where(frames: Any) -> str:
+    """``FILE:LINE`` of the innermost frame (frames read "FILE:LINE in FUNCTION")."""
+    if not isinstance(frames, list) or not frames:
+        return ""
+    return str(frames[-1]).split(" in ", 1)[0][-200:]
 
 
 def error_info(store: StateStore, spec: ComputationSpec,
