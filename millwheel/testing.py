@@ -41,7 +41,6 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
-from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
@@ -50,7 +49,7 @@ from millwheel.clock import ManualClock
 from millwheel.errors import InvalidSpecError
 from millwheel.keys import key_range
 from millwheel.record import MAX_TIMESTAMP, MIN_TIMESTAMP, Record, Timer
-from millwheel.runtime.crash import POINTS, SimulatedCrash
+from millwheel.runtime.crash import POINTS, CrashSchedule, SimulatedCrash
 from millwheel.runtime.local_runner import LocalRunner
 from millwheel.sources import SourceBatch
 from millwheel.state.protocol import StateStore
@@ -215,21 +214,6 @@ def _no_crash(point: str) -> None:
     return None
 
 
-class _CrashAt:
-    """Crash at the ``n``-th visit of ``point`` (once); counts every visit."""
-
-    def __init__(self, point: str | None, n: int) -> None:
-        self.point, self.n = point, n
-        self.visits: Counter[str] = Counter()
-        self.fired = False
-
-    def __call__(self, point: str) -> None:
-        self.visits[point] += 1
-        if not self.fired and point == self.point and self.visits[point] == self.n:
-            self.fired = True
-            raise SimulatedCrash(f"{point} #{self.n}")
-
-
 def every_crash(topology: Topology, script: Callable[[PipelineTest], None], outputs: Sequence[str],
                 *, points: Sequence[str] = POINTS, max_visits: int = 50, start_us: int = 0,
                 batch_size: int = 1000) -> int:
@@ -237,14 +221,14 @@ def every_crash(topology: Topology, script: Callable[[PipelineTest], None], outp
     ``max_visits`` visits of each point), crashing there and recovering; assert each
     run's ``outputs`` streams equal the uncrashed run's, record by record. Returns how
     many crashed runs were checked."""
-    counter = _CrashAt(None, 0)
+    counter = CrashSchedule(points[0], 0)  # never fires (visits count from 1): counts every visit
     with PipelineTest(topology, start_us=start_us, batch_size=batch_size, crash=counter) as t:
         script(t)
         want = {s: _sorted(t.output(s)) for s in outputs}
     checked = 0
     for point in points:
         for n in range(1, min(counter.visits[point], max_visits) + 1):
-            hook = _CrashAt(point, n)
+            hook = CrashSchedule(point, n)
             with PipelineTest(topology, start_us=start_us, batch_size=batch_size, crash=hook) as t:
                 script(t)
                 t.run()  # a crash in the script's last run is recovered and run on

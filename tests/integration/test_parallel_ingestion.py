@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import grpc
 import pytest
@@ -100,19 +100,18 @@ def test_two_writers_feed_one_injector_across_workers_exactly_once(cluster: Clus
     assert len(owners) == 2
 
 
-def test_a_worker_killed_while_writers_write_loses_and_repeats_nothing(cluster: Cluster, tmp_path: Path) -> None:
+def writers_with_a_fault(cluster: Cluster, tmp_path: Path, fault: Callable[[], None]) -> None:
+    """Two writers write the workload over ~6 s; ``fault()`` runs a second in; then the
+    output must equal the failure-free run's, record by record."""
     topo = topology()
-    cluster.register(topo)
-    cluster.start_worker()
-    cluster.wait_balanced()
     records = keyed(pipelines.workload(n=1500))
     shares = [records[0::2], records[1::2]]
     threads = [threading.Thread(target=write_share, args=(cluster, f"w{i}", share),
                                 kwargs={"batch": 30, "pause_s": 0.25}) for i, share in enumerate(shares)]
     for t in threads:
-        t.start()  # ~6 s of writing each
+        t.start()
     time.sleep(1.0)
-    os.kill(cluster.workers[0].pid, signal.SIGKILL)  # owns some of the injector's ranges
+    fault()
     for t in threads:
         t.join(180)
         assert not t.is_alive()
@@ -120,6 +119,14 @@ def test_a_worker_killed_while_writers_write_loses_and_repeats_nothing(cluster: 
     want = expected_outputs(tmp_path, topo, pipelines.sources(records, DISORDER), ("counts", "totals"))
     assert cluster.outputs("counts") == want["counts"]
     assert cluster.outputs("totals") == want["totals"]
+
+
+def test_a_worker_killed_while_writers_write_loses_and_repeats_nothing(cluster: Cluster, tmp_path: Path) -> None:
+    cluster.register(topology())
+    cluster.start_worker()
+    cluster.wait_balanced()
+    # the first worker owns some of the injector's ranges
+    writers_with_a_fault(cluster, tmp_path, lambda: os.kill(cluster.workers[0].pid, signal.SIGKILL))
 
 
 def test_a_paused_worker_coming_back_as_a_zombie_writes_nothing_twice(cluster: Cluster, tmp_path: Path) -> None:
@@ -127,31 +134,20 @@ def test_a_paused_worker_coming_back_as_a_zombie_writes_nothing_twice(cluster: C
     time out, its ranges move (new tokens), the writers send the batches to the new owners;
     then SIGCONT: what it still holds (Write batches read before the pause, its outboxes)
     is fenced or dropped downstream by record ID. The output equals the failure-free run."""
-    topo = topology()
-    cluster.register(topo)
+    cluster.register(topology())
     cluster.wait_balanced()
-    records = keyed(pipelines.workload(n=1500))
-    shares = [records[0::2], records[1::2]]
-    threads = [threading.Thread(target=write_share, args=(cluster, f"w{i}", share),
-                                kwargs={"batch": 30, "pause_s": 0.25}) for i, share in enumerate(shares)]
-    for t in threads:
-        t.start()  # ~6 s of writing each
-    time.sleep(1.0)
     paused = cluster.workers[0]
-    os.kill(paused.pid, signal.SIGSTOP)
-    try:
-        wait_for(lambda: all(r.worker_id and not r.worker_id.endswith(f"/{paused.pid}")
-                             for r in cluster.client.status().ranges), 30, "the paused worker's ranges to move")
-        time.sleep(2.0)
-    finally:
-        os.kill(paused.pid, signal.SIGCONT)
-    for t in threads:
-        t.join(180)
-        assert not t.is_alive()
-    cluster.wait_watermark("totals", MAX_TIMESTAMP, timeout=120)
-    want = expected_outputs(tmp_path, topo, pipelines.sources(records, DISORDER), ("counts", "totals"))
-    assert cluster.outputs("counts") == want["counts"]
-    assert cluster.outputs("totals") == want["totals"]
+
+    def pause() -> None:
+        os.kill(paused.pid, signal.SIGSTOP)
+        try:
+            wait_for(lambda: all(r.worker_id and not r.worker_id.endswith(f"/{paused.pid}")
+                                 for r in cluster.client.status().ranges), 30, "the paused worker's ranges to move")
+            time.sleep(2.0)
+        finally:
+            os.kill(paused.pid, signal.SIGCONT)
+
+    writers_with_a_fault(cluster, tmp_path, pause)
 
 
 def injector_wm(c: Cluster) -> int:
