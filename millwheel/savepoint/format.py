@@ -13,8 +13,10 @@ the file readable by any language and independent of the store that wrote it (by
 values are base64); no record of one backend's layout is in it.
 
 Bounds (a restore reads a file it did not write): the file as a whole is at most
-:data:`MAX_FILE_BYTES` (the controller spools it to disk, never into memory), one
-frame at most :data:`MAX_FRAME_BYTES`; :mod:`millwheel.savepoint.content` checks each
+:data:`MAX_FILE_BYTES` (the controller spools it to disk, never into memory, up to its
+--max-restore-bytes, :data:`DEFAULT_MAX_RESTORE_BYTES` by default), one frame at most
+:data:`MAX_FRAME_BYTES` and at least :data:`MIN_FRAME_BYTES`; :class:`Verifier`
+checks the structure as the bytes arrive, :mod:`millwheel.savepoint.restore` each
 frame's fields.
 """
 
@@ -33,8 +35,14 @@ HEAD = len(MAGIC) + 4
 DIGEST = 32
 #: The largest savepoint file a controller accepts (spooled to a temporary file).
 MAX_FILE_BYTES = 64 << 30
+#: What a controller takes by default (its --max-restore-bytes, at most MAX_FILE_BYTES).
+DEFAULT_MAX_RESTORE_BYTES = 16 << 30
 #: The largest frame: what :mod:`millwheel.savepoint.capture` writes stays near 1 MiB.
 MAX_FRAME_BYTES = 16 << 20
+#: The smallest frame: the end frame, ``{"t":"end","frames":0}``; a frame of any other
+#: type carries more fields. Shorter ones (an empty one) are refused as they arrive.
+MIN_FRAME_BYTES = len(b'{"t":"end","frames":0}')
+READ_BYTES = 1 << 20  #: what :func:`verify` reads at a time
 
 
 class SavepointFileError(InvalidSpecError):
@@ -86,55 +94,173 @@ def verify(f: IO[bytes], size: int) -> str:
     digest (hex); raises :class:`SavepointFileError` saying what is wrong and where."""
     if size > MAX_FILE_BYTES:
         raise SavepointFileError(f"savepoint file: {size} bytes, over the limit of {MAX_FILE_BYTES}")
-    head = _read_exact(f, HEAD)
-    if len(head) < len(MAGIC) or head[:len(MAGIC)] != MAGIC:
-        raise SavepointFileError(f"not a millwheel savepoint: it starts with {head[:16]!r}, not {MAGIC!r}")
-    if len(head) < HEAD:
-        raise SavepointFileError(f"savepoint file truncated: {size} bytes, shorter than its header")
-    version = struct.unpack(">I", head[len(MAGIC):])[0]
-    if version != FORMAT_VERSION:
-        raise SavepointFileError(f"savepoint format version {version}: this millwheel reads version "
-                                 f"{FORMAT_VERSION} only")
-    h = hashlib.sha256(head)
-    pos, frames = HEAD, 0
-    while True:
-        raw = _read_exact(f, 4)
-        if len(raw) < 4:
-            raise SavepointFileError(f"savepoint file truncated: it ends at byte {size} inside frame "
-                                     f"{frames}'s length, before its end frame (corrupt or cut short)")
-        n = struct.unpack(">I", raw)[0]
-        if n > MAX_FRAME_BYTES:
-            raise SavepointFileError(f"savepoint file corrupt: frame {frames} at byte {pos} claims {n} bytes, "
-                                     f"over the limit of {MAX_FRAME_BYTES}")
-        data = _read_exact(f, n)
-        if len(data) < n:
-            raise SavepointFileError(f"savepoint file truncated: frame {frames} at byte {pos} needs {n} bytes, "
-                                     f"{len(data)} remain (the file is {size} bytes)")
-        h.update(raw)
-        h.update(data)
-        pos += 4 + n
-        if data.startswith(b'{"t":"end"'):
+    check = Verifier()
+    while data := _read_exact(f, READ_BYTES):
+        check.feed(data)
+    return check.finish()
+
+
+class Verifier:
+    """:func:`verify` fed as the bytes arrive (a restore checks an upload while it is
+    received): :meth:`feed` raises :class:`SavepointFileError` at the first byte that
+    cannot be a savepoint's (the magic and the format version as soon as those bytes
+    are in, a frame's length as soon as its four bytes are), :meth:`finish` after the
+    last byte returns the digest (hex) or says where the file was cut short.
+
+    A frame's content is not buffered (only an end frame's, to count its frames), and
+    frames wholly inside one piece are stepped over in a tight loop and hashed in one
+    call: the work is one step per frame, and a frame is at least
+    :data:`MIN_FRAME_BYTES` (an empty one is refused at once, issue 34, item 7)."""
+
+    def __init__(self) -> None:
+        self.hash = hashlib.sha256()
+        self.pos = 0  #: bytes accepted so far
+        self.frames = 0  #: frames before the end frame seen so far
+        self.digest: bytes | None = None  #: once the end frame and the checksum are in
+        self._part = bytearray()  # the head, a length, a frame's start, an end frame or the checksum, collected
+        self._want = HEAD  # how many bytes _part is collected to
+        self._state = _HEAD
+        self._frame = 0  # the current frame's length (_PEEK, _END_FRAME)
+        self._skip = 0  # bytes of the current frame still to step over (_SKIP)
+
+    @property
+    def headed(self) -> bool:
+        """Magic and format version are in and right."""
+        return self._state != _HEAD
+
+    def feed(self, data: bytes) -> None:
+        view = memoryview(data)
+        i, n = 0, len(view)
+        while i < n:
+            state = self._state
+            if state == _SKIP:
+                take = min(self._skip, n - i)
+                self.hash.update(view[i:i + take])
+                i += take
+                self.pos += take
+                self._skip -= take
+                if not self._skip:
+                    self._next_frame()
+                continue
+            if state == _LEN and not self._part:  # whole frames in this piece: one step each
+                i = self._whole_frames(data, view, i, n)
+                continue
+            if state == _DONE:
+                raise SavepointFileError(f"savepoint file corrupt: unexpected bytes after its checksum (byte "
+                                         f"{self.pos})")
+            take = min(self._want - len(self._part), n - i)
+            self._part += view[i:i + take]
+            i += take
+            self.pos += take
+            if state == _HEAD and not MAGIC.startswith(bytes(self._part[:len(MAGIC)])):
+                raise SavepointFileError(f"not a millwheel savepoint: it starts with {bytes(self._part[:16])!r}, "
+                                         f"not {MAGIC!r}")
+            if len(self._part) == self._want:
+                part = bytes(self._part)
+                self._part.clear()
+                self._complete(state, part)
+
+    def _whole_frames(self, data: bytes, view: memoryview, i: int, n: int) -> int:
+        start = i
+        frames = self.frames
+        try:
+            while i + 4 <= n:
+                size = _LENGTH.unpack_from(data, i)[0]
+                if not MIN_FRAME_BYTES <= size <= MAX_FRAME_BYTES or data.startswith(_END_START, i + 4) \
+                        or i + 4 + size > n:
+                    break  # refused, an end frame or one going on in the next piece: step by step
+                i += 4 + size
+                frames += 1
+        finally:
+            self.hash.update(view[start:i])
+            self.pos += i - start
+            self.frames = frames
+        if i + 4 <= n:  # the length of a frame refused or stepped through (_complete hashes it)
+            self.pos += 4
+            self._complete(_LEN, bytes(view[i:i + 4]))
+            return i + 4
+        self._part += view[i:n]  # part of a length
+        self.pos += n - i
+        return n
+
+    def _complete(self, state: int, part: bytes) -> None:
+        if state == _HEAD:
+            version = _LENGTH.unpack(part[len(MAGIC):])[0]
+            if version != FORMAT_VERSION:
+                raise SavepointFileError(f"savepoint format version {version}: this millwheel reads version "
+                                         f"{FORMAT_VERSION} only")
+            self.hash.update(part)
+            self._next_frame()
+        elif state == _LEN:
+            size = _LENGTH.unpack(part)[0]
+            at = self.pos - 4
+            if size > MAX_FRAME_BYTES:
+                raise SavepointFileError(f"savepoint file corrupt: frame {self.frames} at byte {at} claims {size} "
+                                         f"bytes, over the limit of {MAX_FRAME_BYTES}")
+            if size < MIN_FRAME_BYTES:
+                raise SavepointFileError(f"savepoint file corrupt: frame {self.frames} at byte {at} is {size} "
+                                         f"bytes, shorter than any frame (at least {MIN_FRAME_BYTES}: the format "
+                                         "writes no empty frame)")
+            self.hash.update(part)
+            self._frame = size
+            self._state, self._want = _PEEK, len(_END_START)
+        elif state == _PEEK:
+            self.hash.update(part)
+            if part == _END_START:  # perhaps the end frame: kept whole to read its count
+                self._state, self._want = _END_FRAME, self._frame
+                self._part += part
+            else:
+                self._state, self._skip = _SKIP, self._frame - len(part)
+        elif state == _END_FRAME:
+            self.hash.update(part[len(_END_START):])
             try:
-                end = json.loads(data)
+                end = json.loads(part)
             except ValueError:
                 end = None
             if isinstance(end, dict) and end.get("t") == "end":
-                if end.get("frames") != frames:
+                if end.get("frames") != self.frames:
                     raise SavepointFileError(f"savepoint file corrupt: its end frame counts {end.get('frames')!r} "
-                                             f"frames, the file has {frames}")
-                break
-        frames += 1
-    digest = _read_exact(f, DIGEST + 1)
-    if len(digest) < DIGEST:
-        raise SavepointFileError(f"savepoint file truncated: {len(digest)} of the {DIGEST} checksum bytes "
-                                 f"after the end frame (byte {pos})")
-    if len(digest) > DIGEST or size != pos + DIGEST:
-        raise SavepointFileError(f"savepoint file corrupt: {size - pos - DIGEST} unexpected bytes after its "
-                                 f"checksum (byte {pos + DIGEST})")
-    if digest != h.digest():
-        raise SavepointFileError("savepoint file corrupt: its SHA-256 checksum does not match its contents "
-                                 f"({size} bytes; a byte changed somewhere)")
-    return digest.hex()
+                                             f"frames, the file has {self.frames}")
+                self._state, self._want = _DIGEST, DIGEST
+            else:
+                self._next_frame()
+        elif state == _DIGEST:
+            if part != self.hash.digest():
+                raise SavepointFileError("savepoint file corrupt: its SHA-256 checksum does not match its "
+                                         f"contents ({self.pos} bytes; a byte changed somewhere)")
+            self.digest = part
+            self._state = _DONE
+
+    def _next_frame(self) -> None:
+        if self._state != _HEAD:
+            self.frames += 1
+        self._state, self._want = _LEN, 4
+
+    def finish(self) -> str:
+        """The digest (hex) of a whole file; SavepointFileError if it was cut short."""
+        state, have = self._state, len(self._part)
+        if state == _DONE and self.digest is not None:
+            return self.digest.hex()
+        if state == _HEAD:
+            if have < len(MAGIC):
+                raise SavepointFileError(f"not a millwheel savepoint: it starts with {bytes(self._part)!r}, "
+                                         f"not {MAGIC!r}")
+            raise SavepointFileError(f"savepoint file truncated: {self.pos} bytes, shorter than its header")
+        if state == _LEN:
+            raise SavepointFileError(f"savepoint file truncated: it ends at byte {self.pos} inside frame "
+                                     f"{self.frames}'s length, before its end frame (corrupt or cut short)")
+        if state == _DIGEST:
+            raise SavepointFileError(f"savepoint file truncated: {have} of the {DIGEST} checksum bytes after the "
+                                     f"end frame (byte {self.pos - have})")
+        missing = self._skip if state == _SKIP else self._want - have + (
+            self._frame - len(_END_START) if state == _PEEK else 0)
+        raise SavepointFileError(f"savepoint file truncated: frame {self.frames} needs {self._frame} bytes, "
+                                 f"{missing} more than the file has (the file is {self.pos} bytes)")
+
+
+_HEAD, _LEN, _PEEK, _SKIP, _END_FRAME, _DIGEST, _DONE = range(7)
+_LENGTH = struct.Struct(">I")
+_END_START = b'{"t":"end"'
 
 
 def frames(f: IO[bytes]) -> Iterator[dict[str, Any]]:

@@ -62,8 +62,8 @@ def _bytes(v: Any, where: str) -> bytes:
 
 def _items(obj: dict[str, Any], where: str) -> list[Any]:
     items = obj.get("items")
-    if not isinstance(items, list):
-        raise SavepointFileError(f"{where}: 'items' must be a list")
+    if not isinstance(items, list) or not items:  # the format writes no frame without items
+        raise SavepointFileError(f"{where}: 'items' must be a list of at least one item")
     return items
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from millwheel.errors import InvalidSpecError
+from millwheel.savepoint.format import DEFAULT_MAX_RESTORE_BYTES, MAX_FILE_BYTES
 from millwheel.state.url_display import describe_store
 
 from .. import memory
@@ -70,6 +71,10 @@ def add_commands(sub: Any) -> None:
                           "injector's watermark back (docs/service.md, Parallel ingestion; default 30)")
     ctl.add_argument("--inject-batch", type=int, default=5000, metavar="N",
                      help="Inject messages larger than N records go to the worker in pieces of N")
+    ctl.add_argument("--max-restore-bytes", type=int, default=DEFAULT_MAX_RESTORE_BYTES, metavar="BYTES",
+                     help="the largest savepoint file RestoreSavepoint takes: the upload is spooled to a "
+                          "temporary file and refused with RESOURCE_EXHAUSTED as it passes this (default "
+                          f"{DEFAULT_MAX_RESTORE_BYTES}, 16 GiB; at most {MAX_FILE_BYTES})")
     _admission_args(ctl)
     ha = ctl.add_argument_group(
         "several controllers (docs/service.md, Controller high availability)",
@@ -218,6 +223,8 @@ def cmd_controller(args: argparse.Namespace) -> int:
         raise InvalidSpecError(f"--takeover-grace must be 0..86400 seconds, got {args.takeover_grace:g}")
     if not 0 <= args.cluster_port <= 65535:
         raise InvalidSpecError(f"--cluster-port must be 0..65535, got {args.cluster_port}")
+    if not 0 < args.max_restore_bytes <= MAX_FILE_BYTES:
+        raise InvalidSpecError(f"--max-restore-bytes must be 1..{MAX_FILE_BYTES}, got {args.max_restore_bytes}")
     admission = admission_limits(args)
     _logging(args.log_level)
     memory.start_from_env("controller")
@@ -229,7 +236,8 @@ def cmd_controller(args: argparse.Namespace) -> int:
         advertise=args.advertise,
         lease_ttl_s=args.lease_ttl, takeover_grace_s=args.takeover_grace,
         cluster_port=args.cluster_port, admission=admission,
-        limits=_inject_limits(args), writer_expiry_s=args.writer_expiry)
+        limits=_inject_limits(args), writer_expiry_s=args.writer_expiry,
+        max_restore_bytes=args.max_restore_bytes)
     metrics = "metrics off" if args.metrics_port < 0 else f"metrics port {mport}"
     print(f"millwheel controller listening on {args.host}:{port}, cluster port {service.cluster_port} "
           f"({metrics}, store {describe_store(args.store)})", file=sys.stderr, flush=True)

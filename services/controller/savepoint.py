@@ -31,11 +31,16 @@ moved layout, and its fresh tokens would fence the rescale's writes.
 The file is written to a temporary file during the cut, and sent after the ranges are
 placed again: processing is paused for the fence and the reads, not for the transfer.
 
-**Restore** (:meth:`Savepoints.restore`): the file is spooled to disk (at most
-MAX_FILE_BYTES), its checksum and every frame checked, its registry admitted as a
-registration (nothing imported), and only then, in an empty service (nothing ever
-registered, no state under the file's names), written range by range under fresh
-tokens; the registry last, in one write, so workers see nothing before it is complete.
+**Restore** (:meth:`Savepoints.restore`): one at a time per controller (another is
+refused before a byte of it is read). The upload is checked as it arrives (issue 34,
+item 7: it was spooled whole before any check): magic, format version and an empty
+registry on its first bytes, before a spool is opened; each chunk's frames
+(format.Verifier) and the total against ``max_restore_bytes`` (--max-restore-bytes)
+before the chunk is spooled; the first refusal ends the call and closes (removes) the
+spool. Then its checksum, every frame checked, its registry admitted as a registration
+(nothing imported), and only then, in an empty service (nothing ever registered, no
+state under the file's names), written range by range under fresh tokens; the
+registry last, in one write, so workers see nothing before it is complete.
 """
 
 from __future__ import annotations
@@ -51,10 +56,17 @@ from typing import IO, Any, Callable, Iterator
 
 import grpc
 
-from millwheel.errors import ResourceLimitError
+from millwheel.errors import InvalidSpecError, ResourceLimitError
 from millwheel.nodes import sink_node
 from millwheel.savepoint import capture, restore
-from millwheel.savepoint.format import MAX_FILE_BYTES, SavepointFileError, Writer, frames, verify
+from millwheel.savepoint.format import (
+    DEFAULT_MAX_RESTORE_BYTES,
+    MAX_FILE_BYTES,
+    SavepointFileError,
+    Verifier,
+    Writer,
+    frames,
+)
 
 from ..generated import millwheel_pb2 as pb
 from ..rpc.status import PreconditionError, UnavailableError
@@ -80,10 +92,16 @@ class Savepoints:
     redirects them to the leader (``leadership``); a drain closes injectors through
     ``hand_over`` (services/controller/inject.py)."""
 
-    def __init__(self, plane: ControlPlane, leadership: Leadership, hand_over: HandOver) -> None:
+    def __init__(self, plane: ControlPlane, leadership: Leadership, hand_over: HandOver,
+                 max_restore_bytes: int = DEFAULT_MAX_RESTORE_BYTES) -> None:
+        if not 0 < max_restore_bytes <= MAX_FILE_BYTES:
+            raise InvalidSpecError(f"--max-restore-bytes must be 1..{MAX_FILE_BYTES} (the format's limit), "
+                                   f"got {max_restore_bytes}")
         self.plane = plane
         self.leadership = leadership
         self.hand_over = hand_over
+        self.max_restore_bytes = max_restore_bytes
+        self._restoring = threading.Lock()  # held for a whole RestoreSavepoint: one at a time
 
     # -- create ----------------------------------------------------------------------------
     def create(self, request: Any, context: grpc.ServicerContext) -> Iterator[pb.CreateSavepointResponse]:
@@ -250,22 +268,59 @@ class Savepoints:
                 ) -> pb.RestoreSavepointResponse:
         if not self.plane.leading():
             raise self.leadership.redirect(context)
-        with tempfile.TemporaryFile(prefix="millwheel-restore-") as spool:
-            size = 0
-            for msg in request_iterator:
-                size += len(msg.chunk)
-                if size > MAX_FILE_BYTES:
-                    raise ResourceLimitError(f"savepoint file: over the limit of {MAX_FILE_BYTES} bytes "
-                                             "(nothing was written)")
-                spool.write(msg.chunk)
-            spool.flush()
-            spool.seek(0)
-            return self._restore(spool, size)
+        if not self._restoring.acquire(blocking=False):  # one at a time: refused before a byte is read
+            raise PreconditionError("restore: another RestoreSavepoint is under way on this controller (one "
+                                    "at a time); this one was refused before any of it was read (nothing "
+                                    "was written)")
+        try:
+            with contextlib.ExitStack() as closing:
+                spool, size, digest = self._receive(request_iterator, closing)
+                return self._restore(spool, size, digest)
+        finally:
+            self._restoring.release()
 
-    def _restore(self, spool: IO[bytes], size: int) -> pb.RestoreSavepointResponse:
-        """Check everything (nothing written), then write it into this empty service."""
+    def _receive(self, chunks: Iterator[Any], closing: contextlib.ExitStack) -> tuple[IO[bytes], int, str]:
+        """The upload checked as it arrives and spooled to a temporary file (closed, so
+        removed, by ``closing`` whatever happens): the magic, the format version and
+        that the service is empty once the header's bytes are in, before the spool is
+        opened; each frame's length as it comes (format.Verifier); the size against
+        --max-restore-bytes. The first refusal ends the call: nothing more is read."""
+        check = Verifier()
+        spool: IO[bytes] | None = None
+        head = bytearray()  # the bytes before the header is whole (fewer than HEAD)
+        size = 0
+        for msg in chunks:
+            data = msg.chunk
+            size += len(data)
+            if size > self.max_restore_bytes:
+                raise ResourceLimitError(
+                    f"restore: the upload is over this controller's --max-restore-bytes of {self.max_restore_bytes} "
+                    f"bytes (at {size} bytes); nothing was written (its spool is removed): start the controller "
+                    "with a larger --max-restore-bytes to restore a larger file")
+            check.feed(data)
+            if spool is None:
+                head += data
+                if not check.headed:
+                    continue
+                with self.plane.lock:
+                    self._check_registry_empty()
+                spool = closing.enter_context(self._open_spool())
+                data = bytes(head)
+            spool.write(data)
+        digest = check.finish()
+        if spool is None:  # (finish refused a file without its header)
+            raise SavepointFileError("savepoint file: empty")
+        spool.flush()
+        spool.seek(0)
+        return spool, size, digest
+
+    def _open_spool(self) -> IO[bytes]:
+        return tempfile.TemporaryFile(prefix="millwheel-restore-")  # noqa: SIM115 (the caller closes it)
+
+    def _restore(self, spool: IO[bytes], size: int, digest: str) -> pb.RestoreSavepointResponse:
+        """Check everything (nothing written), then write it into this empty service;
+        ``spool``: the file :meth:`_receive` checked, ``digest`` its SHA-256."""
         started = time.monotonic()
-        digest = verify(spool, size)
         header = next(frames(spool), None)
         if header is None or header.get("t") != "header" or not isinstance(header.get("created_us"), int):
             raise SavepointFileError("savepoint file: its first frame is not a header")
@@ -305,17 +360,23 @@ class Savepoints:
                                         log_last={s: v[1] for s, v in summary.streams.items()}),
             log_last={s: store.log_end(s)[0] for s in summary.streams})
 
-    def _check_empty(self, carried: CarriedRegistry, digest: str) -> None:
-        """FAILED_PRECONDITION unless nothing was ever registered here and nothing is
-        stored under the savepoint's names (a restore of the same file cut short may
-        go on: it writes the same again)."""
-        registry, store = self.plane.registry, self.plane.store
+    def _check_registry_empty(self) -> None:
+        """FAILED_PRECONDITION unless nothing was ever registered here (also checked on
+        the upload's first bytes, before anything is spooled)."""
+        registry = self.plane.registry
         topo = registry.topology
         if registry.version != 0 or topo.computations or topo.injectors:
             raise PreconditionError(
                 f"restore needs an empty service: this one has {len(topo.computations)} computations and "
                 f"{len(topo.injectors)} injectors registered (registry version {registry.version}); "
                 "start a controller on a new store (nothing was written)")
+
+    def _check_empty(self, carried: CarriedRegistry, digest: str) -> None:
+        """FAILED_PRECONDITION unless nothing was ever registered here and nothing is
+        stored under the savepoint's names (a restore of the same file cut short may
+        go on: it writes the same again)."""
+        store = self.plane.store
+        self._check_registry_empty()
         if store.get_meta(RESTORING_KEY) == digest.encode():
             return
         for node in carried.nodes():

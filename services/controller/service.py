@@ -52,6 +52,7 @@ import grpc
 
 from millwheel.clock import SystemClock
 from millwheel.importing import AllowList
+from millwheel.savepoint.format import DEFAULT_MAX_RESTORE_BYTES
 from millwheel.state.lease import LeadershipLostError
 from millwheel.state.protocol import StateStore
 from millwheel.state.url_display import redact
@@ -92,7 +93,7 @@ class Controller:
         inject_timeout_s: float = 15.0, inject_wait_s: float = 10.0, inject_batch: int = INJECT_BATCH,
         limits: InjectLimits | None = None, allow_code: AllowList | None = None,
         lease_ttl_s: float = 2.0, takeover_grace_s: float = 10.0, lease_store: StateStore | None = None,
-        writer_expiry_s: float = WRITER_EXPIRY_S,
+        writer_expiry_s: float = WRITER_EXPIRY_S, max_restore_bytes: int = DEFAULT_MAX_RESTORE_BYTES,
     ) -> None:
         """Nothing runs until :meth:`start`: it leads if it wins the store's lease, else
         stands by (services/controller/ha.py). ``lease_store``: the same store opened
@@ -116,7 +117,8 @@ class Controller:
         self.queries = Queries(plane, self.leadership, self.writers.least)
         self.updates = Updates(plane)
         self.heartbeats = Heartbeats(plane, self.leadership)
-        self.savepoints = Savepoints(plane, self.leadership, hand_over=self.injection.hand_over)
+        self.savepoints = Savepoints(plane, self.leadership, hand_over=self.injection.hand_over,
+                                     max_restore_bytes=max_restore_bytes)
         self.servicer = ControllerServicer(self)
         self.retention = RetentionThread(plane, plane.clock)  # the leader trims the stream logs
         self._reaper = threading.Thread(target=self._reap_loop, name="reaper", daemon=True)
@@ -281,7 +283,7 @@ def serve(
     inject_wait_s: float = 10.0, inject_batch: int = INJECT_BATCH, limits: InjectLimits | None = None,
     allow_code: str | None = None, advertise: str | None = None, lease_ttl_s: float = 2.0,
     takeover_grace_s: float = 10.0, cluster_port: int = 0, admission: AdmissionLimits | None = None,
-    writer_expiry_s: float = WRITER_EXPIRY_S,
+    writer_expiry_s: float = WRITER_EXPIRY_S, max_restore_bytes: int = DEFAULT_MAX_RESTORE_BYTES,
 ) -> tuple[grpc.Server, int, int, Controller]:
     """Start a controller; returns (server, port, metrics port or 0, the Controller). It leads
     or stands by (services/controller/ha.py); ``advertise`` is the host the others
@@ -296,7 +298,7 @@ def serve(
                          inject_wait_s=inject_wait_s, inject_batch=inject_batch, limits=limits,
                          allow_code=AllowList.parse(allow_code), lease_ttl_s=lease_ttl_s,
                          takeover_grace_s=takeover_grace_s, lease_store=lease_store,
-                         writer_expiry_s=writer_expiry_s)
+                         writer_expiry_s=writer_expiry_s, max_restore_bytes=max_restore_bytes)
     advertise = advertised_host(host, advertise)
     server, bound, cluster_bound, health = start_servers(
         service.servicer, {"Controller": service.servicer}, host, port, cluster_port, advertise,

@@ -8,6 +8,7 @@ IDs, watermarks, error counts, logs) must come back equal in another store.
 from __future__ import annotations
 
 import io
+import struct
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,16 @@ import pytest
 from millwheel.keys import key_range
 from millwheel.record import Record, TimeDomain, Timer
 from millwheel.savepoint import capture, restore
-from millwheel.savepoint.format import SavepointFileError, Writer, frames, verify
+from millwheel.savepoint.format import (
+    FORMAT_VERSION,
+    MAGIC,
+    MIN_FRAME_BYTES,
+    SavepointFileError,
+    Verifier,
+    Writer,
+    frames,
+    verify,
+)
 from millwheel.state import open_store
 from millwheel.state.protocol import Checkpoint, Production, StateStore
 
@@ -59,6 +69,58 @@ def test_foreign_and_other_versions_say_so() -> None:
     data[15] = 9  # format version 9
     with pytest.raises(SavepointFileError, match="format version 9"):
         check(bytes(data))
+
+
+def test_the_verifier_fed_in_any_pieces_agrees_with_verify() -> None:
+    """A restore checks the upload as it arrives (issue 34, item 7): in whatever pieces,
+    the same answer as the whole file's, for a good file, a flipped byte, a cut."""
+    data = small_file()
+    cases = [data, data[:len(data) - 40], data[:20], data + b"\x00",
+             data[:30] + bytes([data[30] ^ 1]) + data[31:], data[:-1] + bytes([data[-1] ^ 1])]
+    for case in cases:
+        try:
+            want: str | type[SavepointFileError] = check(case)
+        except SavepointFileError:
+            want = SavepointFileError
+        for step in (1, 3, 7, 16, 17, 64, len(case) or 1):
+            v = Verifier()
+            try:
+                for i in range(0, len(case), step):
+                    v.feed(case[i:i + step])
+                got: str | type[SavepointFileError] = v.finish()
+            except SavepointFileError:
+                got = SavepointFileError
+            assert got == want, (case, step)
+
+
+def test_a_bad_header_or_an_empty_frame_is_refused_as_soon_as_its_bytes_are_in() -> None:
+    head = MAGIC + struct.pack(">I", FORMAT_VERSION)
+    with pytest.raises(SavepointFileError, match="not a millwheel savepoint"):
+        Verifier().feed(b"PK")  # two bytes are enough
+    v = Verifier()
+    v.feed(head)
+    assert v.headed
+    with pytest.raises(SavepointFileError, match="frame 0 at byte 16 is 0 bytes, shorter than any frame"):
+        v.feed(bytes(4))
+    v = Verifier()
+    v.feed(head + struct.pack(">I", MIN_FRAME_BYTES) + b'{"t":"ids","items":[1]}'[:MIN_FRAME_BYTES])
+    with pytest.raises(SavepointFileError, match="frame 1 at byte 42 is 3 bytes"):
+        v.feed(struct.pack(">I", 3))
+
+
+def test_a_frame_without_items_is_refused() -> None:
+    """The format writes none (capture's batches flush only items): a file of many
+    would only keep the check loop busy."""
+    buf = io.BytesIO()
+    w = Writer(buf)
+    w.frame({"t": "header", "created_us": 5, "registry": {}})
+    w.frame({"t": "range", "node": "c", "range": 0, "watermark": None, "counters": {}, "recent": [], "attempts": []})
+    w.frame({"t": "ids", "node": "c", "range": 0, "items": []})
+    w.finish()
+    data = buf.getvalue()
+    check(data)
+    with pytest.raises(SavepointFileError, match="frame 2 .*'items' must be a list of at least one item"):
+        restore.check(io.BytesIO(data), {"c": 1}, set())
 
 
 def fill(store: StateStore) -> None:
