@@ -97,14 +97,19 @@ def spec_dict_to_proto(data: Mapping[str, Any]) -> pb.ComputationSpec:
 def injector_to_proto(spec: InjectorSpec) -> pb.InjectorSpec:
     """An injector for a response: its source's URL without the password."""
     source = json.dumps(spec.source.public(), sort_keys=True) if spec.source is not None else ""
-    return pb.InjectorSpec(name=spec.name, stream=spec.stream, source_json=source, key_ranges=spec.key_ranges)
+    return pb.InjectorSpec(name=spec.name, stream=spec.stream, source_json=source, key_ranges=_ranges(spec))
 
 
 def injector_request_to_proto(spec: InjectorSpec) -> pb.InjectorSpec:
     """An injector for a registration request: its source's settings whole (the
     controller needs the password a worker connects with; answers leave it out)."""
-    return pb.InjectorSpec(name=spec.name, stream=spec.stream, key_ranges=spec.key_ranges,
+    return pb.InjectorSpec(name=spec.name, stream=spec.stream, key_ranges=_ranges(spec),
                            source_json=spec.source.settings_json if spec.source is not None else "")
+
+
+def _ranges(spec: InjectorSpec) -> int:
+    """An injector's key ranges on the wire: 0 (unset) for one, as before injectors had more."""
+    return spec.key_ranges if spec.key_ranges > 1 else 0
 
 
 def injectors_from_proto(msgs: Iterable[Any]) -> tuple[InjectorSpec, ...]:
