@@ -16,7 +16,30 @@ COMMAND_MODULES = tuple(f"{__package__}.{m}" for m in (
     "local", "service", "remote", "update", "rescale", "savepoint", "errors", "spark"))
 
 
-def build_parser() -> argparse.ArgumentParser:
+#: Which module adds which command: a command builds only its own module's parsers (and
+#: imports only what that module imports), so `millwheel status` does not load the
+#: console, the local runner or Spark; ``--help`` and an unknown command load them all.
+#: tests/unit/test_cli_modules.py checks this table against what the modules add.
+COMMANDS = {
+    "demo": "local", "run": "local",
+    "controller": "service", "up": "service", "worker": "service",
+    "computations": "remote", "inject": "remote", "keys": "remote", "register": "remote", "state": "remote",
+    "status": "remote", "subscribe": "remote", "unregister": "remote", "watermark": "remote",
+    "update": "update", "rescale": "rescale", "savepoint": "savepoint",
+    "dead-letters": "errors", "errors": "errors", "backfill": "spark",
+}
+
+
+def _modules_for(argv: list[str]) -> tuple[str, ...]:
+    """The command modules ``argv`` needs: the one of its command, else all of them."""
+    if "--version" in argv and not any(a in ("-h", "--help") for a in argv):
+        return ()  # answered by the top parser alone
+    command = next((a for a in argv if not a.startswith("-")), None)
+    module = COMMANDS.get(command or "")
+    return (f"{__package__}.{module}",) if module is not None else COMMAND_MODULES
+
+
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="millwheel",
         description="Keyed, stateful, exactly-once stream computations (after Google's MillWheel).",
@@ -33,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"millwheel {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name in COMMAND_MODULES:
+    for name in COMMAND_MODULES if argv is None else _modules_for(argv):
         if importlib.util.find_spec(name) is None:
             continue
         importlib.import_module(name).add_commands(sub)
@@ -43,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args: argparse.Namespace | None = None
     try:
-        parser = build_parser()
+        parser = build_parser(sys.argv[1:] if argv is None else argv)
         try:
             args = parser.parse_args(argv)
         except SystemExit:
