@@ -218,6 +218,17 @@ class Topology:
         return out
 
     @cached_property
+    def _injectors_by_name(self) -> dict[str, InjectorSpec]:
+        out: dict[str, InjectorSpec] = {}
+        for inj in self.injectors:
+            out.setdefault(inj.name, inj)
+        return out
+
+    def injector(self, name: str) -> InjectorSpec | None:
+        """The injector of that name, if any (looked up per injected batch by workers)."""
+        return self._injectors_by_name.get(name)
+
+    @cached_property
     def _producers(self) -> dict[str, list[str]]:
         out: dict[str, list[str]] = {}
         for spec in self.computations:

@@ -80,16 +80,20 @@ class InjectLimits:
                     f"more than --max-future-us={self.max_future_us} ahead of the "
                     f"service's clock ({_iso(now_us)})")
         if "watermark" in msg.DESCRIPTOR.fields_by_name and msg.HasField("watermark"):
-            wm = msg.watermark
-            if wm >= MAX_TIMESTAMP or wm < MIN_TIMESTAMP:
-                raise InvalidSpecError(
-                    f"{where}: watermark {wm} is out of range (below 2^62, the 'done' value); "
-                    "to close the injector for good send done=true")
-            if wm > horizon:
-                raise InvalidSpecError(
-                    f"{where}: watermark {wm} ({_iso(wm)}) is more than --max-future-us="
-                    f"{self.max_future_us} ahead of the controller's clock ({_iso(now_us)})")
+            self.check_watermark(msg.watermark, where, now_us)
         return missing
+
+    def check_watermark(self, wm: int, where: str, now_us: int,
+                        done_hint: str = "to close the injector for good send done=true") -> None:
+        """A watermark below the "done" value (2^62) and within ``--max-future-us`` of the
+        clock (an Inject message's; a parallel-ingestion writer's, services/controller/writers.py)."""
+        if wm >= MAX_TIMESTAMP or wm < MIN_TIMESTAMP:
+            raise InvalidSpecError(f"{where}: watermark {wm} is out of range (below 2^62, the 'done' value); "
+                                   f"{done_hint}")
+        if self.max_future_us > 0 and wm > now_us + self.max_future_us:
+            raise InvalidSpecError(
+                f"{where}: watermark {wm} ({_iso(wm)}) is more than --max-future-us="
+                f"{self.max_future_us} ahead of the controller's clock ({_iso(now_us)})")
 
 
 def _iso(us: int) -> str:

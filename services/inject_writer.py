@@ -206,18 +206,26 @@ class InjectWriter:
     def _send(self, piece: Piece) -> None:
         while len(self._outstanding) >= self.window * max(1, len(self._links)):
             self._settle_one()
-        r, records = piece
-        address = self._owners[r] if r < len(self._owners) else ""
-        if not address:
-            self._resend([piece])
-            return
-        req = pb.WriteRequest(injector=self.injector, range_id=r)
-        add_records(req.records, records)
-        fut = self._link(address).send(req, wait_s=self.timeout_s)
+        fut = self._post(piece)
         if fut is None:
             self._resend([piece])
             return
         self._outstanding.append((piece, fut))
+
+    def _owner(self, r: int) -> str:
+        """The address range ``r`` is written to as the routes last said ("": none)."""
+        return self._owners[r] if r < len(self._owners) else ""
+
+    def _post(self, piece: Piece) -> Future[Any] | None:
+        """``piece`` on its range owner's link: the future of its ack, or None when the
+        range has no owner or the link no room."""
+        r, records = piece
+        address = self._owner(r)
+        if not address:
+            return None
+        req = pb.WriteRequest(injector=self.injector, range_id=r)
+        add_records(req.records, records)
+        return self._link(address).send(req, wait_s=self.timeout_s)
 
     def _settle_one(self) -> None:
         piece, fut = self._outstanding.popleft()
@@ -244,9 +252,7 @@ class InjectWriter:
         return ack.message or pb.WriteAck.Status.Name(ack.status)
 
     def _reset_link_of(self, piece: Piece, why: str) -> None:
-        r = piece[0]
-        address = self._owners[r] if r < len(self._owners) else ""
-        link = self._links.get(address)
+        link = self._links.get(self._owner(piece[0]))
         if link is not None:
             link.reset(why)
 
@@ -267,16 +273,13 @@ class InjectWriter:
                     why = str(exc)
             left = []
             for piece in pieces:
-                r, records = piece
-                address = self._owners[r] if r < len(self._owners) else ""
-                if not address:
-                    why = f"range {r} of injector {self.injector!r} has no live owner"
-                    left.append(piece)
-                    continue
-                req = pb.WriteRequest(injector=self.injector, range_id=r)
-                add_records(req.records, records)
-                fut = self._link(address).send(req, wait_s=self.timeout_s)
-                problem = "no room on the link" if fut is None else self._ok(piece, fut)
+                fut = self._post(piece)
+                if fut is not None:
+                    problem = self._ok(piece, fut)
+                elif self._owner(piece[0]):
+                    problem = "no room on the link"
+                else:
+                    problem = f"range {piece[0]} of injector {self.injector!r} has no live owner"
                 if problem is not None:
                     why = problem
                     left.append(piece)

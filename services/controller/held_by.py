@@ -44,34 +44,35 @@ def held_by(plane: ControlPlane, node: str, out: dict[str, int], inputs: dict[st
     ranges = plane.registry.nodes().get(node, 0)
     stored = plane.wms.of(node)
     assigner = plane.assigner
+    def failing(r: int) -> str | None:
+        owner = assigner.units.get((node, r))
+        failure = plane.failing.of((node, r), owner)
+        if owner is None or failure is None:
+            return None
+        return f"range {r} is failing on {owner.worker_id} ({failure.stage}): {failure.message[:200]}"
+
     for r in range(ranges):
         if r not in stored:
             owner = assigner.units.get((node, r))
             if owner is None or not owner.worker_id:
                 return f"range {r} has no owner yet (no live worker may run it)"
-            failure = plane.failing.of((node, r), owner)
-            if failure is not None:
-                return f"range {r} is failing on {owner.worker_id} ({failure.stage}): {failure.message[:200]}"
-            return f"range {r} has not reported a watermark yet (owner {owner.worker_id})"
+            return failing(r) or f"range {r} has not reported a watermark yet (owner {owner.worker_id})"
     if not ranges:
         return "no key ranges"
     r = min(range(ranges), key=lambda i: stored[i])
-    owner = assigner.units.get((node, r))
-    if owner is not None and owner.worker_id:
-        failure = plane.failing.of((node, r), owner)
-        if failure is not None:
-            return f"range {r} is failing on {owner.worker_id} ({failure.stage}): {failure.message[:200]}"
+    said = failing(r)
+    if said is not None:
+        return said
     pending = plane.pending.get((node, r), 0)
     if kind_of(node) is NodeKind.INJECTOR:
         writer = least_writer(name_of(node)) if least_writer is not None else None
-        if writer is not None and writer[1] <= stored[r]:
-            name, at, age = writer
-            return f"writer {name!r} at {_when(at)} (heard {age:.1f} s ago)"
+        held = f"writer {writer[0]!r} at {_when(writer[1])} (heard {writer[2]:.1f} s ago)" if writer else None
+        if held is not None and writer is not None and writer[1] <= stored[r]:
+            return held
         if pending:
             return f"range {r}: {pending} records in its outbox not yet taken by every consumer"
-        if writer is not None:
-            name, at, age = writer
-            return f"writer {name!r} at {_when(at)} (heard {age:.1f} s ago)"
+        if held is not None:
+            return held
         return "its watermark as set: nothing has advanced it further (Inject's watermark or done)"
     try:
         upstream = plane.registry.topology.upstream(node)

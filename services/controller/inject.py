@@ -267,11 +267,17 @@ class Injection:
         """The dead letters of a computation handed to its ranges again
         (services/controller/replay.py); refused once the service takes no more records."""
         check(request)
-        assigner = self.plane.assigner
-        if assigner.stopped or assigner.draining:  # its records would come after the end
-            raise PreconditionError("ReplayDeadLetters: this service is stopped with a savepoint or draining "
-                                    "(savepoint create --drain) and takes no more records")
+        self.refuse_when_closed("ReplayDeadLetters")  # its records would come after the end
         return self.replayer.replay(request.computation, context)
+
+    def refuse_when_closed(self, where: str) -> None:
+        """FAILED_PRECONDITION once the service takes no more records (stopped with a
+        savepoint, or draining): for the ways records enter besides Inject, whose
+        refusals say more about each (services/controller/writers.py too)."""
+        assigner = self.plane.assigner
+        if assigner.stopped or assigner.draining:
+            raise PreconditionError(f"{where}: this service is stopped with a savepoint or draining "
+                                    "(savepoint create --drain) and takes no more records")
 
 
 class _InjectCall:

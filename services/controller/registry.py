@@ -73,7 +73,7 @@ class Registry:
         return self.versions.get(name, 1)
 
     def injector(self, name: str) -> InjectorSpec | None:
-        return next((i for i in self.topology.injectors if i.name == name), None)
+        return self.topology.injector(name)
 
     def nodes(self) -> dict[str, int]:
         """Every node that owns key ranges -> its range count (injectors have one)."""

@@ -49,7 +49,6 @@ from millwheel.topology import InjectorSpec
 
 from ..generated import millwheel_pb2 as pb
 from ..rpc.server import check
-from ..rpc.status import PreconditionError
 from .inject import Injection
 from .plane import ControlPlane
 
@@ -113,12 +112,10 @@ class Writers:
         self.plane.store.put_meta(META_PREFIX + injector,
                                   json.dumps({n: w.done for n, w in writers.items()}).encode())
 
-    def _target(self, injector: str, now: float) -> int | None:
-        """Under ``_lock``: the least watermark of the live writers (expired ones dropped),
-        or None while it may not move (no live writer, or within the new leader's grace)."""
-        writers = self._table.get(injector)
-        if not writers:
-            return None
+    def _expire(self, injector: str, now: float) -> dict[str, Writer]:
+        """Under ``_lock``: ``injector``'s writers, those silent past the expiry dropped
+        (and the set kept in the store if any was)."""
+        writers = self._table.setdefault(injector, {})
         expired = [n for n, w in writers.items() if not w.done and now - w.seen > self.expiry_s]
         for name in expired:
             log.info("writer %r of injector %r silent for %.0f s: it no longer holds the watermark",
@@ -126,9 +123,28 @@ class Writers:
             del writers[name]
         if expired:
             self._keep(injector)
-        if not writers:
-            return None
-        return min(w.watermark for w in writers.values())
+        return writers
+
+    def _writer(self, injector: str, name: str, joins_at: int, now: float, where: str) -> Writer:
+        """Under ``_lock``: writer ``name`` of ``injector``, seen now; one not (or no longer)
+        known joins at ``joins_at`` (refused past MAX_WRITERS live writers)."""
+        self._current()
+        writers = self._expire(injector, now)
+        w = writers.get(name)
+        if w is None:
+            if len(writers) >= MAX_WRITERS:
+                raise ResourceLimitError(f"{where}: injector {injector!r} has {len(writers)} live "
+                                         f"writers, the most it takes ({MAX_WRITERS})")
+            w = writers[name] = Writer(joins_at, now)
+            self._keep(injector)
+        w.seen = now
+        return w
+
+    def _target(self, injector: str, now: float) -> int | None:
+        """Under ``_lock``: the least watermark of the live writers (expired ones dropped),
+        or None while it may not move (no live writer)."""
+        writers = self._expire(injector, now) if injector in self._table else None
+        return min(w.watermark for w in writers.values()) if writers else None
 
     def least(self, injector: str) -> tuple[str, int, float] | None:
         """(name, watermark, seconds since heard) of ``injector``'s least live writer
@@ -157,27 +173,13 @@ class Writers:
         if request.writer:
             check_name(request.writer, f"{where}: writer")
         p = self.plane
-        if p.assigner.stopped or p.assigner.draining:
-            raise PreconditionError(f"{where}: this service is stopped with a savepoint or draining "
-                                    "(savepoint create --drain) and takes no more records")
+        self.injection.refuse_when_closed(where)
         spec = self.injection.injector_for(request, where, key_ranges=request.key_ranges or None)
         node = injector_node(spec.name)
         watermark = self._node_watermark(spec)
         if request.writer:
-            now = time.monotonic()
             with self._lock:
-                self._current()
-                writers = self._table.setdefault(spec.name, {})
-                self._target(spec.name, now)  # drops the expired before counting
-                if request.writer not in writers and len(writers) >= MAX_WRITERS:
-                    raise ResourceLimitError(f"{where}: injector {spec.name!r} has {len(writers)} live "
-                                             f"writers, the most it takes ({MAX_WRITERS})")
-                known = writers.get(request.writer)
-                if known is None:
-                    writers[request.writer] = Writer(watermark, now)
-                    self._keep(spec.name)
-                else:
-                    known.seen = now
+                self._writer(spec.name, request.writer, watermark, time.monotonic(), where)
         assigner = p.assigner
         ranges = []
         for r in range(spec.key_ranges):
@@ -209,27 +211,13 @@ class Writers:
             value = MAX_TIMESTAMP
         elif request.HasField("watermark"):
             value = request.watermark
-            if not MIN_TIMESTAMP <= value < MAX_TIMESTAMP:
-                raise InvalidSpecError(f"{where}: watermark {value} is out of range (below 2^62, the "
-                                       "'done' value); to say this writer is done send done=true")
-            horizon = self.injection.settings.limits.max_future_us
-            now_us = self.plane.clock.now_us()
-            if horizon > 0 and value > now_us + horizon:
-                raise InvalidSpecError(f"{where}: watermark {value} is more than --max-future-us={horizon} "
-                                       "ahead of the controller's clock")
+            self.injection.settings.limits.check_watermark(
+                value, where, self.plane.clock.now_us(), "to say this writer is done send done=true")
         now = time.monotonic()
         with self._lock:
-            self._current()
-            writers = self._table.setdefault(spec.name, {})
-            self._target(spec.name, now)
-            w = writers.get(request.writer)
-            if w is None:  # new here (after a failover or its expiry): it joins now
-                if len(writers) >= MAX_WRITERS:
-                    raise ResourceLimitError(f"{where}: injector {spec.name!r} has {len(writers)} live "
-                                             f"writers, the most it takes ({MAX_WRITERS})")
-                w = writers[request.writer] = Writer(MIN_TIMESTAMP if value is None else value, now)
-                self._keep(spec.name)
-            w.seen = now
+            # new here (after a failover or its expiry): it joins now, at what it says
+            w = self._writer(spec.name, request.writer, MIN_TIMESTAMP if value is None else value, now, where)
+            writers = self._table[spec.name]
             if value is not None:
                 w.watermark = max(w.watermark, value)
             if request.done and not w.done:

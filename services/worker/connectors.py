@@ -24,7 +24,7 @@ from millwheel.connectors.own_store import refuse_own_store
 from millwheel.connectors.pulled import PulledSource, open_source
 from millwheel.connectors.spec import SinkSpec
 from millwheel.errors import FencedError, MillWheelError
-from millwheel.nodes import injector_node, is_sink, name_of, sink_node
+from millwheel.nodes import is_sink, name_of, sink_node
 from millwheel.record import MAX_TIMESTAMP
 from millwheel.runtime.injector import CURSOR_KEY, dead_letters
 from millwheel.runtime.sink_runner import SinkRunner
@@ -95,7 +95,7 @@ class Connectors:
         wanted: dict[Unit, tuple[OwnedRange, InjectorSpec]] = {}
         for unit, owned in list(shared.units.items()):
             if owned.is_injector and not owned.dropped:
-                spec = next((i for i in shared.topology.injectors if injector_node(i.name) == owned.node), None)
+                spec = shared.topology.injector(name_of(owned.node))
                 if spec is not None and spec.source is not None:
                     wanted[unit] = (owned, spec)
         for unit in [u for u in self.sources if u not in wanted or wanted[u][0].token != self.sources[u][0]]:

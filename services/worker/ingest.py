@@ -56,7 +56,7 @@ class IngestServicer:
         where = f"write batch {index} (batch_id {batch.batch_id})"
         if not batch.injector:
             raise InvalidSpecError(f"{where}: 'injector' is required")
-        spec = next((i for i in self.shared.topology.injectors if i.name == batch.injector), None)
+        spec = self.shared.topology.injector(batch.injector)
         if spec is None:
             return pb.WriteAck(batch_id=batch.batch_id, status=pb.WriteAck.NOT_OWNER, message=(
                 f"{self.shared.worker_id} knows no injector {batch.injector[:100]!r} (registry version "

@@ -103,7 +103,8 @@ class Receiver:
         outbox of the injector's range ``range_id`` (with the watermark) before the ack."""
         owned = self.shared.units.get((node, range_id))
         name = name_of(node)
-        stream = next((i.stream for i in self.shared.topology.injectors if i.name == name), None)
+        spec = self.shared.topology.injector(name)
+        stream = spec.stream if spec is not None else None
         if owned is None or not owned.is_injector or stream is None:
             return pb.DeliverAck(status=pb.DeliverAck.NOT_OWNER,
                                  message=f"{self.shared.worker_id} does not own {node}/{range_id}")
