@@ -2,12 +2,13 @@
 
 A record reaches a computation without its stream: the data plane (``DeliverBatch``,
 the outbox, dead letters) carries records, and a consumer of two streams cannot tell
-them apart. ``interval_join`` must. The router (:mod:`millwheel.runtime.routing`) is
-the one place every delivery passes through, in ``millwheel run`` and the service
-alike, so for a consumer whose operator is in :data:`TAGGING_OPERATORS` it prefixes
-the value it delivers with the stream's name, after the key extractor ran (which sees
-the record as produced). The operator strips the prefix (:func:`untag`). Dead letters
-and their replay keep the tagged value, so a replayed record still has its side.
+them apart. The joins (``interval_join``, ``window_join``, ``stream_join``) must. The
+router (:mod:`millwheel.runtime.routing`) is the one place every delivery passes
+through, in ``millwheel run`` and the service alike, so for a consumer whose operator
+is in :data:`TAGGING_OPERATORS` it prefixes the value it delivers with the stream's
+name, after the key extractor ran (which sees the record as produced). The operator
+strips the prefix (:func:`untag`). Dead letters and their replay keep the tagged
+value, so a replayed record still has its side.
 
 Stream names hold no ``\\x1f`` (:data:`millwheel.limits.NAME_CHARSET`), so the prefix
 parses unambiguously whatever the value holds.
@@ -16,7 +17,7 @@ parses unambiguously whatever the value holds.
 from __future__ import annotations
 
 #: Built-in operators whose records carry their input stream's name.
-TAGGING_OPERATORS = frozenset({"interval_join"})
+TAGGING_OPERATORS = frozenset({"interval_join", "window_join", "stream_join"})
 _PREFIX = b"\x00mw-input\x1f"
 
 

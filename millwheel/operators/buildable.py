@@ -20,9 +20,11 @@ from typing import Any, Callable, Mapping
 from millwheel.computation import Computation
 from millwheel.errors import InvalidSpecError
 from millwheel.operators.holistic_window import window_aggregate
-from millwheel.operators.join import IntervalJoin
+from millwheel.operators.join import IntervalJoin, StreamJoin
 from millwheel.operators.session_window import SessionWindow
 from millwheel.operators.transform import Filter, Map
+from millwheel.operators.window_join import WindowJoin
+from millwheel.operators.window_top import WindowTop
 from millwheel.spark import spark_aggregate
 from millwheel.topology import ComputationSpec
 
@@ -33,20 +35,25 @@ BUILTINS: dict[str, Callable[..., Computation]] = {
     "spark_aggregate": spark_aggregate,  # lazy: pyspark loads with the first Spark job
     "session_window": SessionWindow,
     "interval_join": IntervalJoin,
+    "window_top": WindowTop,
+    "window_join": WindowJoin,
+    "stream_join": StreamJoin,
 }
+#: Built-ins that join two input streams, ``left`` and ``right`` (millwheel.input_tag).
+JOINS = ("interval_join", "window_join", "stream_join")
 #: Built-ins whose ``allowed_lateness_us`` defaults to the computation's option.
-LATENESS_DEFAULTED = ("window_aggregate", "spark_aggregate", "session_window", "interval_join")
+LATENESS_DEFAULTED = ("window_aggregate", "spark_aggregate", "session_window", *JOINS, "window_top")
 
 
 def with_defaults(spec: ComputationSpec, params: Mapping[str, Any]) -> dict[str, Any]:
     """The parameters a built-in is built with: ``params`` plus what the spec implies
-    (``allowed_lateness_us`` from the options; an interval join's ``left`` and ``right``
-    from its first and second input). The controller validates exactly these."""
+    (``allowed_lateness_us`` from the options; a join's ``left`` and ``right`` from its
+    first and second input). The controller validates exactly these."""
     out = dict(params)
     name = spec.code.name
     if name in LATENESS_DEFAULTED:
         out.setdefault("allowed_lateness_us", spec.options.allowed_lateness_us)
-    if name == "interval_join" and len(spec.inputs) == 2:
+    if name in JOINS and len(spec.inputs) == 2:
         streams = [inp.stream for inp in spec.inputs]
         left, right = out.get("left"), out.get("right")
         if left is None:  # the input right is not, else the first

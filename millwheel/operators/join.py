@@ -1,4 +1,5 @@
-"""Built-in interval join of two keyed streams, ``left`` (A) and ``right`` (B).
+"""Built-in interval join of two keyed streams, ``left`` (A) and ``right`` (B), and
+``stream_join``, the same join without a time bound (or with a symmetric one).
 
 Behaviour a user can rely on:
 * a record ``a`` of ``left`` and ``b`` of ``right`` with the same key (after each
@@ -22,6 +23,14 @@ Records reach the operator with their input stream's name in front of the value
 error, under the computation's error policy. State, readable through GetState, is JSON
 ``{"l": [[t, value], ...], "r": [...]}`` in arrival order, written only through the
 computation's context, so checkpoints cover it with the timer.
+
+``stream_join`` (:class:`StreamJoin`) is this join with the bounds open (SQL's regular
+join on the key, Nexmark q3): every pair of a key, each produced once when the second
+of the two arrives. Nothing expires, so a key's state is all its records, and no record
+is too late to join (every record it could match is kept). With ``retention_us`` it is
+the interval join ``-retention_us <= t_b - t_a <= retention_us``: a record is kept
+until the watermark passes ``t + retention_us + allowed_lateness_us``, and which pairs
+are joined is decided by the timestamps, not by when records arrived.
 """
 
 from __future__ import annotations
@@ -38,29 +47,35 @@ GC_TAG = "gc"
 
 
 class IntervalJoin(Computation):
+    """``lower_us`` or ``upper_us`` None is that side of the interval open (what
+    :class:`StreamJoin` builds; the ``interval_join`` parameters require both)."""
+
+    operator = "interval_join"
+
     def __init__(
         self,
         *,
         left: str,
         right: str,
-        lower_us: int,
-        upper_us: int,
+        lower_us: int | None,
+        upper_us: int | None,
         output: str | None = None,
         allowed_lateness_us: int = 0,
     ) -> None:
         if left == right:
-            raise InvalidSpecError(f"interval_join: left and right must be two streams, both are {left!r}")
-        if int(lower_us) > int(upper_us):
-            raise InvalidSpecError(f"interval_join: lower_us ({lower_us}) must be <= upper_us ({upper_us})")
+            raise InvalidSpecError(f"{self.operator}: left and right must be two streams, both are {left!r}")
+        if lower_us is not None and upper_us is not None and int(lower_us) > int(upper_us):
+            raise InvalidSpecError(f"{self.operator}: lower_us ({lower_us}) must be <= upper_us ({upper_us})")
         self.left, self.right = left, right
-        self.lower_us, self.upper_us = int(lower_us), int(upper_us)
+        self.lower_us = None if lower_us is None else int(lower_us)
+        self.upper_us = None if upper_us is None else int(upper_us)
         self.output = output
         self.allowed_lateness_us = int(allowed_lateness_us)
 
     def bind_outputs(self, outputs: tuple[str, ...]) -> None:
         if self.output is None:
             if not outputs:
-                raise InvalidSpecError("interval_join needs an output stream")
+                raise InvalidSpecError(f"{self.operator} needs an output stream")
             self.output = outputs[0]
 
     def process_record(self, ctx: Context, record: Record) -> None:
@@ -78,12 +93,12 @@ class IntervalJoin(Computation):
                 side, other = "r", "l"
             else:
                 raise InvalidSpecError(
-                    f"interval_join: record {record.record_id} is from neither {self.left!r} nor "
+                    f"{self.operator}: record {record.record_id} is from neither {self.left!r} nor "
                     f"{self.right!r} (stream {stream!r})")
             t = record.timestamp
-            if t + lateness < watermark:
+            if t + lateness < watermark and (self.lower_us if side == "l" else self.upper_us) is not None:
                 continue  # closed for good: what it could join may be gone
-            value = _decoded(raw)
+            value = decode_value(raw)
             for t_other, v_other in state[other]:
                 if side == "l":
                     self._maybe_emit(ctx, t, value, t_other, v_other)
@@ -93,26 +108,40 @@ class IntervalJoin(Computation):
         self._store(ctx, state)
 
     def _maybe_emit(self, ctx: Context, t_l: int, v_l: Any, t_r: int, v_r: Any) -> None:
-        if not self.lower_us <= t_r - t_l <= self.upper_us:
+        lower, upper = self.lower_us, self.upper_us
+        if (lower is not None and t_r - t_l < lower) or (upper is not None and t_r - t_l > upper):
             return
         payload = {"key": ctx.key, "left": v_l, "right": v_r, "left_ts": t_l, "right_ts": t_r}
         assert self.output is not None
         ctx.produce(self.output, ctx.key, json.dumps(payload).encode(), max(t_l, t_r))
 
-    def _expiry(self, side: str, t: int) -> int:
-        """The watermark past which a record of ``side`` at ``t`` can match nothing more."""
-        bound = self.upper_us if side == "l" else -self.lower_us
+    def _expiry(self, side: str, t: int) -> int | None:
+        """The watermark past which a record of ``side`` at ``t`` can match nothing more
+        (None: never, its side of the interval is open)."""
+        if side == "l":
+            if self.upper_us is None:
+                return None
+            bound = self.upper_us
+        else:
+            if self.lower_us is None:
+                return None
+            bound = -self.lower_us
         return min(t + bound + self.allowed_lateness_us, MAX_TIMESTAMP - 1)
 
     def _store(self, ctx: Context, state: dict[str, list[list[Any]]]) -> None:
         """Write the state and move the key's one timer to its earliest expiry."""
-        expiries = [self._expiry(side, t) for side in ("l", "r") for t, _v in state[side]]
-        if not expiries:
+        expiring = self.lower_us is not None or self.upper_us is not None  # else no timer, ever
+        if not state["l"] and not state["r"]:
             ctx.set_state(None)
-            ctx.clear_timer(GC_TAG)
+            if expiring:
+                ctx.clear_timer(GC_TAG)
             return
         ctx.set_state(json.dumps(state, separators=(",", ":")).encode())
-        ctx.set_timer(GC_TAG, max(min(expiries), -MAX_TIMESTAMP), hold=False)
+        expiries = [e for side in ("l", "r") for t, _v in state[side] if (e := self._expiry(side, t)) is not None]
+        if expiries:
+            ctx.set_timer(GC_TAG, max(min(expiries), -MAX_TIMESTAMP), hold=False)
+        elif expiring:
+            ctx.clear_timer(GC_TAG)
 
     def process_timer(self, ctx: Context, timer: Timer) -> None:
         if timer.tag != GC_TAG:
@@ -120,11 +149,33 @@ class IntervalJoin(Computation):
         state = _load(ctx.state)
         watermark = ctx.input_watermark
         for side in ("l", "r"):
-            state[side] = [e for e in state[side] if self._expiry(side, e[0]) >= watermark]
+            state[side] = [e for e in state[side] if (x := self._expiry(side, e[0])) is None or x >= watermark]
         self._store(ctx, state)
 
 
-def _decoded(raw: bytes) -> Any:
+class StreamJoin(IntervalJoin):
+    """``stream_join``: the join of every pair of a key (see the module's docstring)."""
+
+    operator = "stream_join"
+
+    def __init__(
+        self,
+        *,
+        left: str,
+        right: str,
+        retention_us: int | None = None,
+        output: str | None = None,
+        allowed_lateness_us: int = 0,
+    ) -> None:
+        bound = None if retention_us is None else int(retention_us)
+        if bound is not None and bound < 0:
+            raise InvalidSpecError(f"stream_join: retention_us must be >= 0, got {retention_us}")
+        super().__init__(left=left, right=right, lower_us=None if bound is None else -bound, upper_us=bound,
+                         output=output, allowed_lateness_us=allowed_lateness_us)
+
+
+def decode_value(raw: bytes) -> Any:
+    """A joined value as the output shows it: parsed as JSON, or its text."""
     try:
         return json.loads(raw)
     except ValueError:

@@ -24,8 +24,9 @@ from millwheel.holistic import HOLISTIC, MAX_TOP_K, check_params
 from millwheel.importing import AllowList, check_import_path
 from millwheel.limits import MAX_DURATION_US, MAX_PARAMS_BYTES, MAX_WINDOWS_PER_RECORD, check_params_depth
 from millwheel.operators.aggregate import AGGREGATIONS
-from millwheel.operators.buildable import check_buildable, with_defaults
+from millwheel.operators.buildable import JOINS, check_buildable, with_defaults
 from millwheel.operators.transform import check_expression
+from millwheel.operators.window_join import MODES as WINDOW_JOIN_MODES
 from millwheel.spark.aggregations import BUILTIN as SPARK_AGGREGATIONS
 from millwheel.topology import ComputationSpec
 
@@ -82,6 +83,29 @@ SCHEMAS: dict[str, dict[str, Param]] = {
         "output": Param("str"),
         "allowed_lateness_us": Param("int", minimum=0, maximum=MAX_DURATION_US),
     },
+    "window_top": {
+        "size_us": Param("int", required=True, minimum=1, maximum=MAX_DURATION_US),
+        "offset_us": Param("int", minimum=0, maximum=MAX_DURATION_US),
+        "field": Param("str"),
+        "output": Param("str"),
+        "allowed_lateness_us": Param("int", minimum=0, maximum=MAX_DURATION_US),
+    },
+    "window_join": {
+        "left": Param("str", required=True),
+        "right": Param("str", required=True),
+        "size_us": Param("int", required=True, minimum=1, maximum=MAX_DURATION_US),
+        "offset_us": Param("int", minimum=0, maximum=MAX_DURATION_US),
+        "mode": Param("str", choices=WINDOW_JOIN_MODES),
+        "output": Param("str"),
+        "allowed_lateness_us": Param("int", minimum=0, maximum=MAX_DURATION_US),
+    },
+    "stream_join": {
+        "left": Param("str", required=True),
+        "right": Param("str", required=True),
+        "retention_us": Param("int", minimum=0, maximum=MAX_DURATION_US),
+        "output": Param("str"),
+        "allowed_lateness_us": Param("int", minimum=0, maximum=MAX_DURATION_US),
+    },
     "spark_aggregate": {
         **_WINDOW,
         "aggregation": Param("str", choices=SPARK_AGGREGATIONS),
@@ -120,10 +144,10 @@ def validate_spec(spec: ComputationSpec) -> None:
             f"{where}.name: unknown built-in operator {name!r}; built-ins are {sorted(SCHEMAS)} "
             "(or give 'pkg.module:Class')")
     params = with_defaults(spec, params)
-    if name == "interval_join":
+    if name in JOINS:
         _check_join_inputs(spec, params, f"{where}.params", types_checked=False)
     validate_params(name, params, f"{where}.params")
-    if name == "interval_join":
+    if name in JOINS:
         _check_join_inputs(spec, params, f"{where}.params", types_checked=True)
     check_buildable(spec, params)
 
@@ -187,6 +211,10 @@ def _cross_checks(operator: str, params: Mapping[str, Any], where: str) -> None:
         lower, upper = params["lower_us"], params["upper_us"]
         if lower > upper:
             raise InvalidSpecError(f"{where}.upper_us: must be >= lower_us ({lower}), got {upper}")
+    elif operator in ("window_top", "window_join"):
+        size, offset = params["size_us"], params.get("offset_us")
+        if offset is not None and offset >= size:
+            raise InvalidSpecError(f"{where}.offset_us: must be < size_us ({size}), got {offset}")
     elif operator == "filter":
         if (params.get("expr") is None) == (params.get("function") is None):
             raise InvalidSpecError(f"{where}: give exactly one of 'expr' or 'function'")
@@ -210,13 +238,13 @@ def _check_holistic(aggregation: str, params: Mapping[str, Any], where: str) -> 
 
 def _check_join_inputs(spec: ComputationSpec, params: Mapping[str, Any], where: str,
                        types_checked: bool) -> None:
-    """An interval join reads exactly two distinct streams (checked first, so one input
-    is not reported as a missing ``right``), and, once the parameters' types are
-    checked, ``left`` and ``right`` name them, one each."""
+    """A join reads exactly two distinct streams (checked first, so one input is not
+    reported as a missing ``right``), and, once the parameters' types are checked,
+    ``left`` and ``right`` name them, one each."""
     streams = [inp.stream for inp in spec.inputs]
     if len(streams) != 2 or streams[0] == streams[1]:
         raise InvalidSpecError(
-            f"computation {spec.name!r}.inputs: 'interval_join' joins exactly two different streams, "
+            f"computation {spec.name!r}.inputs: {spec.code.name!r} joins exactly two different streams, "
             f"got {streams}")
     if not types_checked:
         return
