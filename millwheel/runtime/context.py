@@ -36,6 +36,8 @@ class RangeOwner(ttl.TTLWorker, Protocol):
     @property
     def outputs(self) -> frozenset[str]: ...
 
+    def ids_generation(self, now_us: int) -> int: ...
+
     @property
     def router(self) -> Router: ...
 
@@ -86,6 +88,7 @@ class RangeTransaction:
             errors=self.errors,
             buffer_appends=[(n, b"".join(c)) for n, c in self.buffer_appends.items()],
             buffer_deletes=self.buffer_deletes,
+            ids_generation=w.ids_generation(now_us),
         )
 
 

@@ -76,6 +76,10 @@ def last_frames(exc: BaseException, n: int = TRACEBACK_FRAMES) -> tuple[str, ...
     )
 
 
+#: Generations of consumed IDs within one retention (see RangeWorker.ids_generation).
+ID_GENERATIONS = 16
+
+
 class RangeWorker:
     def __init__(
         self,
@@ -355,6 +359,14 @@ class RangeWorker:
     def hold(self) -> int:
         """Oldest pending work: unacked productions and holding event-time timers."""
         return min(self.outbox.hold(), self.timers.hold())
+
+    def ids_generation(self, now_us: int) -> int:
+        """The generation a checkpoint at ``now_us`` remembers its consumed IDs under:
+        the start of a span of 1/:data:`ID_GENERATIONS` of the retention. The store
+        forgets a whole generation at once (a range delete), so an ID is kept between
+        the retention and 1/16 more; lookups probe ~17 live generations."""
+        width = max(1, self.spec.options.record_id_retention_us // ID_GENERATIONS)
+        return now_us - now_us % width
 
     def expire_record_ids(self, every_us: int = 60_000_000) -> int:
         """Forget consumed IDs older than the retention window, at most once per ``every_us``."""

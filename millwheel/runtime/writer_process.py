@@ -71,7 +71,7 @@ def _encode_checkpoint(cp: Checkpoint) -> tuple[Any, ...]:
             [(p.consumer, p.stream, p.record.key, p.record.value, p.record.timestamp,
               p.record.record_id) for p in cp.productions],
             cp.consumed_ids, cp.resolved, cp.counters, cp.errors, cp.buffer_appends,
-            cp.buffer_deletes)
+            cp.buffer_deletes, cp.ids_generation)
 
 
 def encode(items: _Held, inner: StateStore) -> list[tuple[Any, ...]] | None:
@@ -105,12 +105,12 @@ def _apply(store: Any, group: list[tuple[Any, ...]]) -> None:
             kind = op[0]
             if kind == "c":
                 (_, comp, rid, token, now_us, writes, tsets, tclears, prods, ids,
-                 resolved, counters, errors, bappends, bdeletes) = op
+                 resolved, counters, errors, bappends, bdeletes, gen) = op
                 store.checkpoint(Checkpoint(
                     comp, rid, token, now_us, writes,
                     [Timer(k, tag, t, TimeDomain(d), h) for k, tag, t, d, h in tsets], tclears,
                     [Production(c, s, Record(k, v, ts, i)) for c, s, k, v, ts, i in prods],
-                    ids, resolved, counters, errors, bappends, bdeletes))
+                    ids, resolved, counters, errors, bappends, bdeletes, gen))
             elif kind == "a":
                 store.ack(op[1], op[2], op[3], op[4])
             elif kind == "l":

@@ -75,6 +75,11 @@ class Checkpoint:
     errors: list[bytes] = field(default_factory=list)
     buffer_appends: list[tuple[str, bytes]] = field(default_factory=list)
     buffer_deletes: list[str] = field(default_factory=list)
+    #: The generation ``consumed_ids`` are remembered under: IDs are forgotten a whole
+    #: generation at a time, once its newest is past the expiry bound, so a store
+    #: deletes key ranges, not one ID at a time. The range worker gives the start of
+    #: a span of 1/16 of the retention; None = ``now_us`` (every time its own).
+    ids_generation: int | None = None
 
     def is_empty(self) -> bool:
         return not (
@@ -174,7 +179,10 @@ class StateStore(Protocol):
         ...
 
     def expire_ids(self, computation: str, range_id: int, token: int, older_than_us: int) -> int:
-        """Forget consumed IDs remembered before ``older_than_us``; returns how many."""
+        """Forget the consumed IDs of every generation (``Checkpoint.ids_generation``)
+        whose newest ID was remembered before ``older_than_us``; returns how many. An ID
+        is so kept at least the retention after its last consumption, and at most one
+        generation's span longer."""
         ...
 
     def list_keys(self, computation: str, after: str | None, limit: int) -> list[str]:

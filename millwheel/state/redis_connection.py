@@ -256,7 +256,7 @@ class RedisConnection:
         base = f"{self._prefix}:r:{{{_tag(computation)}:{range_id}}}:"
         return _RangeKeys(*(base + s for s in (
             "token", "last", "state", "skeys", "timers", "tkeys", "outbox", "oorder", "oseq",
-            "ids", "wm", "attempts", "atterr", "errcount", "errlog",
+            "idgens", "wm", "attempts", "atterr", "errcount", "errlog",
         )))
 
     def _registry(self, computation: str) -> str:

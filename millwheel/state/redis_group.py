@@ -119,7 +119,7 @@ a = first
 while a <= #ARGV do
   if ARGV[a] == 'c' then
     local bad = buffers_bad(KEYS[(tonumber(ARGV[a + 1]) - 1) * 15 + 3], a + 4)
-    if bad then return corrupt(bad, 'is not a window buffer (expected a list, and a set of names)') end
+    if bad then return corrupt(bad, 'is not a window buffer or consumed-ID set (a list, a set)') end
   end
   a = a + 4 + tonumber(ARGV[a + 3])
 end
@@ -177,6 +177,7 @@ def checkpoint_args(cp: Checkpoint) -> list[bytes | str | int]:
             _field(p.consumer, r.record_id),
             _frame([p.consumer, p.stream, r.record_id, r.key, r.timestamp], r.value),
         ]
+    args.append(cp.now_us if cp.ids_generation is None else cp.ids_generation)
     args += cp.consumed_ids
     args += cp.resolved
     for name, n in cp.counters.items():

@@ -19,7 +19,11 @@ script touches one hash slot and the same code runs on Redis Cluster::
     mw:r:{C:R}:outbox   HASH    outbox field -> framed production
     mw:r:{C:R}:oorder   ZSET    outbox field, score = checkpoint order
     mw:r:{C:R}:oseq     STRING  outbox order counter
-    mw:r:{C:R}:ids      ZSET    consumed record ID, score = time first consumed (µs)
+    mw:r:{C:R}:idgens   ZSET    generations of consumed record IDs, score = newest ID's
+                                time (µs); expiry drops whole generations
+    mw:r:{C:R}:ids:GEN  SET     the consumed record IDs of generation GEN
+    mw:r:{C:R}:ids      ZSET    consumed IDs as versions before generations kept them
+                                (score = time first consumed): read and expired only
     mw:r:{C:R}:wm       STRING  the range's reported low watermark
     mw:r:{C:R}:attempts HASH    item (record ID / timer identity) -> failed attempts
     mw:r:{C:R}:atterr   HASH    item -> JSON of its last error

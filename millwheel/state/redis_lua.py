@@ -71,8 +71,11 @@ end
 
 # The writes of a checkpoint, shared by CHECKPOINT and the write group's script
 # (millwheel.state.redis_group). ``k`` names the range's keys by role; the arguments
-# start at ARGV[a]: now (µs), the ten counts, then the items, then the two counts of
-# window-buffer appends and deletes and their items. Returns nothing.
+# start at ARGV[a]: now (µs), the ten counts, then the items (the consumed IDs after
+# their generation), then the two counts of window-buffer appends and deletes and their
+# items. Consumed IDs: ``k.ids`` is the range's ZSET of generations (score: the newest
+# ID's time) and each generation's IDs a SET named from it, so expiry drops whole sets.
+# Returns nothing.
 APPLY_CHECKPOINT = BULK + """
 local function apply_checkpoint(k, a)
   local nw, nd, nc, ns, np, ni = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]),
@@ -98,8 +101,11 @@ local function apply_checkpoint(k, a)
     end
     i = i + 2
   end
-  zadd(k.ids, true, ARGV[a], i, i + ni - 1, 1)
-  i = i + ni
+  if ni > 0 then  -- the IDs into their generation's set, the generation's time raised
+    many('SADD', string.sub(k.ids, 1, -7) .. 'ids:' .. ARGV[i], i + 1, i + ni)
+    redis.call('ZADD', k.ids, 'GT', ARGV[a], ARGV[i])
+  end
+  i = i + 1 + ni
   many('HDEL', k.attempts, i, i + nr - 1)
   many('HDEL', k.atterr, i, i + nr - 1)
   i = i + nr
@@ -129,8 +135,14 @@ end
 -- state key (same hash tag, so the same slot); checked before any write: the name of
 -- the first one of a foreign type, or nil.
 local function buffers_bad(state, a)
-  local i = a + 11 + 2 * tonumber(ARGV[a + 1]) + tonumber(ARGV[a + 2]) + tonumber(ARGV[a + 3])
-    + 2 * tonumber(ARGV[a + 4]) + 2 * tonumber(ARGV[a + 5]) + tonumber(ARGV[a + 6])
+  local g = a + 11 + 2 * tonumber(ARGV[a + 1]) + tonumber(ARGV[a + 2]) + tonumber(ARGV[a + 3])
+    + 2 * tonumber(ARGV[a + 4]) + 2 * tonumber(ARGV[a + 5])
+  if tonumber(ARGV[a + 6]) > 0 then  -- the generation's set of consumed IDs
+    local key = string.sub(state, 1, -6) .. 'ids:' .. ARGV[g]
+    local t = redis.call('TYPE', key).ok
+    if t ~= 'none' and t ~= 'set' then return key end
+  end
+  local i = g + 1 + tonumber(ARGV[a + 6])
     + tonumber(ARGV[a + 7]) + 2 * tonumber(ARGV[a + 8]) + tonumber(ARGV[a + 9])
   local na, nx = tonumber(ARGV[i]), tonumber(ARGV[i + 1])
   if na == 0 and nx == 0 then return nil end
@@ -155,7 +167,7 @@ local TYPES = {'string', 'string', 'hash', 'zset', 'hash', 'zset', 'hash', 'zset
 local o = redis.call('GET', KEYS[9])
 if o and not string.match(o, '^%d+$') then return corrupt(KEYS[9], 'is not an integer') end
 local bad = buffers_bad(KEYS[3], 4)
-if bad then return corrupt(bad, 'is not a window buffer (expected a list, and a set of names)') end
+if bad then return corrupt(bad, 'is not a window buffer or consumed-ID set (a list, a set)') end
 apply_checkpoint({state = KEYS[3], skeys = KEYS[4], timers = KEYS[5], tkeys = KEYS[6],
   outbox = KEYS[7], oorder = KEYS[8], oseq = KEYS[9], ids = KEYS[10], attempts = KEYS[11],
   atterr = KEYS[12], errcount = KEYS[13], errlog = KEYS[14]}, 4)
@@ -190,10 +202,25 @@ redis.call('SET', KEYS[2], ARGV[2])
 return {1, ''}
 """
 
+# Forget every generation of consumed IDs whose newest is older than ARGV[4] (KEYS[3]
+# the generations, KEYS[4] the single ZSET of IDs written before generations existed):
+# UNLINK frees a generation's set off the main thread. Returns {1, IDs forgotten}.
 EXPIRE = """
-local TYPES = {'string', 'string', 'zset'}
+local TYPES = {'string', 'string', 'zset', 'zset'}
 """ + PROLOGUE + """
-return {1, tostring(redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', '(' .. ARGV[4]))}
+local base = string.sub(KEYS[3], 1, -7) .. 'ids:'
+local due = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', '(' .. ARGV[4])
+for _, gen in ipairs(due) do
+  local t = redis.call('TYPE', base .. gen).ok
+  if t ~= 'none' and t ~= 'set' then return corrupt(base .. gen, 'has type ' .. t .. ', expected set') end
+end
+local n = redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', '(' .. ARGV[4])
+for _, gen in ipairs(due) do
+  n = n + redis.call('SCARD', base .. gen)
+  redis.call('UNLINK', base .. gen)
+  redis.call('ZREM', KEYS[3], gen)
+end
+return {1, tostring(n)}
 """
 
 # Watermarks are compared as decimal strings: Lua numbers are doubles, timestamps

@@ -222,22 +222,48 @@ class RedisStore(RedisLease, RedisLog):
         except (ValueError, TypeError) as exc:
             raise self._corrupt(key, field, f"outbox entry unreadable: {exc}") from None
 
+    def _legacy_ids(self, rk: Any) -> str:
+        """The ZSET of consumed IDs written before generations (read and expired only)."""
+        return str(rk.state)[: -len("state")] + "ids"
+
     def contains_ids(self, computation: str, range_id: int, ids: Sequence[str]) -> set[str]:
-        key = self._range(computation, range_id).ids
+        """Two round trips: the live generations, then one SMISMEMBER per generation and
+        chunk (and the pre-generation ZSET) pipelined. Runs for Bloom filter hits only."""
+        rk = self._range(computation, range_id)
+        gens = self._call("contains_ids", [rk.ids], partial(self._r.zrange, rk.ids, 0, -1))
+        base = rk.ids[: -len("idgens")] + "ids:"
         chunks = [list(ids[s : s + _CHUNK]) for s in range(0, len(ids), _CHUNK)]
-        results = self._pipeline("contains_ids", [(key, "zmscore", (c,)) for c in chunks])
-        return {
-            i for chunk, scores in zip(chunks, results, strict=True)
-            for i, s in zip(chunk, scores, strict=True) if s is not None
-        }
+        calls: list[tuple[str, str, tuple[Any, ...]]] = [
+            (self._legacy_ids(rk), "zmscore", (c,)) for c in chunks
+        ]
+        calls += [(base + g.decode(), "smismember", (c,)) for g in gens for c in chunks]
+        results = self._pipeline("contains_ids", calls)
+        found: set[str] = set()
+        for (_key, cmd, (chunk,)), answer in zip(calls, results, strict=True):
+            found.update(i for i, hit in zip(chunk, answer, strict=True)
+                         if (hit is not None if cmd == "zmscore" else hit == 1))
+        return found
 
     def iter_ids(self, computation: str, range_id: int) -> Iterator[str]:
-        # Pages by rank (ZRANGE by index: the set is ordered by first-consumed time, then
-        # ID); only the owner changes the set and not while it iterates, so ranks stay put.
-        key = self._range(computation, range_id).ids
+        # Each generation's set by SSCAN, :data:`ID_PAGE` at a time (only the owner
+        # changes the sets and not while it iterates), then the pre-generation ZSET by
+        # rank. An ID consumed in two generations comes once per generation.
+        rk = self._range(computation, range_id)
+        gens = self._call("iter_ids", [rk.ids], partial(self._r.zrange, rk.ids, 0, -1))
+        base = rk.ids[: -len("idgens")] + "ids:"
+        for g in gens:
+            key = base + g.decode()
+            cursor = 0
+            while True:
+                cursor, page = self._call(
+                    "iter_ids", [key], partial(self._r.sscan, key, cursor, count=ID_PAGE))
+                yield from (m.decode() for m in page)
+                if not cursor:
+                    break
+        legacy = self._legacy_ids(rk)
         start = 0
         while True:
-            page = self._call("iter_ids", [key], partial(self._r.zrange, key, start, start + ID_PAGE - 1))
+            page = self._call("iter_ids", [legacy], partial(self._r.zrange, legacy, start, start + ID_PAGE - 1))
             yield from (m.decode() for m in page)
             if len(page) < ID_PAGE:
                 return
@@ -247,7 +273,7 @@ class RedisStore(RedisLease, RedisLog):
         rk = self._range(computation, range_id)
         detail = self._fenced(
             f"expire_ids of {computation!r} range {range_id}", EXPIRE, computation, range_id,
-            token, [rk.ids], [older_than_us], advances=False,
+            token, [rk.ids, self._legacy_ids(rk)], [older_than_us], advances=False,
         )
         return int(detail or b"0")
 

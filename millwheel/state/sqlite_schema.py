@@ -29,9 +29,13 @@ log = logging.getLogger("millwheel.store")
 # Why the schema is shaped this way (each b-tree written per record costs; docs/bench.md):
 # * outbox ``seq`` is a plain rowid, not AUTOINCREMENT (no sqlite_sequence write per
 #   insert): a new row still gets max(seq) + 1, so ``ORDER BY seq`` is checkpoint order.
-# * consumed IDs are one row each (the dedup lookup), but their expiry goes through
-#   ``seen_batches``, one row per checkpoint listing its IDs (a JSON array), instead
-#   of a second index entry per ID.
+# * consumed IDs are one row each, keyed by (range, generation, ID): a checkpoint's IDs
+#   go into its generation (``Checkpoint.ids_generation``, a span of processing time
+#   the range worker picks, 1/16 of the retention), and expiry deletes whole
+#   generations, one key range of the b-tree each, instead of looking every ID up
+#   again (issue 31: per-ID expiry cost as much as the insert and halved a soak's
+#   sustained capacity). ``consumed_gens`` lists each range's generations with the
+#   time of their newest ID, so a lookup probes only the live generations (~17).
 # * window buffers (``buffers``) are one row per appended chunk, keyed by (range,
 #   name, seq) through the index; ``seq`` is a plain rowid, so appending costs one
 #   index insert whatever the buffer holds, and ``ORDER BY seq`` is append order.
@@ -54,13 +58,12 @@ CREATE TABLE IF NOT EXISTS outbox (
     consumer TEXT NOT NULL, stream TEXT NOT NULL, record_id TEXT NOT NULL,
     key TEXT NOT NULL, value BLOB NOT NULL, ts INTEGER NOT NULL,
     UNIQUE (producer, range_id, consumer, record_id));
-CREATE TABLE IF NOT EXISTS seen_ids (
-    computation TEXT NOT NULL, range_id INTEGER NOT NULL, record_id TEXT NOT NULL,
-    seen_at INTEGER NOT NULL, PRIMARY KEY (computation, range_id, record_id)) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS seen_batches (
-    computation TEXT NOT NULL, range_id INTEGER NOT NULL, seen_at INTEGER NOT NULL,
-    ids TEXT NOT NULL);
-CREATE INDEX IF NOT EXISTS seen_batches_by_time ON seen_batches (computation, range_id, seen_at);
+CREATE TABLE IF NOT EXISTS consumed_ids (
+    computation TEXT NOT NULL, range_id INTEGER NOT NULL, gen INTEGER NOT NULL,
+    record_id TEXT NOT NULL, PRIMARY KEY (computation, range_id, gen, record_id)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS consumed_gens (
+    computation TEXT NOT NULL, range_id INTEGER NOT NULL, gen INTEGER NOT NULL,
+    last_at INTEGER NOT NULL, PRIMARY KEY (computation, range_id, gen)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS stream_log (
     seq INTEGER PRIMARY KEY AUTOINCREMENT, stream TEXT NOT NULL, record_id TEXT NOT NULL,
     key TEXT NOT NULL, value BLOB NOT NULL, ts INTEGER NOT NULL,
@@ -96,20 +99,31 @@ def _json_list(items: Sequence[str]) -> str | None:
     return None if "\\u0000" in text else text
 
 
+#: The generation width given to consumed IDs of a file written before generations
+#: existed (their exact times are grouped by the minute; each is kept that much longer
+#: at most).
+MIGRATED_GENERATION_US = 60_000_000
+
+
 def _migrate(db: sqlite3.Connection) -> None:
     """Bring a file written by an older version to this schema (idempotent, and safe
     with several processes opening the file at once)."""
     db.execute("BEGIN IMMEDIATE")
     try:
-        old_index = db.execute(
-            "SELECT 1 FROM sqlite_master WHERE type='index' AND name='seen_ids_by_time'"
-        ).fetchone()
-        if old_index:  # consumed IDs indexed by time -> a seen_batches row per (range, time)
+        old = db.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='seen_ids'").fetchone()
+        if old:  # consumed IDs by (range, ID) with their time -> by (range, generation, ID)
+            g = MIGRATED_GENERATION_US
             db.execute(
-                "INSERT INTO seen_batches SELECT computation, range_id, seen_at, "
-                "json_group_array(record_id) FROM seen_ids GROUP BY computation, range_id, seen_at"
+                "INSERT OR IGNORE INTO consumed_ids SELECT computation, range_id, "
+                f"seen_at - (seen_at % {g}), record_id FROM seen_ids"
             )
-            db.execute("DROP INDEX seen_ids_by_time")
+            db.execute(
+                "INSERT INTO consumed_gens SELECT computation, range_id, seen_at - (seen_at % "
+                f"{g}), max(seen_at) FROM seen_ids WHERE true GROUP BY 1, 2, 3 "
+                "ON CONFLICT DO UPDATE SET last_at = max(last_at, excluded.last_at)"
+            )
+            db.execute("DROP TABLE seen_ids")
+            db.execute("DROP TABLE IF EXISTS seen_batches")
     except BaseException:
         db.execute("ROLLBACK")
         raise

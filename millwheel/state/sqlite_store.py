@@ -17,7 +17,6 @@ acks, the reads for recovery). Its mixins hold the rest: the error policy's tabl
 
 from __future__ import annotations
 
-import json
 from contextlib import AbstractContextManager, nullcontext
 from functools import partial
 from typing import Any, Callable, Iterable, Iterator, Sequence
@@ -30,8 +29,7 @@ from millwheel.state.sqlite_lease import SQLiteLease
 from millwheel.state.sqlite_schema import SQLiteFile, _insert_rows, _json_list
 from millwheel.state.sqlite_shared import SQLiteShared
 
-#: Consumed IDs forgotten per transaction of ``expire_ids`` (a transaction takes whole
-#: checkpoints' ID lists, so it may take one list more): about 60 pages of the log.
+#: Consumed IDs forgotten per transaction of ``expire_ids``: about 60 pages of the log.
 EXPIRE_IDS_PER_TXN = 5000
 
 
@@ -113,20 +111,24 @@ class SQLiteStore(SQLiteLease, SQLiteErrors, SQLiteShared, SQLiteFile):
                     "(producer, range_id, consumer, stream, record_id, key, value, ts)",
                     (comp, rid), 6, rows,
                 )
-            if cp.consumed_ids:  # 5
+            if cp.consumed_ids:  # 5: into the checkpoint's generation
+                gen = cp.now_us if cp.ids_generation is None else cp.ids_generation
                 ids = _json_list(cp.consumed_ids)
                 if ids is None:
                     db.executemany(
-                        "INSERT OR IGNORE INTO seen_ids VALUES (?, ?, ?, ?)",
-                        [(comp, rid, i, cp.now_us) for i in cp.consumed_ids],
+                        "INSERT OR IGNORE INTO consumed_ids VALUES (?, ?, ?, ?)",
+                        [(comp, rid, gen, i) for i in cp.consumed_ids],
                     )
-                    ids = json.dumps(list(cp.consumed_ids), ensure_ascii=False)
                 else:  # one statement: no per-ID round trip through the sqlite3 module
                     db.execute(
-                        "INSERT OR IGNORE INTO seen_ids SELECT ?, ?, value, ? FROM json_each(?)",
-                        (comp, rid, cp.now_us, ids),
+                        "INSERT OR IGNORE INTO consumed_ids SELECT ?, ?, ?, value FROM json_each(?)",
+                        (comp, rid, gen, ids),
                     )
-                db.execute("INSERT INTO seen_batches VALUES (?, ?, ?, ?)", (comp, rid, cp.now_us, ids))
+                db.execute(
+                    "INSERT INTO consumed_gens VALUES (?, ?, ?, ?) ON CONFLICT DO UPDATE "
+                    "SET last_at = max(last_at, excluded.last_at)",
+                    (comp, rid, gen, cp.now_us),
+                )
             if cp.resolved or cp.counters or cp.errors:
                 self._apply_errors(cp)
             if cp.buffer_appends:  # 6: window buffers, one row per chunk
@@ -229,42 +231,59 @@ class SQLiteStore(SQLiteLease, SQLiteErrors, SQLiteShared, SQLiteFile):
             ).fetchall()
         return [Production(c, s, Record(k, v, ts, r)) for c, s, r, k, v, ts in rows]
 
+    def _generations(self, computation: str, range_id: int) -> list[int]:
+        return [row[0] for row in self._db.execute(
+            "SELECT gen FROM consumed_gens WHERE computation=? AND range_id=? ORDER BY gen",
+            (computation, range_id),
+        )]
+
     def contains_ids(self, computation: str, range_id: int, ids: Sequence[str]) -> set[str]:
+        """One probe per ID and live generation (~17 with the range worker's widths):
+        this runs for Bloom filter hits only."""
         found: set[str] = set()
         with self._lock:
-            for start in range(0, len(ids), 500):
-                chunk = list(ids[start : start + 500])
-                marks = ",".join("?" * len(chunk))
-                found.update(
-                    row[0]
-                    for row in self._db.execute(
-                        "SELECT record_id FROM seen_ids WHERE computation=? AND range_id=? "
-                        f"AND record_id IN ({marks})",
-                        (computation, range_id, *chunk),
+            gens = self._generations(computation, range_id)
+            for g in range(0, len(gens), 64):
+                in_gens = gens[g : g + 64]
+                for start in range(0, len(ids), 500):
+                    chunk = list(ids[start : start + 500])
+                    found.update(
+                        row[0]
+                        for row in self._db.execute(
+                            "SELECT record_id FROM consumed_ids WHERE computation=? AND range_id=? "
+                            f"AND gen IN ({','.join('?' * len(in_gens))}) "
+                            f"AND record_id IN ({','.join('?' * len(chunk))})",
+                            (computation, range_id, *in_gens, *chunk),
+                        )
                     )
-                )
         return found
 
     def iter_ids(self, computation: str, range_id: int) -> Iterator[str]:
         # Pages in primary-key order (a range scan of the table's b-tree), each read
-        # under the connection's lock and released between pages.
-        sql = "SELECT record_id FROM seen_ids WHERE computation=? AND range_id=? {}ORDER BY record_id LIMIT ?"
+        # under the connection's lock and released between pages. An ID consumed in
+        # two generations (a rebuilt filter's input only) comes once per generation.
+        sql = ("SELECT gen, record_id FROM consumed_ids WHERE computation=? AND range_id=? "
+               "{}ORDER BY gen, record_id LIMIT ?")
         args: tuple[object, ...] = (computation, range_id, ID_PAGE)
         while True:
             with self._lock:
-                rows = self._db.execute(sql.format("" if len(args) == 3 else "AND record_id > ? "), args).fetchall()
-            yield from (row[0] for row in rows)
+                rows = self._db.execute(
+                    sql.format("" if len(args) == 3 else "AND (gen, record_id) > (?, ?) "), args
+                ).fetchall()
+            yield from (row[1] for row in rows)
             if len(rows) < ID_PAGE:
                 return
-            args = (computation, range_id, rows[-1][0], ID_PAGE)
+            args = (computation, range_id, rows[-1][0], rows[-1][1], ID_PAGE)
 
     def expire_ids(self, computation: str, range_id: int, token: int, older_than_us: int) -> int:
-        """In transactions of about :data:`EXPIRE_IDS_PER_TXN` IDs each (each fenced): one
-        transaction deleting a long retention's worth of IDs grew the write-ahead log
-        by every page it touched (issue 27: 79 MB). Between them, once the log has
-        grown past :data:`~millwheel.state.sqlite_schema.WAL_SOFT_LIMIT`, it is copied
-        into the database here, so the next transaction starts it over instead of
-        growing it (the checkpointer thread cannot catch up with back-to-back deletes)."""
+        """Forgets every generation whose newest ID is older than ``older_than_us``, in
+        transactions of about :data:`EXPIRE_IDS_PER_TXN` IDs each (each fenced), each a
+        range delete of one generation's b-tree keys: one transaction deleting a long
+        retention's worth of IDs grew the write-ahead log by every page it touched
+        (issue 27: 79 MB). Between them, once the log has grown past
+        :data:`~millwheel.state.sqlite_schema.WAL_SOFT_LIMIT`, it is copied into the
+        database here, so the next transaction starts it over instead of growing it
+        (the checkpointer thread cannot catch up with back-to-back deletes)."""
         removed = 0
         while True:
             with self.txn_guard() if not self._grouped else nullcontext():
@@ -275,38 +294,36 @@ class SQLiteStore(SQLiteLease, SQLiteErrors, SQLiteShared, SQLiteFile):
             self._relieve_wal()
 
     def _expire_some(self, computation: str, range_id: int, token: int, older_than_us: int) -> tuple[int, bool]:
-        """One transaction of :meth:`expire_ids`: (IDs removed, whether more may be due)."""
+        """One transaction of :meth:`expire_ids`: (IDs removed, whether more may be due).
+        A generation larger than the transaction's share goes in slices of its keys
+        (by ID order), its ``consumed_gens`` row last, so a cut-short expiry resumes."""
         self._fence(computation, range_id, token)
         db = self._db
-        removed = listed_ids = 0
-        while listed_ids < EXPIRE_IDS_PER_TXN:
-            batches = db.execute(
-                "SELECT rowid, ids FROM seen_batches WHERE computation=? AND range_id=? "
-                "AND seen_at < ? ORDER BY seen_at LIMIT 16",
-                (computation, range_id, older_than_us),
-            ).fetchall()
-            if not batches:
-                return removed, False
-            for rowid, ids in batches:
-                # seen_at < bound as well: an ID consumed again keeps its first time
-                sql = "DELETE FROM seen_ids WHERE computation=? AND range_id=? AND seen_at < ? AND "
-                listed = json.loads(ids)
-                if _json_list(listed) is None:
-                    cur = db.executemany(
-                        sql + "record_id=?",
-                        [(computation, range_id, older_than_us, i) for i in listed],
-                    )
-                else:
-                    cur = db.execute(
-                        sql + "record_id IN (SELECT value FROM json_each(?))",
-                        (computation, range_id, older_than_us, ids),
-                    )
-                removed += max(cur.rowcount, 0)
-                db.execute("DELETE FROM seen_batches WHERE rowid=?", (rowid,))
-                listed_ids += len(listed)
-                if listed_ids >= EXPIRE_IDS_PER_TXN:
+        removed = 0
+        where = "computation=? AND range_id=? AND gen=?"
+        for (gen,) in db.execute(
+            "SELECT gen FROM consumed_gens WHERE computation=? AND range_id=? AND last_at < ? ORDER BY gen",
+            (computation, range_id, older_than_us),
+        ).fetchall():
+            args = (computation, range_id, gen)
+            while True:
+                budget = EXPIRE_IDS_PER_TXN - removed
+                cut = db.execute(
+                    f"SELECT record_id FROM consumed_ids WHERE {where} ORDER BY record_id LIMIT 1 OFFSET ?",
+                    (*args, budget - 1),
+                ).fetchone() if budget > 0 else None
+                if cut is None and budget > 0:  # the rest of the generation fits
+                    removed += max(db.execute(f"DELETE FROM consumed_ids WHERE {where}", args).rowcount, 0)
+                    db.execute(f"DELETE FROM consumed_gens WHERE {where}", args)
                     break
-        return removed, True
+                if cut is not None:
+                    removed += max(db.execute(
+                        f"DELETE FROM consumed_ids WHERE {where} AND record_id <= ?", (*args, cut[0])
+                    ).rowcount, 0)
+                return removed, True
+            if removed >= EXPIRE_IDS_PER_TXN:
+                return removed, True
+        return removed, False
 
     def list_keys(self, computation: str, after: str | None, limit: int) -> list[str]:
         # ``after`` None means from the very first key, the empty key "" included.

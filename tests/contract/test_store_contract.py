@@ -272,12 +272,41 @@ def test_consumed_ids_lookup_iterate_and_expire(store: StateStore) -> None:
     t = store.acquire(C, 0)
     store.checkpoint(cp(t, now_us=100, consumed_ids=["old-1", "old-2"]))
     store.checkpoint(cp(t, now_us=200, consumed_ids=["mid"]))
-    store.checkpoint(cp(t, now_us=300, consumed_ids=["new", "old-1"]))  # old-1 keeps its first time
+    store.checkpoint(cp(t, now_us=300, consumed_ids=["new"]))
     assert store.contains_ids(C, 0, ["old-1", "new", "nope"]) == {"old-1", "new"}
     assert sorted(store.iter_ids(C, 0)) == ["mid", "new", "old-1", "old-2"]
     assert store.expire_ids(C, 0, t, 200) == 2  # strictly older than 200
     assert sorted(store.iter_ids(C, 0)) == ["mid", "new"]
-    assert store.contains_ids(C, 0, ["old-1"]) == set()
+    assert store.contains_ids(C, 0, ["old-1", "old-2", "mid"]) == {"mid"}
+
+
+def test_an_id_consumed_again_is_kept_from_its_latest_consumption(store: StateStore) -> None:
+    """Remembering longer never breaks deduplication; forgetting early would."""
+    t = store.acquire(C, 0)
+    store.checkpoint(cp(t, now_us=100, consumed_ids=["again", "once"]))
+    store.checkpoint(cp(t, now_us=300, consumed_ids=["again"]))
+    store.expire_ids(C, 0, t, 200)
+    assert store.contains_ids(C, 0, ["again", "once"]) == {"again"}
+    assert set(store.iter_ids(C, 0)) == {"again"}
+
+
+def test_consumed_ids_are_forgotten_a_generation_at_a_time(store: StateStore) -> None:
+    """Checkpoints naming one ``ids_generation`` share it: the generation is forgotten
+    once its newest ID is past the bound, all of it at once, never before."""
+    t = store.acquire(C, 0)
+    store.checkpoint(cp(t, now_us=1_000, consumed_ids=["a1", "a2"], ids_generation=0))
+    store.checkpoint(cp(t, now_us=1_900, consumed_ids=["a3"], ids_generation=0))
+    store.checkpoint(cp(t, now_us=2_100, consumed_ids=["b1"], ids_generation=2_000))
+    assert store.expire_ids(C, 0, t, 1_500) == 0  # a3 (1,900) keeps its generation
+    assert store.contains_ids(C, 0, ["a1", "a2", "a3", "b1"]) == {"a1", "a2", "a3", "b1"}
+    assert store.expire_ids(C, 0, t, 2_000) == 3
+    assert store.contains_ids(C, 0, ["a1", "a2", "a3", "b1"]) == {"b1"}
+    assert sorted(store.iter_ids(C, 0)) == ["b1"]
+    many = [f"m{i}" for i in range(12_345)]  # more than one expiry transaction's worth
+    for start in range(0, len(many), 5_000):
+        store.checkpoint(cp(t, now_us=3_000 + start, consumed_ids=many[start:start + 5_000], ids_generation=3_000))
+    assert store.expire_ids(C, 0, t, 20_000) == len(many) + 1
+    assert list(store.iter_ids(C, 0)) == []
 
 
 def test_consumed_ids_are_per_range_and_many_at_once(store: StateStore) -> None:

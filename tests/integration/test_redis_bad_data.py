@@ -77,14 +77,24 @@ def test_wrong_type_key_names_it_on_read(store: RedisStore, raw: redis.Redis) ->
     raw.hset("mw:r:{counts:2}:ids", "a", "b")
     with pytest.raises(CorruptDataError, match=r"mw:r:\{counts:2\}:ids"):
         store.contains_ids("counts", 2, ["a"])
+    raw.hset("mw:r:{counts:3}:idgens", "a", "b")
+    with pytest.raises(CorruptDataError, match=r"mw:r:\{counts:3\}:idgens"):
+        store.contains_ids("counts", 3, ["a"])
 
 
-def test_checkpoint_meeting_a_wrong_type_key_changes_nothing(store: RedisStore, raw: redis.Redis) -> None:
+@pytest.mark.parametrize("foreign, problem", [
+    ("mw:r:{counts:0}:idgens", r"mw:r:\{counts:0\}:idgens.*has type string, expected zset"),
+    # the consumed IDs' generation set, named from the checkpoint (generation = now_us)
+    ("mw:r:{counts:0}:ids:200", r"mw:r:\{counts:0\}:ids:200.*is not a window buffer or consumed-ID set"),
+])
+def test_checkpoint_meeting_a_wrong_type_key_changes_nothing(
+    store: RedisStore, raw: redis.Redis, foreign: str, problem: str
+) -> None:
     t = seeded(store)
-    raw.delete("mw:r:{counts:0}:ids")
-    raw.set("mw:r:{counts:0}:ids", "foreign")  # the last key the script would write
+    raw.delete(foreign)
+    raw.set(foreign, "foreign")  # among the last keys the script would write
     before = {k: raw.dump(k) for k in sorted(raw.keys("mw:r:*"))}
-    with pytest.raises(CorruptDataError, match=r"mw:r:\{counts:0\}:ids.*has type string, expected zset"):
+    with pytest.raises(CorruptDataError, match=problem):
         store.checkpoint(Checkpoint(
             "counts", 0, t, 200, state_writes={"alice": b"new", "carol": b"c"},
             timer_sets=[Timer("carol", "end", 60)], timer_clears=[("alice", "end")],
@@ -92,6 +102,23 @@ def test_checkpoint_meeting_a_wrong_type_key_changes_nothing(store: RedisStore, 
             consumed_ids=["in-2"],
         ))
     assert {k: raw.dump(k) for k in sorted(raw.keys("mw:r:*"))} == before
+
+
+def test_consumed_ids_of_the_layout_before_generations_are_still_read_and_expired(
+    store: RedisStore, raw: redis.Redis
+) -> None:
+    """A store written by a version keeping one ZSET of IDs (score: first consumed):
+    its IDs still deduplicate, rebuild filters and expire, beside new generations."""
+    t = seeded(store)
+    raw.zadd("mw:r:{counts:0}:ids", {"old-a": 100, "old-b": 500})
+    store.checkpoint(Checkpoint("counts", 0, t, 700, consumed_ids=["new"], ids_generation=600))
+    assert store.contains_ids("counts", 0, ["old-a", "old-b", "new", "nope"]) == {"old-a", "old-b", "new"}
+    assert {"old-a", "old-b", "new"} <= set(store.iter_ids("counts", 0))
+    assert store.expire_ids("counts", 0, t, 300) >= 1
+    assert store.contains_ids("counts", 0, ["old-a", "old-b", "new"]) == {"old-b", "new"}
+    store.expire_ids("counts", 0, t, 10**9)
+    assert store.contains_ids("counts", 0, ["old-a", "old-b", "new"]) == set()
+    assert raw.exists("mw:r:{counts:0}:ids:600") == 0
 
 
 def test_foreign_token_and_timer_and_outbox_values_name_their_key(store: RedisStore, raw: redis.Redis) -> None:

@@ -23,7 +23,8 @@ CREATE TABLE seen_ids (
     seen_at INTEGER NOT NULL, PRIMARY KEY (computation, range_id, record_id)) WITHOUT ROWID;
 CREATE INDEX seen_ids_by_time ON seen_ids (computation, range_id, seen_at);
 INSERT INTO tokens VALUES ('c', 0, 3);
-INSERT INTO seen_ids VALUES ('c', 0, 'a', 100), ('c', 0, 'b', 100), ('c', 0, 'c', 200), ('c', 1, 'd', 100);
+INSERT INTO seen_ids VALUES ('c', 0, 'a', 100000000), ('c', 0, 'b', 110000000), ('c', 0, 'c', 200000000),
+    ('c', 1, 'd', 100000000);
 INSERT INTO outbox (producer, range_id, consumer, stream, record_id, key, value, ts)
     VALUES ('c', 0, 'down', 's', 'p1', 'k', x'00ff', 5);
 """
@@ -34,20 +35,24 @@ def prod(record_id: str) -> Production:
 
 
 def test_a_file_of_the_previous_schema_is_migrated(tmp_path: Path) -> None:
+    """IDs of the per-ID layout come over into generations of a minute (by the time
+    they were consumed): each is kept at least as long as before, at most a minute more."""
     path = tmp_path / "old.db"
     db = sqlite3.connect(path)
     db.executescript(OLD_SCHEMA)
     db.close()
     store = SQLiteStore(path)
     assert sorted(store.iter_ids("c", 0)) == ["a", "b", "c"]
-    store.checkpoint(Checkpoint("c", 0, 3, 300, consumed_ids=["e"], productions=[prod("p2")]))
+    assert store.contains_ids("c", 0, ["a", "c", "d"]) == {"a", "c"}
+    store.checkpoint(Checkpoint("c", 0, 3, 300_000_000, consumed_ids=["e"], productions=[prod("p2")]))
     assert [p.record.record_id for p in store.read_outbox("c", 0)] == ["p1", "p2"]
-    assert store.expire_ids("c", 0, 3, 150) == 2  # a and b (seen at 100), not range 1's d
+    assert store.expire_ids("c", 0, 3, 105_000_000) == 0  # b (110 s) shares a's minute
+    assert store.expire_ids("c", 0, 3, 150_000_000) == 2  # a and b, not range 1's d
     assert sorted(store.iter_ids("c", 0)) == ["c", "e"]
     assert list(store.iter_ids("c", 1)) == ["d"]
     store.close()
     store = SQLiteStore(path)  # opening again changes nothing
-    assert store.expire_ids("c", 0, 3, 250) == 1
+    assert store.expire_ids("c", 0, 3, 250_000_000) == 1
     assert sorted(store.iter_ids("c", 0)) == ["e"]
     store.close()
 
