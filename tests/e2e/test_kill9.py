@@ -23,7 +23,7 @@ def spec_and_reference(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> tuple[Path, dict[str, list[tuple[str, bytes, int, str]]]]:
     tmp = tmp_path_factory.mktemp("k9")
-    spec = pipelines.write_spec(tmp, 30000)
+    spec = pipelines.write_spec(tmp, 60000)  # ~2 s unloaded: longer than the first kill wait (1.05 s)
     proc = millwheel_run(spec, tmp / "ref.db")
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err.decode()
