@@ -215,7 +215,7 @@ def sqlite_stats(path: Path) -> dict[str, Any]:
     out: dict[str, Any] = {"store_mb.db": db / 2**20, "store_mb.wal": wal / 2**20, "store_mb.total": (db + wal) / 2**20}
     con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
     try:
-        for name, table in (("consumed_ids", "seen_ids"), ("log", "stream_log"), ("state", "state"),
+        for name, table in (("consumed_ids", "consumed_ids"), ("log", "stream_log"), ("state", "state"),
                             ("timers", "timers"), ("outbox", "outbox")):
             out[f"rows.{name}"] = con.execute(f"SELECT count(*) FROM {table}").fetchone()[0]  # noqa: S608
     finally:
