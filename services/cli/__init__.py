@@ -13,7 +13,7 @@ from millwheel import __version__
 from millwheel.errors import MillWheelError
 
 COMMAND_MODULES = tuple(f"{__package__}.{m}" for m in (
-    "local", "service", "remote", "update", "rescale", "savepoint", "errors", "spark"))
+    "local", "service", "remote", "update", "rescale", "savepoint", "errors", "spark", "credentials"))
 
 
 #: Which module adds which command: a command builds only its own module's parsers (and
@@ -26,7 +26,7 @@ COMMANDS = {
     "computations": "remote", "inject": "remote", "keys": "remote", "register": "remote", "state": "remote",
     "status": "remote", "subscribe": "remote", "unregister": "remote", "watermark": "remote",
     "update": "update", "rescale": "rescale", "savepoint": "savepoint",
-    "dead-letters": "errors", "errors": "errors", "backfill": "spark",
+    "dead-letters": "errors", "errors": "errors", "backfill": "spark", "credentials": "credentials",
 }
 
 

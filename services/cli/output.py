@@ -18,20 +18,34 @@ from millwheel.record import MAX_TIMESTAMP, MIN_TIMESTAMP
 from ..client import CONTROLLER_HELP, CONTROLLER_METAVAR, ControllerClient
 from ..rpc import security
 
+#: The commands whose calls need role operator (services/rpc/roles.py): they send the
+#: operator token when the client has one (--operator-token-file, $MILLWHEEL_OPERATOR_TOKEN,
+#: $MILLWHEEL_OPERATOR_TOKEN_FILE, ./millwheel-data/operator-token), every other command
+#: the client token. tests/unit/test_roles.py checks each names a command.
+OPERATOR_COMMANDS = frozenset({"millwheel rescale", "millwheel savepoint create",
+                               "millwheel savepoint restore", "millwheel dead-letters replay"})
+
 
 def client_parser(sub: Any, name: str, help: str, description: str) -> argparse.ArgumentParser:
     """A client command's parser: --controller, --json and the client security flags,
-    the same for every command that talks to the controller."""
+    the same for every command that talks to the controller (an operator command's take
+    the operator token too)."""
     p: argparse.ArgumentParser = sub.add_parser(name, help=help, description=description)
+    operator = p.prog in OPERATOR_COMMANDS
     p.add_argument("--controller", metavar=CONTROLLER_METAVAR, help=CONTROLLER_HELP)
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    security.add_args(p, server=False)
+    security.add_args(p, server=False, operator=operator)
+    p.set_defaults(operator_command=operator)
     return p
 
 
 def client_for(args: argparse.Namespace) -> ControllerClient:
-    """The client a command's flags (address, token, TLS) describe."""
-    return ControllerClient(args.controller, security=security.from_args(args, server=False))
+    """The client a command's flags (address, token, TLS) describe: with the operator
+    token for an operator command, when there is one."""
+    sec = security.from_args(args, server=False)
+    if getattr(args, "operator_command", False):
+        sec = sec.operator()
+    return ControllerClient(args.controller, security=sec)
 
 
 #: gRPC's words for a controller that could not be reached at all (nothing listens, no
@@ -52,7 +66,20 @@ def hint(exc: BaseException, args: argparse.Namespace) -> str | None:
         address = controller_address(getattr(args, "controller", None))
         return (f"is `millwheel up` (or a controller) running at {address}? Another address: "
                 "--controller HOST:PORT or $MILLWHEEL_CONTROLLER")
+    if status == grpc.StatusCode.PERMISSION_DENIED and "needs role operator" in str(exc):
+        source = security.operator_token_source(args)
+        if source is None:
+            return ("this command needs the operator token and this client has none: "
+                    f"--operator-token-file FILE, ${security.ENV_OPERATOR} or ${security.ENV_OPERATOR_FILE}; "
+                    f"`millwheel up` writes it beside the client token (its data directory's "
+                    f"{security.OPERATOR_TOKEN_FILE}), or ask the operator for a credential with role operator")
+        return (f"the operator token sent ({source}) is not one the service gives role operator; "
+                f"`millwheel up` writes its own as {security.OPERATOR_TOKEN_FILE} beside the client token")
     if status == grpc.StatusCode.UNAUTHENTICATED:
+        if getattr(args, "operator_command", False) and security.operator_token_source(args):
+            return (f"the operator token sent ({security.operator_token_source(args)}) is not the "
+                    f"service's; `millwheel up` writes its own as {security.OPERATOR_TOKEN_FILE} beside "
+                    "the client token")
         source = security.client_token_source(args)
         if source is None:
             return f"this client sent no token: {security.token_lookup()}"

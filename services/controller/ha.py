@@ -36,7 +36,7 @@ from typing import Any, Callable, Iterator, Protocol, TypeVar
 import grpc
 
 from ..generated import millwheel_pb2_grpc as pb_grpc
-from ..rpc.admission import FORWARDED_FOR, peer_host
+from ..rpc.admission import FORWARDED_FOR, client_key
 from ..rpc.controller_link import LEADER_METADATA  # a refused heartbeat's pointer to the leader
 from ..rpc.security import process
 from ..rpc.server import channel, check
@@ -257,4 +257,4 @@ class Leadership:
 
 def _forwarded(address: str, context: grpc.ServicerContext) -> tuple[tuple[str, str], ...]:
     """The metadata of a forwarded request: by whom (never forwarded again), for whom."""
-    return ((FORWARDED_METADATA, address), (FORWARDED_FOR, peer_host(context.peer())))
+    return ((FORWARDED_METADATA, address), (FORWARDED_FOR, client_key(context)))

@@ -21,11 +21,16 @@ microseconds and never waits for its client. Admitted calls hold at most
 free thread. The caller is known only there (``context.peer()``: the interceptor
 sees the method and metadata alone).
 
-A **client** is the peer's host (IP address): every client presents the same client
-token, so the credential cannot tell clients apart, and a host is what one misbehaving
-program cannot multiply cheaply. A call a standby controller relays for a client
-(``millwheel-forwarded-for`` metadata, trusted only with the cluster secret) counts
-for that client. Cluster calls (heartbeats) are not admitted here: they have a server
+A **client** is the credential that names one (a named credential, ``millwheel
+credentials create``, or a certificate mapped by ``--tls-role``): its limits are its
+own, whatever address it calls from, so clients behind one proxy, ingress or sidecar
+(one address) do not take each other's slots. Where no such credential is used (no
+token, or a token every client shares: the client and operator tokens), a client is
+the peer's host (IP address): the credential cannot tell clients apart, and a host is
+what one misbehaving program cannot multiply cheaply. A call a standby controller
+relays for a client (``millwheel-forwarded-for`` metadata, trusted only with the
+cluster secret) counts for that client (the standby names it by :func:`client_key`).
+Cluster calls (heartbeats) are not admitted here: they have a server
 of their own (services/controller/cluster_port.py) and take the client port only for
 a worker's first contact.
 
@@ -54,7 +59,9 @@ import grpc
 
 from millwheel.errors import InvalidSpecError
 
-from .auth import bearer_token
+from .auth import bearer_token, certificate_identity
+from .roles import Identity
+from .security import process
 
 log = logging.getLogger("millwheel.admission")
 
@@ -113,6 +120,20 @@ def peer_host(peer: str) -> str:
     return kind or peer  # unix sockets and the like: one client per kind
 
 
+def client_key(context: grpc.ServicerContext,
+               identify: Callable[[str | None], Identity | None] | None = None) -> str:
+    """Whom a call counts for: ``credential NAME`` for a credential that names one client,
+    else the peer's host. ``identify``: token -> credential (default: the process's)."""
+    token = bearer_token(context.invocation_metadata() or ())
+    sec = process()
+    who = (identify or sec.identify)(token)
+    if who is None and token is None and sec.cert_roles:
+        who = certificate_identity(context, dict(sec.cert_roles))
+    if who is not None and who.per_client:
+        return f"credential {who.name}"
+    return peer_host(context.peer())
+
+
 def end_call(context: grpc.ServicerContext, code: grpc.StatusCode, details: str) -> None:
     """End a call from another thread with ``code`` and ``details``. grpcio's servicer
     context has no public way (``abort`` only works in the handler's own thread and
@@ -166,8 +187,12 @@ class Admission(grpc.ServerInterceptor):
     a ``millwheel-forwarded-for`` name trusted."""
 
     def __init__(self, limits: AdmissionLimits, cluster_secret: str | None = None,
-                 on_refused: Callable[[str, str], None] | None = None) -> None:
+                 on_refused: Callable[[str, str], None] | None = None,
+                 identify: Callable[[str | None], Identity | None] | None = None) -> None:
+        """``identify``: a presented token -> its credential (default: the process's
+        settings, services/rpc/security.py), to count a named credential's calls as its own."""
         limits.check()
+        self.identify = identify
         self.on_refused = on_refused  # (limit's flag, method): the refusals metric
         self.limits = limits
         self.cluster_secret = cluster_secret
@@ -202,7 +227,7 @@ class Admission(grpc.ServerInterceptor):
                 for key, value in meta:
                     if key == FORWARDED_FOR and isinstance(value, str) and value:
                         return value[:200]
-        return peer_host(context.peer())
+        return client_key(context, self.identify)
 
     def _admit(self, stream: bool, method: str, context: grpc.ServicerContext) -> _Slot:
         client = self.client_of(context)

@@ -6,10 +6,19 @@ one :class:`Security`:
 
 - ``client_token``: the bearer token of the public Controller service
   (``--auth-token-file``, ``$MILLWHEEL_AUTH_TOKEN``, ``$MILLWHEEL_AUTH_TOKEN_FILE``);
+- ``operator_token``: the bearer token of role operator (rescale, savepoint, restore,
+  dead-letter replay: services/rpc/roles.py) (``--operator-token-file``,
+  ``$MILLWHEEL_OPERATOR_TOKEN``, ``$MILLWHEEL_OPERATOR_TOKEN_FILE``; a client also
+  reads the ``operator-token`` file ``millwheel up`` writes). A client sends it only
+  for the CLI's operator commands, the client token otherwise;
 - ``cluster_secret``: the bearer token of the internal Cluster and Worker services
   (``--cluster-secret-file``, ``$MILLWHEEL_CLUSTER_SECRET``,
-  ``$MILLWHEEL_CLUSTER_SECRET_FILE``); a server given a client token must be given a
-  cluster secret too (there is no implicit one);
+  ``$MILLWHEEL_CLUSTER_SECRET_FILE``); a server given a client or operator token must
+  be given a cluster secret too (there is no implicit one);
+- ``credentials``: on a server, the named credentials kept in the store
+  (services/credentials.py), looked up by the hash of a presented token;
+- ``cert_roles``: on a server under mTLS, ``--tls-role CN=ROLE``: a client certificate
+  with that common name has that role when its call carries no token;
 - TLS: ``--tls-cert``/``--tls-key`` (the process's certificate, served and, on
   internal calls, presented as client certificate) and ``--tls-ca`` (verifies the
   peer; on a server it also *requires* a client certificate signed by it: mTLS), or
@@ -30,22 +39,26 @@ import os
 import secrets
 import socket
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import grpc
 
 from millwheel.errors import MillWheelError
 
+from .roles import CredentialLookup, Identity, Role, identify
+
 ENV_TOKEN, ENV_TOKEN_FILE = "MILLWHEEL_AUTH_TOKEN", "MILLWHEEL_AUTH_TOKEN_FILE"
 ENV_SECRET, ENV_SECRET_FILE = "MILLWHEEL_CLUSTER_SECRET", "MILLWHEEL_CLUSTER_SECRET_FILE"
+ENV_OPERATOR, ENV_OPERATOR_FILE = "MILLWHEEL_OPERATOR_TOKEN", "MILLWHEEL_OPERATOR_TOKEN_FILE"
 ENV_TLS = {"cert": "MILLWHEEL_TLS_CERT", "key": "MILLWHEEL_TLS_KEY", "ca": "MILLWHEEL_TLS_CA",
            "server_name": "MILLWHEEL_TLS_SERVER_NAME"}
 # `millwheel up` keeps its generated credentials here (next to its default SQLite store);
 # client commands fall back to the client token found here.
 DEFAULT_DATA_DIR = Path("millwheel-data")
 CLIENT_TOKEN_FILE, CLUSTER_SECRET_FILE = "client-token", "cluster-secret"
+OPERATOR_TOKEN_FILE = "operator-token"
 
 
 class SecurityConfigError(MillWheelError):
@@ -57,12 +70,17 @@ class SecurityConfigError(MillWheelError):
 class Security:
     client_token: str | None = None
     cluster_secret: str | None = None
+    operator_token: str | None = None
     tls_cert: str | None = None
     tls_key: str | None = None
     tls_ca: str | None = None
     tls_server_name: str | None = None
     # A plaintext listener serving only gRPC health (Kubernetes' gRPC probes cannot do TLS).
     health_port: int | None = None
+    # A server's named credentials (services/credentials.py's CredentialBook).
+    credentials: CredentialLookup | None = field(default=None, compare=False, repr=False)
+    # A server's --tls-role CN=ROLE mappings.
+    cert_roles: tuple[tuple[str, Role], ...] = ()
 
     @property
     def tls(self) -> bool:
@@ -71,18 +89,38 @@ class Security:
     @property
     def authenticated(self) -> bool:
         """Callers must prove who they are: a token, or a client certificate (mTLS)."""
-        return bool(self.client_token or self.cluster_secret or (self.tls_ca and self.tls_cert))
+        return bool(self.client_token or self.operator_token or self.cluster_secret
+                    or (self.tls_ca and self.tls_cert))
+
+    def identify(self, token: str | None) -> Identity | None:
+        """The credential a server is presented (None: none, or unknown)."""
+        if token is None:
+            return None
+        return identify(token, cluster_secret=self.cluster_secret, operator_token=self.operator_token,
+                        client_token=self.client_token, book=self.credentials)
+
+    def operator(self) -> Security:
+        """A client's settings for an operator command: sending the operator token
+        when it has one, else its client token (which the server then refuses, with a
+        message saying where the operator token is found)."""
+        return replace(self, client_token=self.operator_token) if self.operator_token else self
 
     def check(self, server: bool) -> None:
         if bool(self.tls_cert) != bool(self.tls_key):
             raise SecurityConfigError("--tls-cert and --tls-key go together (a certificate and its key)")
         if server and self.tls_ca and not self.tls_cert:
             raise SecurityConfigError("a server with --tls-ca (mTLS) needs --tls-cert and --tls-key")
-        if server and self.client_token and not self.cluster_secret:
+        if server and (self.client_token or self.operator_token) and not self.cluster_secret:
             raise SecurityConfigError(
-                "a client token (--auth-token-file / $MILLWHEEL_AUTH_TOKEN) needs a cluster secret "
+                "a client token (--auth-token-file / $MILLWHEEL_AUTH_TOKEN) or operator token "
+                "(--operator-token-file / $MILLWHEEL_OPERATOR_TOKEN) needs a cluster secret "
                 "too (--cluster-secret-file / $MILLWHEEL_CLUSTER_SECRET), or the internal "
-                "services would be open; `millwheel up` generates both")
+                "services would be open; `millwheel up` generates all three")
+        if server and self.cert_roles and not (self.tls_ca and self.tls_cert and self.cluster_secret):
+            raise SecurityConfigError(
+                "--tls-role maps client certificates to roles: it needs mTLS (--tls-cert, "
+                "--tls-key, --tls-ca) and a cluster secret (the controller and workers then "
+                "present the secret to each other, whatever their certificates' names)")
         for flag, path, marker in (("--tls-cert", self.tls_cert, b"-----BEGIN CERTIFICATE-----"),
                                    ("--tls-key", self.tls_key, b"PRIVATE KEY-----"),
                                    ("--tls-ca", self.tls_ca, b"-----BEGIN CERTIFICATE-----")):
@@ -107,11 +145,12 @@ class Security:
             certificate_chain=_read(self.tls_cert, "--tls-cert") if self.tls_cert else None)
 
     def server_interceptors(self) -> list[grpc.ServerInterceptor]:
-        if not (self.client_token or self.cluster_secret):
+        if not (self.client_token or self.cluster_secret or self.operator_token or self.cert_roles):
             return []
         from .auth import AuthInterceptor
 
-        return [AuthInterceptor(self.client_token, self.cluster_secret)]
+        return [AuthInterceptor(self.client_token, self.cluster_secret, self.operator_token,
+                                self.credentials, dict(self.cert_roles))]
 
     def open_channel(self, address: str, token: str | None, options: list[tuple[str, Any]]
                      ) -> grpc.Channel:
@@ -157,7 +196,10 @@ def process() -> Security:
 
 
 # -- command line -----------------------------------------------------------------------------
-def add_args(p: argparse.ArgumentParser, server: bool, up: bool = False) -> None:
+def add_args(p: argparse.ArgumentParser, server: bool, up: bool = False, operator: bool = False) -> None:
+    """The security flags of a server (``server``; ``up``: of ``millwheel up``) or of a
+    client command (``operator``: one that needs role operator, so it takes the
+    operator token too)."""
     g = p.add_argument_group("security (docs/service.md, Security)")
     if up:
         g.add_argument("--no-auth", action="store_true",
@@ -166,6 +208,12 @@ def add_args(p: argparse.ArgumentParser, server: bool, up: bool = False) -> None
     g.add_argument("--auth-token-file", metavar="FILE",
                    help="the client token (default $MILLWHEEL_AUTH_TOKEN, $MILLWHEEL_AUTH_TOKEN_FILE"
                         + (")" if server else f", else ./{DEFAULT_DATA_DIR}/{CLIENT_TOKEN_FILE} if present)"))
+    if server or operator:
+        g.add_argument("--operator-token-file", metavar="FILE",
+                       help="the operator token (default $MILLWHEEL_OPERATOR_TOKEN, "
+                            "$MILLWHEEL_OPERATOR_TOKEN_FILE"
+                            + (")" if server else f", else ./{DEFAULT_DATA_DIR}/{OPERATOR_TOKEN_FILE} "
+                               "if present; else the client token is sent)"))
     if server:
         g.add_argument("--cluster-secret-file", metavar="FILE",
                        help="the cluster secret of the internal services (default "
@@ -173,6 +221,9 @@ def add_args(p: argparse.ArgumentParser, server: bool, up: bool = False) -> None
         g.add_argument("--insecure", action="store_true",
                        help="allow listening on a non-loopback address without authentication")
     if server and not up:
+        g.add_argument("--tls-role", action="append", default=[], metavar="CN=ROLE",
+                       help="under mTLS, a client certificate with common name CN has ROLE (read, "
+                            "client, operator) on calls without a token; repeatable")
         g.add_argument("--health-port", type=int, default=None, metavar="PORT",
                        help="also serve gRPC health (only) in plaintext on this port, for "
                             "probes that cannot do TLS")
@@ -214,6 +265,33 @@ def client_token_source(args: argparse.Namespace | None) -> str | None:
     return str(fallback.resolve()) if fallback.is_file() else None
 
 
+def operator_token_source(args: argparse.Namespace | None) -> str | None:
+    """Where a client's operator token comes from (as :func:`client_token_source`)."""
+    flag = getattr(args, "operator_token_file", None) if args is not None else None
+    if flag:
+        return f"--operator-token-file {flag}"
+    if os.environ.get(ENV_OPERATOR, "").strip():
+        return f"${ENV_OPERATOR}"
+    if os.environ.get(ENV_OPERATOR_FILE):
+        return f"${ENV_OPERATOR_FILE} ({os.environ[ENV_OPERATOR_FILE]})"
+    fallback = DEFAULT_DATA_DIR / OPERATOR_TOKEN_FILE
+    return str(fallback.resolve()) if fallback.is_file() else None
+
+
+def cert_roles(entries: list[str] | None) -> tuple[tuple[str, Role], ...]:
+    """``--tls-role CN=ROLE`` entries, checked."""
+    out: dict[str, Role] = {}
+    for entry in entries or ():
+        cn, sep, role = entry.rpartition("=")
+        if not sep or not cn.strip():
+            raise SecurityConfigError(f"--tls-role {entry!r}: expected CN=ROLE (e.g. ops.example.com=operator)")
+        try:
+            out[cn.strip()] = Role.parse(role)
+        except ValueError as exc:
+            raise SecurityConfigError(f"--tls-role {entry!r}: {exc}") from None
+    return tuple(out.items())
+
+
 def token_lookup() -> str:
     """Where a client looks for its token, for a message saying it has none."""
     return (f"give it with --auth-token-file FILE, ${ENV_TOKEN} or ${ENV_TOKEN_FILE}; without them "
@@ -240,6 +318,9 @@ def from_args(args: argparse.Namespace | None, server: bool) -> Security:
                             None if server else DEFAULT_DATA_DIR / CLIENT_TOKEN_FILE),
         cluster_secret=_token(flag("cluster_secret_file"), ENV_SECRET, ENV_SECRET_FILE,
                               "cluster secret file") if server else None,
+        operator_token=_token(flag("operator_token_file"), ENV_OPERATOR, ENV_OPERATOR_FILE,
+                              "operator token file", None if server else DEFAULT_DATA_DIR / OPERATOR_TOKEN_FILE),
+        cert_roles=cert_roles(flag("tls_role")) if server else (),
         tls_cert=tls["cert"], tls_key=tls["key"], tls_ca=tls["ca"], tls_server_name=tls["server_name"],
         health_port=flag("health_port"))
     sec.check(server)
@@ -279,18 +360,25 @@ def check_listen(sec: Security, host: str, insecure: bool) -> None:
             "--insecure if the network is trusted")
 
 
-def setup_server(args: argparse.Namespace, role: str) -> Security:
+def setup_server(args: argparse.Namespace, role: str,
+                 credentials: Callable[[], CredentialLookup] | None = None) -> Security:
     """Read and check a server's settings, refuse a public address without
-    authentication (unless ``--insecure``), say how it is protected, and install them."""
+    authentication (unless ``--insecure``), say how it is protected, and install them.
+    ``credentials``: makes the named credentials its servers also accept (called only
+    when tokens are in use: without them every call is let through anyway)."""
     sec = from_args(args, server=True)
+    if credentials is not None and sec.cluster_secret:
+        sec = replace(sec, credentials=credentials())
     check_listen(sec, args.host, args.insecure)
     if not sec.authenticated:
         print(f"millwheel {role}: no authentication configured"
               + (" (--insecure): anyone who reaches" if args.insecure else ": listening on loopback "
                  "only; anyone on this machine can call") + f" {args.host}", file=sys.stderr, flush=True)
     else:
-        how = [w for w, on in (("client token", sec.client_token), ("cluster secret", sec.cluster_secret),
-                               ("TLS", sec.tls_cert), ("mTLS", sec.tls_ca)) if on]
+        how = [w for w, on in (("client token", sec.client_token), ("operator token", sec.operator_token),
+                               ("cluster secret", sec.cluster_secret), ("named credentials", sec.credentials),
+                               ("TLS", sec.tls_cert), ("mTLS", sec.tls_ca),
+                               ("certificate roles", sec.cert_roles)) if on]
         print(f"millwheel {role}: security: {', '.join(how)}", file=sys.stderr, flush=True)
     configure(sec)
     return sec
@@ -315,25 +403,31 @@ def up_credentials(args: argparse.Namespace) -> tuple[Security, list[str], list[
     if args.no_auth or _given(args):
         sec = from_args(args, server=True)
         check_listen(sec, args.host, args.insecure)
-        for flag in ("auth_token_file", "cluster_secret_file"):
+        for flag in ("auth_token_file", "cluster_secret_file", "operator_token_file"):
             if getattr(args, flag):
                 child += [f"--{flag.replace('_', '-')}", getattr(args, flag)]
     else:
         token_path = _generated(data_dir / CLIENT_TOKEN_FILE)
         secret_path = _generated(data_dir / CLUSTER_SECRET_FILE)
-        child += ["--auth-token-file", str(token_path), "--cluster-secret-file", str(secret_path)]
+        operator_path = _generated(data_dir / OPERATOR_TOKEN_FILE)
+        child += ["--auth-token-file", str(token_path), "--cluster-secret-file", str(secret_path),
+                  "--operator-token-file", str(operator_path)]
         sec = replace(from_args(args, server=False), client_token=read_token(str(token_path), "token"),
-                      cluster_secret=read_token(str(secret_path), "secret"))
-        lines += [f"  client token: {token_path.resolve()} (cluster secret beside it; both 0600)",
-                  f"  clients started here find it; elsewhere: export {ENV_TOKEN_FILE}="
-                  f"{token_path.resolve()}"]
+                      cluster_secret=read_token(str(secret_path), "secret"),
+                      operator_token=read_token(str(operator_path), "operator token"))
+        lines += [f"  client token: {token_path.resolve()} (operator token and cluster secret beside "
+                  "it; all 0600)",
+                  f"  clients started here find them; elsewhere: export {ENV_TOKEN_FILE}="
+                  f"{token_path.resolve()} (and {ENV_OPERATOR_FILE}={operator_path.resolve()} "
+                  "for rescale, savepoint, restore, dead-letters replay)"]
     client = replace(sec, cluster_secret=None)
     return client, child, lines
 
 
 def _given(args: argparse.Namespace) -> bool:
-    return bool(args.auth_token_file or args.cluster_secret_file or any(
-        os.environ.get(e) for e in (ENV_TOKEN, ENV_TOKEN_FILE, ENV_SECRET, ENV_SECRET_FILE)))
+    return bool(args.auth_token_file or args.cluster_secret_file or getattr(args, "operator_token_file", None)
+                or any(os.environ.get(e) for e in (ENV_TOKEN, ENV_TOKEN_FILE, ENV_SECRET, ENV_SECRET_FILE,
+                                                    ENV_OPERATOR, ENV_OPERATOR_FILE)))
 
 
 def _generated(path: Path) -> Path:
