@@ -172,3 +172,17 @@ class CredentialBook:
                     log.warning("cannot read the named credentials from the store: %s", exc)
             if self._stop.wait(self._refresh_s):
                 return
+
+
+_books: dict[str, CredentialBook] = {}
+_books_lock = threading.Lock()
+
+
+def book_for(url: str) -> CredentialBook:
+    """This process's book of the store at ``url``: opened on first use, then shared by
+    every server and admission check of the process."""
+    with _books_lock:
+        book = _books.get(url)
+        if book is None:
+            book = _books[url] = CredentialBook.from_url(url)
+        return book

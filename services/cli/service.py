@@ -24,7 +24,6 @@ from millwheel.state.url_display import describe_store
 
 from .. import memory
 from ..client import CONTROLLER_HELP, CONTROLLER_METAVAR, ControllerClient, controller_address
-from ..credentials import CredentialBook
 from ..inject_limits import InjectLimits
 from ..rpc import security
 from ..rpc.admission import AdmissionLimits
@@ -229,7 +228,7 @@ def cmd_controller(args: argparse.Namespace) -> int:
     admission = admission_limits(args)
     _logging(args.log_level)
     memory.start_from_env("controller")
-    security.setup_server(args, "controller", credentials=lambda: CredentialBook.from_url(args.store))
+    security.setup_server(args, "controller", credentials_store=args.store)
     server, port, mport, service = serve(
         args.store, args.host, args.port, None if args.metrics_port < 0 else args.metrics_port,
         heartbeat_timeout_s=args.heartbeat_timeout, max_value_bytes=args.max_value_bytes,
@@ -265,7 +264,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     lifeline.die_with_parent(signal.SIGKILL)
     _logging(args.log_level)
     memory.start_from_env("worker")
-    security.setup_server(args, "worker", credentials=lambda: CredentialBook.from_url(args.store))
+    security.setup_server(args, "worker", credentials_store=args.store)
     worker = WorkerProcess(
         controller_address(args.controller), args.store,
         host=args.host, port=args.port, advertise=args.advertise,

@@ -128,7 +128,7 @@ def client_key(context: grpc.ServicerContext,
     sec = process()
     who = (identify or sec.identify)(token)
     if who is None and token is None and sec.cert_roles:
-        who = certificate_identity(context, dict(sec.cert_roles))
+        who = certificate_identity(context, sec.roles_of_certificates())
     if who is not None and who.per_client:
         return f"credential {who.name}"
     return peer_host(context.peer())

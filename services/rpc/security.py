@@ -15,8 +15,9 @@ one :class:`Security`:
   (``--cluster-secret-file``, ``$MILLWHEEL_CLUSTER_SECRET``,
   ``$MILLWHEEL_CLUSTER_SECRET_FILE``); a server given a client or operator token must
   be given a cluster secret too (there is no implicit one);
-- ``credentials``: on a server, the named credentials kept in the store
-  (services/credentials.py), looked up by the hash of a presented token;
+- ``credentials_store``: on a server, the store URL whose named credentials it also
+  accepts (services/credentials.py: looked up by the hash of a presented token, in a
+  book the process opens once, on first use);
 - ``cert_roles``: on a server under mTLS, ``--tls-role CN=ROLE``: a client certificate
   with that common name has that role when its call carries no token;
 - TLS: ``--tls-cert``/``--tls-key`` (the process's certificate, served and, on
@@ -39,9 +40,9 @@ import os
 import secrets
 import socket
 import sys
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import grpc
 
@@ -77,10 +78,11 @@ class Security:
     tls_server_name: str | None = None
     # A plaintext listener serving only gRPC health (Kubernetes' gRPC probes cannot do TLS).
     health_port: int | None = None
-    # A server's named credentials (services/credentials.py's CredentialBook).
-    credentials: CredentialLookup | None = field(default=None, compare=False, repr=False)
-    # A server's --tls-role CN=ROLE mappings.
-    cert_roles: tuple[tuple[str, Role], ...] = ()
+    # A server's store, whose named credentials it accepts. A URL, not the book itself:
+    # the settings are plain values (the worker hands them to its watchdog as JSON).
+    credentials_store: str | None = None
+    # A server's --tls-role CN=ROLE mappings (role labels: read, client, operator).
+    cert_roles: tuple[tuple[str, str], ...] = ()
 
     @property
     def tls(self) -> bool:
@@ -97,7 +99,18 @@ class Security:
         if token is None:
             return None
         return identify(token, cluster_secret=self.cluster_secret, operator_token=self.operator_token,
-                        client_token=self.client_token, book=self.credentials)
+                        client_token=self.client_token, book=self.credentials())
+
+    def credentials(self) -> CredentialLookup | None:
+        """The named credentials this server accepts (one book per store and process)."""
+        if not self.credentials_store:
+            return None
+        from ..credentials import book_for
+
+        return book_for(self.credentials_store)
+
+    def roles_of_certificates(self) -> dict[str, Role]:
+        return {cn: Role.parse(role) for cn, role in self.cert_roles}
 
     def operator(self) -> Security:
         """A client's settings for an operator command: sending the operator token
@@ -150,7 +163,7 @@ class Security:
         from .auth import AuthInterceptor
 
         return [AuthInterceptor(self.client_token, self.cluster_secret, self.operator_token,
-                                self.credentials, dict(self.cert_roles))]
+                                self.credentials(), self.roles_of_certificates())]
 
     def open_channel(self, address: str, token: str | None, options: list[tuple[str, Any]]
                      ) -> grpc.Channel:
@@ -278,15 +291,15 @@ def operator_token_source(args: argparse.Namespace | None) -> str | None:
     return str(fallback.resolve()) if fallback.is_file() else None
 
 
-def cert_roles(entries: list[str] | None) -> tuple[tuple[str, Role], ...]:
+def cert_roles(entries: list[str] | None) -> tuple[tuple[str, str], ...]:
     """``--tls-role CN=ROLE`` entries, checked."""
-    out: dict[str, Role] = {}
+    out: dict[str, str] = {}
     for entry in entries or ():
         cn, sep, role = entry.rpartition("=")
         if not sep or not cn.strip():
             raise SecurityConfigError(f"--tls-role {entry!r}: expected CN=ROLE (e.g. ops.example.com=operator)")
         try:
-            out[cn.strip()] = Role.parse(role)
+            out[cn.strip()] = Role.parse(role).label
         except ValueError as exc:
             raise SecurityConfigError(f"--tls-role {entry!r}: {exc}") from None
     return tuple(out.items())
@@ -360,15 +373,14 @@ def check_listen(sec: Security, host: str, insecure: bool) -> None:
             "--insecure if the network is trusted")
 
 
-def setup_server(args: argparse.Namespace, role: str,
-                 credentials: Callable[[], CredentialLookup] | None = None) -> Security:
+def setup_server(args: argparse.Namespace, role: str, credentials_store: str | None = None) -> Security:
     """Read and check a server's settings, refuse a public address without
     authentication (unless ``--insecure``), say how it is protected, and install them.
-    ``credentials``: makes the named credentials its servers also accept (called only
-    when tokens are in use: without them every call is let through anyway)."""
+    ``credentials_store``: the store whose named credentials its servers also accept
+    (only with tokens in use: without them every call is let through anyway)."""
     sec = from_args(args, server=True)
-    if credentials is not None and sec.cluster_secret:
-        sec = replace(sec, credentials=credentials())
+    if credentials_store and sec.cluster_secret:
+        sec = replace(sec, credentials_store=credentials_store)
     check_listen(sec, args.host, args.insecure)
     if not sec.authenticated:
         print(f"millwheel {role}: no authentication configured"
@@ -376,7 +388,7 @@ def setup_server(args: argparse.Namespace, role: str,
                  "only; anyone on this machine can call") + f" {args.host}", file=sys.stderr, flush=True)
     else:
         how = [w for w, on in (("client token", sec.client_token), ("operator token", sec.operator_token),
-                               ("cluster secret", sec.cluster_secret), ("named credentials", sec.credentials),
+                               ("cluster secret", sec.cluster_secret), ("named credentials", sec.credentials_store),
                                ("TLS", sec.tls_cert), ("mTLS", sec.tls_ca),
                                ("certificate roles", sec.cert_roles)) if on]
         print(f"millwheel {role}: security: {', '.join(how)}", file=sys.stderr, flush=True)
