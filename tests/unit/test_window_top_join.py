@@ -138,6 +138,19 @@ def test_a_late_record_replaces_or_joins_a_produced_maximum() -> None:
         assert len(t.output("out")) == 3
 
 
+def test_window_top_without_field_ranks_the_value_itself() -> None:
+    code = CodeRef("window_top", {"size_us": SIZE})
+    topo = Topology((ComputationSpec("top", (InputSpec("in"),), ("out",), code, Options(key_ranges=1)),),
+                    (InjectorSpec("src", "in"),))
+    values = [b"3", b"12", b"-1", b"12.0", b'"12"', b"11.5", b"9007199254740993", b"9007199254740992"]
+    with PipelineTest(topo) as t:
+        t.add("src", [Record("k", v, i, f"r{i}") for i, v in enumerate(values[:6])])
+        t.add("src", [Record("k", v, SIZE + i, f"s{i}") for i, v in enumerate(values[6:])])
+        t.done()
+        t.run()
+        assert [r.value for r in t.output("out")] == [b"12", b"12.0", b'"12"', b"9007199254740993"]
+
+
 def test_a_value_that_is_not_a_number_is_dead_lettered() -> None:
     topo = top_topology(Options(key_ranges=1, max_attempts=1))
     with PipelineTest(topo) as t:
