@@ -20,7 +20,8 @@ Behaviour a user can rely on:
   computation's error policy.
 
 State is bounded by the watermark and holds no record below a window's maximum: JSON
-``{"START": [max, [value, ...], fired]}`` (values as text), readable through GetState.
+``{"START": [max, [value, ...], fired]}`` (values as text; none once the window is
+produced, when only its maximum counts), readable through GetState.
 Timers are ``end:START`` at ``end - 1`` and, under lateness, ``gc:START`` at ``end - 1 +
 allowed_lateness_us`` (no watermark hold), all through the computation's context, so
 checkpoints cover them and a restarted range resumes exactly.
@@ -143,14 +144,15 @@ class WindowTop(Computation):
                 ctx.set_timer(f"end:{start}", at_most(end - 1))
                 if lateness:
                     ctx.set_timer(f"gc:{start}", at_most(end - 1 + lateness), hold=False)
-            if x > w[_TOP]:
-                w[_TOP], w[_VALUES] = x, [value_text(record.value)]
-            elif x == w[_TOP]:
-                w[_VALUES].append(value_text(record.value))
-            else:
+            if x < w[_TOP]:
                 continue
             if w[_FIRED]:  # a late record reached a produced window's maximum: out at once
+                w[_TOP] = x
                 self._emit(ctx, end, record.value)
+            elif x > w[_TOP]:
+                w[_TOP], w[_VALUES] = x, [value_text(record.value)]
+            else:
+                w[_VALUES].append(value_text(record.value))
         _store(ctx, windows)
 
     def process_timer(self, ctx: Context, timer: Timer) -> None:
@@ -164,7 +166,7 @@ class WindowTop(Computation):
                 end = int(start_s) + self.size_us
                 for text in w[_VALUES]:
                     self._emit(ctx, end, value_bytes(text))
-                w[_FIRED] = True
+                w[_FIRED], w[_VALUES] = True, []  # from now on only the maximum counts
             if not self.allowed_lateness_us:
                 del windows[start_s]
         elif kind == "gc":
