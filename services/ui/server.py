@@ -1,17 +1,28 @@
 """The console's HTTP listener: the static page, the Tracker API and the login.
 
 Standard library only (:class:`http.server.ThreadingHTTPServer`): the console is a
-few read-only endpoints, not worth a web framework. Rules:
+few read endpoints and one action, not worth a web framework. Rules:
 
-* With a client token configured, every ``/api/`` request needs it, as an
-  ``Authorization: Bearer`` header or a session cookie set by the login form
+* With a client token configured, every ``/api/`` request needs a credential (the
+  client token, the operator token, or a named credential: services/rpc/roles.py), as
+  an ``Authorization: Bearer`` header or a session cookie set by the login form
   (``POST /login``, HttpOnly, SameSite=Strict, Secure under TLS). The token is never
   accepted in a URL. Wrong or missing: 401 with a JSON message. ``/healthz`` and the
   static files (which hold no data) are open.
+* A session has the **role** of the credential it logged in with. Reading needs role
+  read; the **actions** (``POST /api/v1/actions/NAME``, a JSON body: today
+  ``replay-dead-letters``) need role operator, as their RPCs do: any other session is
+  answered 403 naming the role needed and the one held, and nothing runs.
+  ``/api/v1/session`` says the role and the actions it may take, so the page shows
+  only the buttons it can use. An action runs as the controller calling its own public
+  RPC (with the cluster secret, after the console checked the role), so it takes the
+  same path, checks and leader forwarding as the CLI's. Actions take JSON only (a form
+  from another site cannot send it, on top of the SameSite cookie).
 * ``millwheel up`` prints a **one-time login link** (``GET /login?code=...``): a random
-  code, not the token, that signs one browser in (the same session cookie) and is then
-  spent; it expires after ``LOGIN_LINK_S`` unused. ``up`` hands it to its controller in
-  the environment (``MILLWHEEL_UI_LOGIN_CODE``), never on a command line.
+  code, not the token, that signs one browser in (the same session cookie, role
+  operator: whoever started ``up`` runs the deployment) and is then spent; it expires
+  after ``LOGIN_LINK_S`` unused. ``up`` hands it to its controller in the environment
+  (``MILLWHEEL_UI_LOGIN_CODE``), never on a command line.
 * Without a client token the listener follows the gRPC rule: loopback only unless
   ``--insecure``.
 * Every answer carries a Content-Security-Policy allowing only this origin's script
@@ -37,10 +48,13 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 from urllib.parse import parse_qs, urlsplit
 
+from millwheel.errors import MillWheelError, NotFoundError
+
 from ..rpc import security
+from ..rpc.roles import CONSOLE_ACTION_ROLE, OPERATOR, Identity, Role
 from ..rpc.server import ListenError
 from .snapshot import Snapshotter, controller_view
 from .tracker import BadRequest, Tracker
@@ -55,6 +69,11 @@ COOKIE = "millwheel_session"
 SESSION_S = 12 * 3600
 MAX_SESSIONS = 1000
 MAX_FORM_BYTES = 4096
+#: The console's actions (``POST /api/v1/actions/NAME``), each needing role operator.
+ACTIONS = ("replay-dead-letters",)
+ACTION_TIMEOUT_S = 60.0
+#: A request without a credential to check (no token configured: loopback only, as gRPC).
+UNAUTHENTICATED_SERVICE = Identity("no authentication configured", OPERATOR)
 LOGIN_CODE_ENV = "MILLWHEEL_UI_LOGIN_CODE"
 LOGIN_LINK_S = 600.0
 STATIC = {"/": ("index.html", "text/html; charset=utf-8"),
@@ -76,28 +95,30 @@ class Sessions:
     """Random session ids of logged-in browsers, bounded and expiring."""
 
     def __init__(self) -> None:
-        self._ids: dict[str, float] = {}
+        self._ids: dict[str, tuple[float, Identity]] = {}
         self._lock = threading.Lock()
 
-    def new(self) -> str:
+    def new(self, who: Identity) -> str:
+        """A session of the credential ``who`` (its role is the session's)."""
         sid = secrets.token_urlsafe(32)
         now = time.monotonic()
         with self._lock:
-            for old in [s for s, exp in self._ids.items() if exp < now]:
+            for old in [s for s, (exp, _who) in self._ids.items() if exp < now]:
                 del self._ids[old]
             while len(self._ids) >= MAX_SESSIONS:
-                del self._ids[min(self._ids, key=self._ids.__getitem__)]
-            self._ids[sid] = now + SESSION_S
+                del self._ids[min(self._ids, key=lambda k: self._ids[k][0])]
+            self._ids[sid] = (now + SESSION_S, who)
         return sid
 
     def end(self, sid: str) -> None:
         with self._lock:
             self._ids.pop(sid, None)
 
-    def valid(self, sid: str) -> bool:
+    def valid(self, sid: str) -> Identity | None:
+        """The session's credential, or None (unknown or expired)."""
         with self._lock:
-            exp = self._ids.get(sid)
-            return exp is not None and exp > time.monotonic()
+            entry = self._ids.get(sid)
+            return entry[1] if entry is not None and entry[0] > time.monotonic() else None
 
 
 class LoginLink:
@@ -123,8 +144,17 @@ class Console:
 
     def __init__(self, controller: ControlPlane, host: str, port: int, token: str | None,
                  tls: ssl.SSLContext | None = None, interval_s: float = 1.0,
-                 login_code: str | None = None) -> None:
+                 login_code: str | None = None,
+                 identify: Callable[[str], Identity | None] | None = None,
+                 act: Callable[[str, dict[str, Any]], dict[str, Any]] | None = None) -> None:
+        """``token``: the client token (None: no authentication); ``identify``: a
+        presented token -> its credential (default: the client token alone, role
+        client); ``act``: runs an action (name, JSON body) -> its JSON answer."""
         self.token = token
+        self.identify = identify or (lambda t: Identity("client token", Role.CLIENT)
+                                     if token is not None and hmac.compare_digest(t.encode(), token.encode())
+                                     else None)
+        self.act = act
         self.login_link = LoginLink(login_code if token is not None else None)
         self.tls = tls is not None
         self.sessions = Sessions()
@@ -147,21 +177,33 @@ class Console:
         self.httpd.shutdown()
         self.httpd.server_close()
 
-    def authorized(self, headers: Any) -> bool:
+    def authorized(self, headers: Any) -> Identity | None:
+        """The request's credential (its bearer token, else its session), or None."""
         if self.token is None:
-            return True
+            return UNAUTHENTICATED_SERVICE
         auth = headers.get("Authorization", "")
         scheme, _, value = auth.strip().partition(" ")
-        if scheme.lower() == "bearer" and hmac.compare_digest(value.strip().encode(), self.token.encode()):
-            return True
+        if scheme.lower() == "bearer":
+            who = self.check_token(value.strip())
+            if who is not None:
+                return who
         for part in headers.get("Cookie", "").split(";"):
             name, _, value = part.strip().partition("=")
-            if name == COOKIE and self.sessions.valid(value):
-                return True
-        return False
+            if name == COOKIE:
+                who = self.sessions.valid(value)
+                if who is not None:
+                    return who
+        return None
 
-    def check_token(self, presented: str) -> bool:
-        return self.token is not None and hmac.compare_digest(presented.encode(), self.token.encode())
+    def check_token(self, presented: str) -> Identity | None:
+        """The credential a presented token is (the cluster secret counts as an
+        operator here: the console's powers stop there)."""
+        if self.token is None or not presented:
+            return None
+        who = self.identify(presented)
+        if who is not None and who.role > OPERATOR:
+            who = Identity(who.name, OPERATOR, who.per_client)
+        return who
 
 
 class _Server(ThreadingHTTPServer):
@@ -198,7 +240,8 @@ def start_console(process: Controller, args: argparse.Namespace) -> Console | No
             tls.verify_mode = ssl.CERT_REQUIRED
     try:
         console = Console(controller, args.host, args.ui_port, sec.client_token, tls,
-                          login_code=os.environ.pop(LOGIN_CODE_ENV, None) or None)
+                          login_code=os.environ.pop(LOGIN_CODE_ENV, None) or None,
+                          identify=sec.identify, act=SelfCall(controller))
     except OSError as exc:
         raise ListenError(f"cannot serve the console on {args.host}:{args.ui_port} (--ui-port): "
                           f"{exc.strerror or exc}") from None
@@ -206,6 +249,32 @@ def start_console(process: Controller, args: argparse.Namespace) -> Console | No
     print(f"millwheel controller: console at {'https' if tls else 'http'}://{host}:{console.port}/"
           + (" (log in with the client token)" if sec.client_token else ""), file=sys.stderr, flush=True)
     return console
+
+
+class SelfCall:
+    """The console's actions as calls of this controller's own public RPCs, presenting
+    the cluster secret (the console has checked the session's role first): the same
+    checks, leader forwarding and errors as a CLI's call."""
+
+    def __init__(self, plane: ControlPlane) -> None:
+        self.plane = plane
+
+    def __call__(self, action: str, body: dict[str, Any]) -> dict[str, Any]:
+        from dataclasses import replace
+
+        from ..client import ControllerClient
+
+        if action != "replay-dead-letters":
+            raise NotFoundError(f"no console action {action[:80]!r}; there are: {', '.join(ACTIONS)}")
+        computation = body.get("computation")
+        if not isinstance(computation, str) or not computation:
+            raise BadRequest("replay-dead-letters needs {\"computation\": NAME}")
+        sec = security.process()
+        with ControllerClient(self.plane.address, timeout_s=ACTION_TIMEOUT_S,
+                              security=replace(sec, client_token=sec.cluster_secret)) as client:
+            resp = client.replay_dead_letters(computation, ACTION_TIMEOUT_S)
+        return {"computation": computation, "replayed": resp.replayed, "skipped": resp.skipped,
+                "remaining": resp.remaining}
 
 
 def _static(name: str) -> bytes:
@@ -259,7 +328,7 @@ def _handler(console: Console) -> type[BaseHTTPRequestHandler]:
                 except ValueError:  # too many fields
                     code = ""
                 if console.login_link.spend(code):
-                    sid = console.sessions.new()
+                    sid = console.sessions.new(Identity("login link of millwheel up", OPERATOR))
                     self._send(303, b"", "text/plain", {"Location": "/", "Set-Cookie": _cookie(sid, SESSION_S)})
                 else:
                     self._send(303, b"", "text/plain", {"Location": "/?login=link-spent"})
@@ -272,10 +341,13 @@ def _handler(console: Console) -> type[BaseHTTPRequestHandler]:
                 self._json(404, {"error": f"no such page {path[:100]!r}"})
                 return
             if path == "/api/v1/session":  # open: lets the page ask before it gets a 401
-                self._json(200, {"auth_required": console.token is not None,
-                                 "authorized": console.authorized(self.headers)})
+                who = console.authorized(self.headers)
+                self._json(200, {"auth_required": console.token is not None, "authorized": who is not None,
+                                 "role": who.role.label if who is not None else None,
+                                 "actions": list(ACTIONS) if who is not None and who.role >= CONSOLE_ACTION_ROLE
+                                 else []})
                 return
-            if not console.authorized(self.headers):
+            if console.authorized(self.headers) is None:
                 self._json(401, {"error": "log in with the client token (Authorization: Bearer "
                                           "<token>, or the console's login form)"},
                            {"WWW-Authenticate": 'Bearer realm="millwheel"'})
@@ -294,8 +366,12 @@ def _handler(console: Console) -> type[BaseHTTPRequestHandler]:
 
         def do_POST(self) -> None:  # noqa: N802
             path = urlsplit(self.path).path
+            if path.startswith("/api/v1/actions/"):
+                self._action(path[len("/api/v1/actions/"):])
+                return
             if path not in ("/login", "/logout"):
-                self._json(405, {"error": "the console is read-only; POST only to /login and /logout"})
+                self._json(405, {"error": "the console's data is read-only; POST only to /login, /logout "
+                                          "and /api/v1/actions/NAME"})
                 return
             try:
                 length = int(self.headers.get("Content-Length", "0"))
@@ -315,11 +391,51 @@ def _handler(console: Console) -> type[BaseHTTPRequestHandler]:
             if console.token is None:
                 self._send(303, b"", "text/plain", {"Location": "/"})
                 return
-            if not console.check_token((form.get("token") or [""])[0].strip()):
+            who = console.check_token((form.get("token") or [""])[0].strip())
+            if who is None:
                 self._send(303, b"", "text/plain", {"Location": "/?login=failed"})
                 return
-            sid = console.sessions.new()
+            sid = console.sessions.new(who)
             self._send(303, b"", "text/plain", {"Location": "/", "Set-Cookie": _cookie(sid, SESSION_S)})
+
+        def _action(self, name: str) -> None:
+            """``POST /api/v1/actions/NAME`` (JSON body): role operator, checked before
+            anything runs."""
+            who = console.authorized(self.headers)
+            if who is None:
+                self._json(401, {"error": "log in first (Authorization: Bearer <token>, or the login form)"},
+                           {"WWW-Authenticate": 'Bearer realm="millwheel"'})
+                return
+            if who.role < CONSOLE_ACTION_ROLE:
+                self._json(403, {"error": f"permission denied: the console action {name[:80]!r} needs role "
+                                          f"{CONSOLE_ACTION_ROLE.label}; this session's credential is "
+                                          f"{who.describe()}; log in with the operator token or a "
+                                          "credential with role operator"})
+                return
+            if self.headers.get("Content-Type", "").split(";")[0].strip() != "application/json":
+                self._json(415, {"error": "an action's body is JSON (Content-Type: application/json)"})
+                return
+            try:
+                length = int(self.headers.get("Content-Length", "0"))
+            except ValueError:
+                length = -1
+            if not 0 <= length <= MAX_FORM_BYTES:
+                self._json(400, {"error": f"an action's body must be 0..{MAX_FORM_BYTES} bytes"})
+                return
+            try:
+                body = json.loads(self.rfile.read(length) or b"{}")
+                if not isinstance(body, dict):
+                    raise BadRequest("an action's body is a JSON object")
+                if console.act is None:
+                    raise BadRequest("this console runs no actions")
+                log.info("console action %s by %s: %s", name[:80], who.describe(), json.dumps(body)[:200])
+                self._json(200, console.act(name, body))
+            except (BadRequest, ValueError) as exc:
+                self._json(getattr(exc, "status", 400), {"error": str(exc)[:500]})
+            except NotFoundError as exc:
+                self._json(404, {"error": str(exc)[:500]})
+            except MillWheelError as exc:
+                self._json(409, {"error": f"{type(exc).__name__}: {exc}"[:500]})
 
     def _cookie(value: str, max_age: int) -> str:
         return (f"{COOKIE}={value}; Path=/; Max-Age={max_age}; HttpOnly; SameSite=Strict"

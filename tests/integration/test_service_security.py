@@ -52,8 +52,9 @@ class Service:
         self.address = f"127.0.0.1:{self.port}"
         self.log = open(tmp / "up.log", "ab")  # noqa: SIM115
         self.token = secrets.token_hex(16)
+        self.operator = secrets.token_hex(16)  # role operator (issue 34): the client token's calls stop short of it
         self.env = dict(os.environ, PYTHONPATH=str(ROOT), MILLWHEEL_AUTH_TOKEN=self.token,
-                        MILLWHEEL_CLUSTER_SECRET=secrets.token_hex(16))
+                        MILLWHEEL_CLUSTER_SECRET=secrets.token_hex(16), MILLWHEEL_OPERATOR_TOKEN=self.operator)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "services.cli", "up", "--workers", "2", "--port", str(self.port),
              "--metrics-port", str(self.metrics_port), "--store", f"sqlite:///{tmp}/security.db"],
@@ -61,6 +62,7 @@ class Service:
         client = Security(client_token=self.token)
         self.client = ControllerClient(self.address, timeout_s=10, security=client)
         self.channel = channel(self.address, client, self.token)
+        self.operator_channel = channel(self.address, Security(client_token=self.operator), self.operator)
         self.rounds = 0
         self.echoed_seq = 0
 
@@ -77,6 +79,7 @@ class Service:
     def stop(self) -> None:
         self.client.close()
         self.channel.close()
+        self.operator_channel.close()
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)  # it drains the workers, then the controller
             try:
@@ -250,9 +253,13 @@ def test_names_are_bounded(service: Service) -> None:
     # Queries of a name that cannot exist answer NOT_FOUND without echoing it whole.
     for method, request in [("GetWatermark", pb.GetWatermarkRequest(computation=long_name)),
                             ("GetState", pb.GetStateRequest(computation=long_name, key="k")),
-                            ("DescribeComputation", pb.DescribeComputationRequest(name=long_name)),
-                            ("ReplayDeadLetters", pb.ReplayDeadLettersRequest(computation=long_name))]:
+                            ("DescribeComputation", pb.DescribeComputationRequest(name=long_name))]:
         service.refused(unary(method, request), Code.NOT_FOUND, "'" + "n" * 200 + "'")
+    # Dead-letter replay is the operator's (issue 34): the client token is refused before
+    # the name is looked at; the operator gets the same NOT_FOUND without the name whole.
+    replay = unary("ReplayDeadLetters", pb.ReplayDeadLettersRequest(computation=long_name))
+    service.refused(replay, Code.PERMISSION_DENIED, "needs role operator", "client token (role client)")
+    service.refused(lambda _client: replay(service.operator_channel), Code.NOT_FOUND, "'" + "n" * 200 + "'")
 
     def subscribe(ch: grpc.Channel) -> Any:
         fn = ch.unary_stream("/millwheel.v1.Controller/Subscribe",

@@ -28,6 +28,7 @@ from millwheel.spec import computation_to_dict
 from services.rpc.convert import spec_dict_to_proto, spec_from_proto
 from services.rpc.security import Security
 from tests.integration.ui_cluster import (
+    OPERATOR,
     SECRET,
     T0,
     TOKEN,
@@ -368,7 +369,8 @@ def test_the_overview_shows_versions_and_the_last_savepoint(tmp_path: Path) -> N
         assert over["last_savepoint"] is None
         assert {c["version"] for c in over["computations"]} == {1}
         path = tmp_path / "cut.mwsp"
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "MILLWHEEL_AUTH_TOKEN": TOKEN}
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "MILLWHEEL_AUTH_TOKEN": TOKEN,
+               "MILLWHEEL_OPERATOR_TOKEN": OPERATOR}  # a savepoint is the operator's (issue 34)
         done = subprocess.run([sys.executable, "-m", "services.cli", "savepoint", "create", str(path),
                                "--controller", con.cluster.address], env=env, capture_output=True, text=True,
                               timeout=120)
@@ -394,8 +396,10 @@ def test_a_rescale_under_way_shows_as_rescaling_to_n(tmp_path: Path) -> None:
     fill(url, 20_000, ranges=2)  # enough keys that the copy takes seconds
     port = free_port()
     c = Cluster(tmp_path, store_url=url, env={"MILLWHEEL_AUTH_TOKEN": TOKEN, "MILLWHEEL_CLUSTER_SECRET": SECRET,
+                                              "MILLWHEEL_OPERATOR_TOKEN": OPERATOR,
                                               "MILLWHEEL_HOLD_AT": "rescale_staged:2"},
-                security=Security(client_token=TOKEN), controller_args=["--ui-port", str(port)])
+                security=Security(client_token=OPERATOR),  # a rescale is the operator's (issue 34)
+                controller_args=["--ui-port", str(port)])
     try:
         c.start_controller()
         c.start_worker()

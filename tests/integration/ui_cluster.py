@@ -27,6 +27,7 @@ from tests.support.service_cluster import ROOT, Cluster, wait_for
 T0 = 1_700_000_000_000_000
 TOKEN = "client-" + secrets.token_urlsafe(24)
 SECRET = "cluster-" + secrets.token_urlsafe(24)
+OPERATOR = "operator-" + secrets.token_urlsafe(24)  # role operator (issue 34): savepoints, rescales
 
 
 def readme_pipeline() -> dict[str, Any]:
@@ -88,7 +89,8 @@ def start_console(tmp: Path, workers: int = 2, ui: bool = True) -> Console:
     """Controller (with ``--ui-port`` unless not ``ui``) and workers with a client
     token; the README's pipeline registered (nothing injected yet)."""
     port = free_port()
-    c = Cluster(tmp, env={"MILLWHEEL_AUTH_TOKEN": TOKEN, "MILLWHEEL_CLUSTER_SECRET": SECRET},
+    c = Cluster(tmp, env={"MILLWHEEL_AUTH_TOKEN": TOKEN, "MILLWHEEL_CLUSTER_SECRET": SECRET,
+                          "MILLWHEEL_OPERATOR_TOKEN": OPERATOR},
                 security=Security(client_token=TOKEN), controller_args=["--ui-port", str(port)] if ui else [])
     try:
         c.start_controller()

@@ -9,6 +9,7 @@
   let stream = null;         // the logged stream shown
   let keysAfter = [""];      // paging: the "after" of each page seen
   let timer = null;
+  let actions = [];          // the console actions this session's role may take (/api/v1/session)
 
   async function api(path, params) {
     const q = new URLSearchParams(params || {}).toString();
@@ -52,6 +53,23 @@
     return (s / 86400).toFixed(1) + " d";
   }
   function fmtRate(r) { return r === null || r === undefined ? "–" : (r >= 100 ? r.toFixed(0) : r.toFixed(1)); }
+
+  // An action (role operator; the server checks it again): POST JSON, show the answer.
+  async function act(name, body) {
+    const resp = await fetch("/api/v1/actions/" + name, { method: "POST", credentials: "same-origin",
+      headers: { Accept: "application/json", "Content-Type": "application/json" }, body: JSON.stringify(body) });
+    const answer = await resp.json();
+    if (!resp.ok) throw new Error(answer.error || resp.statusText);
+    return answer;
+  }
+  async function replayDeadLetters() {
+    if (!selected) return;
+    $("action-result").textContent = "replaying…";
+    try {
+      const r = await act("replay-dead-letters", { computation: selected });
+      $("action-result").textContent = `${r.replayed} replayed, ${r.skipped} skipped, ${r.remaining} remaining`;
+    } catch (e) { $("action-result").textContent = "refused: " + e.message; }
+  }
 
   function showLogin() {
     $("console").hidden = true;
@@ -293,9 +311,12 @@
     $("state-form").addEventListener("submit", (ev) => { ev.preventDefault(); lookup(); });
     $("keys-next").addEventListener("click", () => { const n = $("keys-next").dataset.next; if (n) { keysAfter.push(n); loadKeys(); } });
     $("keys-first").addEventListener("click", () => { keysAfter = [""]; loadKeys(); });
+    $("replay-dead-letters").addEventListener("click", replayDeadLetters);
     api("/api/v1/session").then((s) => {
       if (!s.authorized) { showLogin(); return; }
       $("logout").hidden = !s.auth_required;
+      actions = s.actions || [];
+      $("actions").hidden = !actions.includes("replay-dead-letters");  // only what the role may do
       refresh();
       timer = setInterval(refresh, REFRESH_MS);
     }).catch((e) => { $("fatal").hidden = false; $("fatal").textContent = "cannot reach the console API: " + e.message; });
