@@ -302,3 +302,46 @@ def test_admission_counts_per_credential_not_per_address(service: Service) -> No
             it.cancel()
         for ch in channels:
             ch.close()
+
+
+def test_mtls_certificates_map_to_roles(tmp_path: Path) -> None:
+    """``--tls-role CN=ROLE``: a client certificate without a token has its CN's role; an
+    unmapped certificate gets nothing; a token still wins."""
+    from tests.support.certs import CertificateAuthority
+
+    ca = CertificateAuthority(tmp_path / "pki")
+    node, viewer, ops, stranger = (ca.issue(n) for n in ("node", "viewer", "ops", "stranger"))
+    env = {"MILLWHEEL_AUTH_TOKEN": TOKEN, "MILLWHEEL_CLUSTER_SECRET": SECRET, "MILLWHEEL_TLS_CERT": str(node.cert),
+           "MILLWHEEL_TLS_KEY": str(node.key), "MILLWHEEL_TLS_CA": str(ca.pem)}
+    c = Cluster(tmp_path, env=env, security=Security(client_token=TOKEN, tls_cert=str(node.cert),
+                                                     tls_key=str(node.key), tls_ca=str(ca.pem)),
+                controller_args=["--tls-role", "viewer=read", "--tls-role", "ops=operator"])
+
+    def as_cert(cert: Any, method: str, request: Any, token: str | None = None) -> tuple[grpc.StatusCode, str]:
+        creds = grpc.ssl_channel_credentials(ca.pem.read_bytes(), cert.key.read_bytes(), cert.cert.read_bytes())
+        meta = [("authorization", f"Bearer {token}")] if token else None
+        m = CONTROLLER.methods_by_name[method]
+        with grpc.secure_channel(c.address, creds) as ch:
+            fn = (ch.stream_unary if m.client_streaming else ch.unary_unary)(f"/{CONTROLLER.full_name}/{method}")
+            payload = request.SerializeToString()
+            try:
+                fn(iter([payload]) if m.client_streaming else payload, timeout=10, metadata=meta)
+            except grpc.RpcError as exc:
+                return exc.code(), str(exc.details())
+        return OK, ""
+
+    try:
+        c.start_controller()
+        status, rescale = pb.ClusterStatusRequest(), pb.RescaleComputationRequest(computation="none", key_ranges=2)
+        assert as_cert(viewer, "ClusterStatus", status)[0] == OK
+        code, details = as_cert(viewer, "Inject", pb.InjectRequest(injector="events"))
+        assert code == DENIED and "needs role client" in details and "certificate CN=viewer (role read)" in details
+        code, details = as_cert(ops, "RescaleComputation", rescale)
+        assert code == grpc.StatusCode.NOT_FOUND, (code, details)  # past the role check: no such computation
+        code, details = as_cert(stranger, "ClusterStatus", status)
+        assert code == UNAUTH and "--tls-role" in details
+        assert as_cert(stranger, "ClusterStatus", status, TOKEN)[0] == OK  # a token wins
+        code, details = as_cert(viewer, "RescaleComputation", rescale, TOKEN)
+        assert code == DENIED and "client token (role client)" in details
+    finally:
+        c.stop()

@@ -379,6 +379,19 @@ def test_up_generates_credentials_and_its_clients_find_them(tmp_path: Path) -> N
         assert refused.returncode == 2 and "UNAUTHENTICATED" in refused.stderr
         exported = cli("status", env={**env, "MILLWHEEL_AUTH_TOKEN_FILE": str(token_file)}, cwd=elsewhere)
         assert exported.returncode == 0, exported.stderr
+        # Issue 34: an operator token beside them; the operator commands here find it
+        # (NOT_FOUND: past the role check), the client token alone is refused with a hint.
+        operator_file = tmp_path / "millwheel-data" / "operator-token"
+        assert stat.S_IMODE(operator_file.stat().st_mode) == 0o600
+        assert operator_file.read_text().strip() not in (token_file.read_text().strip(),
+                                                         secret_file.read_text().strip())
+        assert f"MILLWHEEL_OPERATOR_TOKEN_FILE={operator_file}" in log.read_text()
+        replay = cli("dead-letters", "replay", "nope", env=env, cwd=tmp_path)
+        assert replay.returncode == 2 and "NOT_FOUND" in replay.stderr, replay.stderr
+        client_only = cli("dead-letters", "replay", "nope", env={**env, "MILLWHEEL_AUTH_TOKEN_FILE": str(token_file)},
+                          cwd=elsewhere)
+        assert client_only.returncode == 2 and "needs role operator" in client_only.stderr, client_only.stderr
+        assert "hint: this command needs the operator token" in client_only.stderr
     finally:
         up.send_signal(signal.SIGINT)
         try:

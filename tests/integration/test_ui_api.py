@@ -66,7 +66,8 @@ def test_token_is_required_in_a_header_or_login_cookie_never_the_url(console: Co
     assert console.get("/api/v1/overview")[0] == 200
     # open: health, the static files (no data in them), and whether one is logged in
     assert console.get("/healthz", None) == (200, {"ok": True})
-    assert console.get("/api/v1/session", None) == (200, {"auth_required": True, "authorized": False})
+    assert console.get("/api/v1/session", None) == (200, {"auth_required": True, "authorized": False,
+                                                          "role": None, "actions": []})
     status, headers, page = console.request("GET", "/")
     assert status == 200 and b"<script src=\"/app.js\"" in page
     assert "script-src 'self'" in headers["content-security-policy"]
