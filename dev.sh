@@ -44,6 +44,14 @@ setup() {
     rm -f .venv/.installed-*; touch "$stamp"
   fi
   if [ -x scripts/gen_proto.sh ]; then scripts/gen_proto.sh; fi
+  # Flink SQL, which tests/integration/test_nexmark_vs_flink.py checks the Nexmark queries
+  # against, lives in a virtualenv of its own (apache-flink's pins clash with ours):
+  # bench/.peers/flink, made once (bench/peers/peer_common.py's prepare) and kept.
+  if ! bench/.peers/flink/bin/python -c 'import pyflink' >/dev/null 2>&1; then
+    log "installing apache-flink into bench/.peers/flink (the Flink SQL peer)"
+    .venv/bin/python -c 'from bench.peers.peer_common import prepare; why = prepare(); print(why or "", end="")' \
+      | grep . >&2 && log "warning: no Flink SQL peer; the Nexmark cross-check will fail" || true
+  fi
 }
 
 cmd="${1:-help}"; shift || true
