@@ -2,7 +2,9 @@
 
 ``generator.py`` makes the events by Flink Nexmark's rules (github nexmark/nexmark,
 ``nexmark-flink/.../generator``), seeded so that a run can be repeated; ``generate.py``
-is the command that writes them as files (``python -m millwheel.nexmark.generate``);
-``queries/`` holds each query as a spec file ``millwheel run`` takes, and what renders
-one for a generated data set. docs/nexmark.md says how ours maps to Flink's SQL.
+is the command that writes them as files (``python -m millwheel.nexmark.generate``)
+with ``nexmark.json`` beside them (``meta.py``); ``queries/`` holds each query as a spec
+file ``millwheel run`` takes, and what renders one for a generated data set;
+``running.py`` is the per-key aggregate over the whole stream q4 needs.
+docs/nexmark.md says how ours maps to Flink's SQL.
 """

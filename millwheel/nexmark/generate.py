@@ -29,7 +29,6 @@ spaces and URL characters), so nothing is quoted or escaped in either format.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 import time
@@ -38,8 +37,9 @@ from typing import Any, Callable, TextIO
 
 from millwheel.errors import InvalidSpecError, MillWheelError
 from millwheel.nexmark.generator import TABLES, Auction, Bid, GeneratorConfig, NexmarkGenerator, Person
+from millwheel.nexmark.meta import META_FILE, describe
+from millwheel.nexmark.queries import write_specs
 
-META_FILE = "nexmark.json"
 FORMATS = ("jsonl", "csv")
 PROGRESS_EVERY = 200_000  # events between progress checks (a line at most once a second)
 
@@ -116,26 +116,6 @@ def write(config: GeneratorConfig, out: Path, fmt: str = "jsonl",
     return meta
 
 
-def describe(config: GeneratorConfig) -> dict[str, Any]:
-    """The configuration and the bounds it implies, as ``nexmark.json`` holds them."""
-    return {"config": dataclasses.asdict(config), "duration_us": config.duration_us,
-            "max_disorder_us": config.max_disorder_us,
-            "max_auction_length_us": config.max_auction_length_us}
-
-
-def read_meta(out: Path) -> dict[str, Any]:
-    """``nexmark.json`` of a generated directory."""
-    path = out / META_FILE
-    if not path.is_file():
-        raise InvalidSpecError(f"{out}: no {META_FILE} (not written by millwheel.nexmark.generate)")
-    data: dict[str, Any] = json.loads(path.read_text())
-    return data
-
-
-def config_of(meta: dict[str, Any]) -> GeneratorConfig:
-    return GeneratorConfig(**meta["config"])
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m millwheel.nexmark.generate",
                                      description="Write Nexmark events (Flink Nexmark's rules, seeded) as "
@@ -165,8 +145,6 @@ def main(argv: list[str] | None = None) -> int:
 
         meta = write(config, args.out, args.format, None if args.quiet else report)
         if args.specs:
-            from millwheel.nexmark.queries import write_specs
-
             write_specs(args.out, args.out)
     except MillWheelError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -45,7 +45,8 @@ def _modules() -> dict[str, Path]:
     for top in PACKAGES:
         for path in (ROOT / top).rglob("*.py"):
             rel = path.relative_to(ROOT)
-            if "generated" in rel.parts or "results" in rel.parts:
+            # bench/.peers holds the peers' virtualenvs (site-packages): not the project's code
+            if "generated" in rel.parts or "results" in rel.parts or ".peers" in rel.parts:
                 continue
             parts = list(rel.with_suffix("").parts)
             if parts[-1] == "__init__":

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from millwheel.errors import InvalidSpecError
-from millwheel.nexmark.generate import read_meta, write
+from millwheel.nexmark.generate import write
 from millwheel.nexmark.generator import (
     BASE_TIME_US,
     Auction,
@@ -22,6 +22,7 @@ from millwheel.nexmark.generator import (
     NextEvent,
     Person,
 )
+from millwheel.nexmark.meta import read_meta
 from millwheel.sources import parse_json_record
 
 N = 20_000

@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 from millwheel.errors import InvalidSpecError
-from millwheel.nexmark.generate import read_meta
+from millwheel.nexmark.meta import read_meta
 from millwheel.spec import load_spec_file
 
 HERE = Path(__file__).resolve().parent
