@@ -240,13 +240,20 @@ class _Strings:
         chars = rng.choices(self.letters + [special], cum_weights=self.cum_weights, k=length)
         return "".join(chars).strip(" ")
 
-    def next_extra(self, current_size: int, desired_average: int) -> str:
-        """Padding so that ``current_size + len(extra)`` averages ``desired_average``."""
+    @staticmethod
+    def padding(current_size: int, desired_average: int) -> tuple[int, int]:
+        """Flink's ``nextExtra`` sizes: the padding is ``low + uniform(span)`` long, so that
+        ``current_size`` plus it averages ``desired_average`` (+-20%)."""
         if current_size > desired_average:
-            return ""
+            return 0, 0
         desired = desired_average - current_size
         delta = int(desired * 0.2 + 0.5)  # Java's Math.round
-        size = desired - delta + (int(self.rng.random() * 2 * delta) if delta else 0)
+        return desired - delta, 2 * delta
+
+    def next_extra(self, current_size: int, desired_average: int) -> str:
+        """Padding so that ``current_size + len(extra)`` averages ``desired_average``."""
+        low, span = self.padding(current_size, desired_average)
+        size = low + int(self.rng.random() * span) if span else low
         offset = int(self.rng.random() * (EXTRA_STRING_LENGTH - size))
         return self.extra_source[offset:offset + size]
 
@@ -275,6 +282,10 @@ class NexmarkGenerator:
                 url += f"&channel_id={_java_int_reverse_abs(i)}"
             channels.append((f"channel-{i}", url))
         self.channels = tuple(channels)
+        self._random = self.rng.random
+        self._total = config.total_proportion
+        self._extra_source = self.strings.extra_source
+        self._bid_padding = self.strings.padding(32, config.avg_bid_bytes)  # Flink counts 4 numbers
 
     def _base_url(self) -> str:
         s = self.strings.next_string
@@ -350,24 +361,36 @@ class NexmarkGenerator:
                        s.next_extra(size, c.avg_auction_bytes))
 
     def bid(self, event_id: int, ts: int) -> Bid:
-        c, rnd = self.config, self.rng.random
+        """The bid of ``event_id``: the rules of :meth:`last_auction_id`,
+        :meth:`_random_auction`, :meth:`last_person_id` and :meth:`_random_person`,
+        written out for a bid (92% of the events), whose offset in its epoch is always
+        past the epoch's people and auctions."""
+        c, rnd = self.config, self._random
+        epoch = event_id // self._total
+        last_auction = epoch * c.auction_proportion + c.auction_proportion - 1
+        last_person = epoch * c.person_proportion + c.person_proportion - 1
         if int(rnd() * c.hot_auction_ratio) > 0:
-            auction = self.last_auction_id(event_id) // HOT_BATCH * HOT_BATCH
+            auction = last_auction // HOT_BATCH * HOT_BATCH
         else:
-            auction = self._random_auction(event_id)
+            low = max(last_auction - c.in_flight_auctions, 0)
+            auction = low + int(rnd() * (last_auction - low + 1 + AUCTION_ID_LEAD))
         if int(rnd() * c.hot_bidders_ratio) > 0:
-            bidder = self.last_person_id(event_id) // HOT_BATCH * HOT_BATCH + 1
+            bidder = last_person // HOT_BATCH * HOT_BATCH + 1
         else:
-            bidder = self._random_person(event_id)
-        price = self._price()
+            active = min(last_person + 1, c.active_people)
+            bidder = last_person + 1 - active + int(rnd() * (active + PERSON_ID_LEAD))
+        price = int(10.0 ** (rnd() * 6.0) * 100.0 + 0.5)
         if int(rnd() * HOT_CHANNELS_RATIO) > 0:
             i = int(rnd() * len(HOT_CHANNELS))
             channel, url = HOT_CHANNELS[i], self.hot_urls[i]
         else:
             channel, url = self.channels[int(rnd() * CHANNELS_NUMBER)]
+        low_size, span = self._bid_padding
+        size = low_size + int(rnd() * span) if span else low_size
+        offset = int(rnd() * (EXTRA_STRING_LENGTH - size))
         # Flink adds FIRST_PERSON_ID twice to a bidder (BidGenerator.nextBid): kept
         return Bid(auction + FIRST_AUCTION_ID, bidder + 2 * FIRST_PERSON_ID, price, channel, url, ts,
-                   self.strings.next_extra(32, c.avg_bid_bytes))
+                   self._extra_source[offset:offset + size])
 
     def __iter__(self) -> Iterator[NextEvent]:
         c = self.config
