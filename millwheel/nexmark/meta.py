@@ -29,7 +29,3 @@ def read_meta(out: Path) -> dict[str, Any]:
     data: dict[str, Any] = json.loads(path.read_text())
     return data
 
-
-def config_of(meta: dict[str, Any]) -> GeneratorConfig:
-    """The generator configuration a ``nexmark.json`` was written for."""
-    return GeneratorConfig(**meta["config"])
