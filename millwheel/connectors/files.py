@@ -9,19 +9,31 @@ The position is the file's name and the byte offset after an entry's line; a lin
 without ``id`` gets the record ID ``file:NAME:OFFSET``. A file that sorts before the
 one being read when it appears is never read, and a file rewritten in place is not
 read again: append, or add files.
+
+In the service a worker confines the source (:meth:`FilesSource.confine`) to the
+directories its operator allowed (``--allow-source-path``,
+:class:`~millwheel.connectors.spec.SourcePaths`): the pattern is checked again before
+every listing (a directory swapped for a symbolic link after registration), a file
+that is a symbolic link or lies through a directory resolving elsewhere is refused
+(``PermissionDeniedError``: the source's failure, shown in status), and each file is
+opened with ``O_NOFOLLOW`` and checked once open by what the descriptor names. Local
+mode (``millwheel run``) reads any path the user's own process may.
 """
 
 from __future__ import annotations
 
+import errno
 import glob
 import json
 import os
+import stat
 import time
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from millwheel.connectors import Entry
 from millwheel.connectors.envelope import json_entry
+from millwheel.connectors.spec import SourcePaths
 from millwheel.errors import ConnectorError
 
 
@@ -33,16 +45,79 @@ class FilesSource:
         self.name = ""
         self.offset = 0
         self.end: tuple[str, int] | None = None
+        #: None: local mode, any path; else the directories a service's worker reads under
+        self.allowed: SourcePaths | None = None
+
+    def confine(self, allowed: SourcePaths) -> None:
+        """Read only under ``allowed`` from now on (a service's worker, before the first
+        read); the pattern is checked at once, as the controller checked it."""
+        allowed.check_pattern(self.pattern, "files source path")
+        self.allowed = allowed
 
     def _files(self) -> list[str]:
-        return sorted(p for p in glob.glob(self.pattern) if os.path.isfile(p))
+        if self.allowed is None:
+            return sorted(p for p in glob.glob(self.pattern) if os.path.isfile(p))
+        allowed = self.allowed
+        allowed.check_pattern(self.pattern, "files source path")  # again: a directory may have been swapped
+        files = []
+        for p in glob.glob(self.pattern):
+            try:
+                mode = os.lstat(p).st_mode
+            except FileNotFoundError:
+                continue  # gone since the listing
+            if not allowed.holds(os.path.realpath(os.path.dirname(p))):
+                # a wildcard matched through a directory that is a link elsewhere: the
+                # pattern is named, not what it found there
+                raise allowed.refusal("files source path", self.pattern,
+                                      "matches files through a directory that resolves elsewhere")
+            if stat.S_ISLNK(mode):
+                raise allowed.refusal("files source file", p, "is a symbolic link; the service reads "
+                                                              "regular files only")
+            if stat.S_ISREG(mode):
+                files.append(p)
+        return sorted(files)
+
+    def _open(self, name: str) -> IO[bytes]:
+        """``name`` opened for reading; confined: with ``O_NOFOLLOW`` (a symbolic link
+        put in its place is not followed), non-blocking (a FIFO put there does not hang
+        the worker), then checked by what the descriptor itself names (a directory
+        swapped between the listing and the open is caught too)."""
+        if self.allowed is None:
+            return open(name, "rb")  # noqa: SIM115 - the caller closes it
+        allowed = self.allowed
+        try:
+            fd = os.open(name, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.EMLINK):  # O_NOFOLLOW met a link
+                raise allowed.refusal("files source file", name, "is a symbolic link; the service reads "
+                                                                 "regular files only") from None
+            raise
+        fh = os.fdopen(fd, "rb")
+        try:
+            proc = f"/proc/self/fd/{fd}"
+            real = os.readlink(proc) if os.path.exists(proc) else os.path.realpath(name)
+            if not stat.S_ISREG(os.fstat(fd).st_mode) or not allowed.holds(real):
+                raise allowed.refusal("files source file", name, "is not a regular file under a directory "
+                                                                 "this service reads files from")
+        except BaseException:
+            fh.close()
+            raise
+        return fh
+
+    def _size(self, name: str) -> int:
+        with self._open(name) as fh:
+            return os.fstat(fh.fileno()).st_size
 
     def open(self, position: str | None) -> None:
         if position:
             self.name, self.offset = json.loads(position)
         if self.until_end:
             files = self._files()
-            self.end = (files[-1], _last_full_line_end(files[-1])) if files else ("", 0)
+            if files:
+                with self._open(files[-1]) as fh:
+                    self.end = (files[-1], _last_full_line_end(fh))
+            else:
+                self.end = ("", 0)
 
     def read_batch(self, max_records: int, wait_s: float) -> list[Entry]:
         entries: list[Entry] = []
@@ -57,7 +132,7 @@ class FilesSource:
                 later = [f for f in files if f > self.name]
                 if len(entries) < max_records and later and self._read_all():
                     if not self._at_end():  # a last line never finished: a later file is there
-                        self.offset = os.path.getsize(self.name)
+                        self.offset = self._size(self.name)
                         entries.append(Entry(json.dumps([self.name, self.offset]),
                                              {"__bad__": b"incomplete last line (a later file appeared)"}))
                     self.name, self.offset = later[0], 0
@@ -70,16 +145,17 @@ class FilesSource:
         return entries
 
     def _at_end(self) -> bool:
-        return self.offset >= os.path.getsize(self.name)
+        return self.offset >= self._size(self.name)
 
     def _read_all(self) -> bool:
         """Every complete line of the current file read."""
-        return self.offset >= _last_full_line_end(self.name)
+        with self._open(self.name) as fh:
+            return self.offset >= _last_full_line_end(fh)
 
     def _read(self, n: int) -> list[Entry]:
         out: list[Entry] = []
         limit = self.end[1] if self.end is not None and self.end[0] == self.name else None
-        with open(self.name, "rb") as fh:
+        with self._open(self.name) as fh:
             fh.seek(self.offset)
             while len(out) < n and (limit is None or self.offset < limit):
                 line = fh.readline()
@@ -101,18 +177,16 @@ class FilesSource:
         pass
 
 
-def _last_full_line_end(path: str) -> int:
-    """The offset after the file's last newline (a last line still being written is not
-    part of what ``until: end`` reads)."""
-    size = os.path.getsize(path)
-    with open(path, "rb") as fh:
-        pos = size
-        while pos > 0:
-            start = max(0, pos - 65536)
-            fh.seek(start)
-            chunk = fh.read(pos - start)
-            i = chunk.rfind(b"\n")
-            if i >= 0:
-                return start + i + 1
-            pos = start
+def _last_full_line_end(fh: IO[bytes]) -> int:
+    """The offset after the open file's last newline (a last line still being written is
+    not part of what ``until: end`` reads)."""
+    pos = os.fstat(fh.fileno()).st_size
+    while pos > 0:
+        start = max(0, pos - 65536)
+        fh.seek(start)
+        chunk = fh.read(pos - start)
+        i = chunk.rfind(b"\n")
+        if i >= 0:
+            return start + i + 1
+        pos = start
     return 0

@@ -11,11 +11,13 @@ name the injector or sink and the field, and show a URL only without its passwor
 from __future__ import annotations
 
 import json
+import os
+import re
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 from millwheel.connectors import registry
-from millwheel.errors import InvalidSpecError
+from millwheel.errors import InvalidSpecError, PermissionDeniedError
 from millwheel.limits import MAX_DURATION_US, check_name
 from millwheel.nodes import sink_node  # noqa: F401 (re-exported: where callers find it)
 from millwheel.state.url_display import redact
@@ -144,3 +146,69 @@ def sinks_from_list(data: Any) -> tuple[SinkSpec, ...]:
 def sink_to_dict(sink: SinkSpec) -> dict[str, Any]:
     return {"name": sink.name, "stream": sink.stream, **sink.connector.settings}
 
+
+
+_GLOB_MAGIC = re.compile(r"[*?[]")
+SOURCE_PATH_FLAG = "--allow-source-path"
+
+
+@dataclass(frozen=True)
+class SourcePaths:
+    """The directories a files source in the service may read under (``--allow-source-path``
+    on the controller and every worker; none by default, as ``--allow-code``): files on
+    the workers' machines are the operator's to hand out, not any client's (issue 34).
+    ``millwheel run`` reads the user's own machine and never asks.
+
+    A path is judged by where it leads, not how it is spelled: :func:`os.path.realpath`
+    resolves ``..`` and every symbolic link first. A refusal names the path as given and
+    the allowed directories, never what it resolved to, and reads the same whether or not
+    the file exists."""
+
+    dirs: tuple[str, ...] = ()  #: each resolved (realpath) once, at start
+
+    @classmethod
+    def parse(cls, given: Iterable[str]) -> SourcePaths:
+        """The flag's values, each resolved against this process's directory; a directory
+        need not exist yet (the controller may run on a machine without it)."""
+        dirs: list[str] = []
+        for d in given:
+            if not isinstance(d, str) or not d.strip():
+                raise InvalidSpecError(f"{SOURCE_PATH_FLAG}: expected a directory, got {d!r}")
+            dirs.append(os.path.realpath(d))
+        return cls(tuple(dict.fromkeys(dirs)))
+
+    def describe(self) -> str:
+        return ", ".join(self.dirs) if self.dirs else "none given: files sources are off in this service"
+
+    def holds(self, real: str) -> bool:
+        """Whether the resolved path ``real`` is an allowed directory or under one."""
+        return any(real == d or real.startswith(d.rstrip(os.sep) + os.sep) for d in self.dirs)
+
+    def refusal(self, what: str, path: str, why: str) -> PermissionDeniedError:
+        return PermissionDeniedError(f"{what} {str(path)[:300]!r}: {why} ({SOURCE_PATH_FLAG}: {self.describe()})")
+
+    def check_pattern(self, pattern: str, what: str) -> None:
+        """A files source's ``path`` (a glob) reads only under an allowed directory: it is
+        absolute (in the service it is read on the workers' machines, so relative to
+        nothing the client knows), the part before its first wildcard resolves under
+        an allowed directory, and no ``..`` follows a wildcard. What a wildcard matches
+        is judged file by file when it is read (:mod:`millwheel.connectors.files`)."""
+        if not self.dirs:
+            raise self.refusal(what, pattern, "the service reads no files for clients")
+        if not os.path.isabs(pattern):
+            raise self.refusal(what, pattern, "a files source in the service names an absolute path "
+                                              "on the workers' machines")
+        parts = pattern.split(os.sep)
+        first = next((i for i, p in enumerate(parts) if _GLOB_MAGIC.search(p)), len(parts))
+        if ".." in parts[first:]:
+            raise self.refusal(what, pattern, "'..' after a wildcard")
+        fixed = os.sep.join(parts[:first]) or os.sep
+        if not self.holds(os.path.realpath(fixed)):
+            raise self.refusal(what, pattern, "not under a directory this service reads files from")
+
+    def check_sources(self, sources: Iterable[tuple[str, ConnectorSpec | None]]) -> None:
+        """Every files source among ``sources`` (an injector's name, its source) checked
+        before anything is stored: a registration refused here changes nothing."""
+        for name, source in sources:
+            if source is not None and source.type == "files":
+                self.check_pattern(str(source.settings.get("path", "")), f"injector {name!r} source.path")

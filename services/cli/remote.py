@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shlex
 import sys
 from pathlib import Path
 from typing import Any, Iterator
@@ -142,6 +144,7 @@ def cmd_register(args: argparse.Namespace) -> int:
         comps, injectors, logged, sinks = spec_parts({"computations": [data]})
     else:
         comps, injectors, logged, sinks = spec_parts(data)
+        refuse_local_fields(data, Path(args.spec))
     with client_for(args) as client:  # all or nothing: one RegisterTopology call
         resp = client.register_topology([spec_to_proto(c) for c in comps], list(injectors), logged, sinks)
     done: list[dict[str, Any]] = [{"injector": i.name, "stream": i.stream} for i in resp.injectors]
@@ -150,6 +153,40 @@ def cmd_register(args: argparse.Namespace) -> int:
         f"registered injector {d['injector']!r} -> stream {d['stream']!r}" if "injector" in d
         else f"registered computation {d['computation']!r} ({d['ranges']} key ranges)" for d in done)
     return emit(args, done, text)
+
+
+def refuse_local_fields(data: Any, spec: Path) -> None:
+    """An injector's fields that ``millwheel run`` honours and the service cannot,
+    refused by name, with what to do instead: never registered without them (the
+    injector would wait for records and a watermark nobody sends, issue 34).
+
+    ``file:`` is a file on this machine that ``run`` reads to its end (the watermark
+    the newest time minus ``max_disorder_us`` meanwhile, the end of time after the last
+    line); the service's workers cannot read it, and what does the same is ``millwheel
+    inject FILE --max-disorder-us N --done`` once registered. An injector without a
+    ``source:`` takes its watermark from whoever injects (``--max-disorder-us``), so its
+    own ``max_disorder_us`` has nothing to set (with a ``source:`` it is the source's
+    default and is carried in the source's settings)."""
+    for i, inj in enumerate(data.get("injectors", [])):
+        name = inj["name"]
+        if "file" in inj:
+            given = Path(str(inj["file"]))
+            path = given if given.is_absolute() else spec.parent / given
+            command = ["millwheel", "inject", os.path.relpath(path), "--injector", str(name)]
+            if inj.get("max_disorder_us"):
+                command += ["--max-disorder-us", str(inj["max_disorder_us"])]
+            raise InvalidSpecError(
+                f"injectors[{i}] {name!r}: 'file' is read by `millwheel run` on this machine, and the "
+                f"service does not read the client's files; register the injector without 'file' "
+                f"(and 'max_disorder_us'), then send the file: {shlex.join([*command, '--done'])} "
+                "(or read files on the workers' machines with a files source under a directory "
+                "the operator allowed: --allow-source-path, docs/connectors.md)")
+        if "max_disorder_us" in inj and "source" not in inj:
+            raise InvalidSpecError(
+                f"injectors[{i}] {name!r}: 'max_disorder_us' sets nothing in the service: an injector "
+                "without a 'source' takes its watermark from whoever injects; give it there "
+                f"({shlex.join(['millwheel', 'inject', 'FILE', '--injector', str(name)])} --max-disorder-us N) "
+                "and register the injector without it")
 
 
 def cmd_unregister(args: argparse.Namespace) -> int:

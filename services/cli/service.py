@@ -18,6 +18,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
+from millwheel.connectors.spec import SourcePaths
 from millwheel.errors import InvalidSpecError
 from millwheel.savepoint.format import DEFAULT_MAX_RESTORE_BYTES, MAX_FILE_BYTES
 from millwheel.state.url_display import describe_store
@@ -182,6 +183,17 @@ def _allow_code_arg(p: argparse.ArgumentParser) -> None:
                    metavar="PATTERNS", help="modules whose code specs may name by import path, "
                    "e.g. 'mypkg.*,otherpkg.mod' (env MILLWHEEL_ALLOW_CODE; default none: "
                    "built-in operators only)")
+    # Beside --allow-code, on every process that takes it: what a client may make the
+    # service's machines read is the operator's to hand out (issue 34).
+    p.add_argument("--allow-source-path", action="append", default=[], metavar="DIR",
+                   help="a directory under which a files source may read (repeatable; checked "
+                        "after resolving '..' and symbolic links; default none: files sources "
+                        "are refused, PERMISSION_DENIED)")
+
+
+def source_paths(args: argparse.Namespace) -> SourcePaths:
+    """The process's --allow-source-path directories, resolved against its directory."""
+    return SourcePaths.parse(args.allow_source_path)
 
 
 def _server_args(p: argparse.ArgumentParser, port: int, up: bool = False) -> None:
@@ -237,7 +249,7 @@ def cmd_controller(args: argparse.Namespace) -> int:
         lease_ttl_s=args.lease_ttl, takeover_grace_s=args.takeover_grace,
         cluster_port=args.cluster_port, admission=admission,
         limits=_inject_limits(args), writer_expiry_s=args.writer_expiry,
-        max_restore_bytes=args.max_restore_bytes)
+        max_restore_bytes=args.max_restore_bytes, source_paths=source_paths(args))
     metrics = "metrics off" if args.metrics_port < 0 else f"metrics port {mport}"
     print(f"millwheel controller listening on {args.host}:{port}, cluster port {service.cluster_port} "
           f"({metrics}, store {describe_store(args.store)})", file=sys.stderr, flush=True)
@@ -273,7 +285,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         max_injector_outbox=args.max_injector_outbox, weak_wait_s=args.weak_wait,
         heartbeat_s=args.heartbeat, delivery_timeout_s=args.delivery_timeout,
         allow_code=args.allow_code, use_watchdog=not args.no_watchdog, inject_limits=_inject_limits(args),
-        ingest_port=args.ingest_port)
+        ingest_port=args.ingest_port, source_paths=source_paths(args))
     metrics = "metrics off" if args.metrics_port < 0 else f"metrics port {worker.metrics_port}"
     print(f"millwheel worker {worker.worker_id} listening on {worker.address} ({metrics}, "
           f"store {describe_store(args.store)})", file=sys.stderr, flush=True)
@@ -305,7 +317,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     base = [sys.executable, "-m", str(__package__)]
     client_sec, secure_args, how = security.up_credentials(args)
     common = ["--host", args.host, "--log-level", args.log_level,
-              "--allow-code", args.allow_code, *secure_args]
+              "--allow-code", args.allow_code, *secure_args,
+              *(a for d in source_paths(args).dirs for a in ("--allow-source-path", d))]
     procs: list[subprocess.Popen[bytes]] = []
     host = '127.0.0.1' if args.host == '0.0.0.0' else args.host
     controller = ",".join(f"{host}:{port}" for port in ports)

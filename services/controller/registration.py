@@ -13,6 +13,7 @@ from typing import Any
 
 import grpc
 
+from millwheel.connectors.spec import SourcePaths
 from millwheel.errors import InvalidSpecError
 
 from ..generated import millwheel_pb2 as pb
@@ -29,8 +30,11 @@ Ctx = grpc.ServicerContext
 class Registration:
     """RegisterComputation, RegisterTopology, RegisterInjector, UnregisterComputation."""
 
-    def __init__(self, plane: ControlPlane) -> None:
+    def __init__(self, plane: ControlPlane, source_paths: SourcePaths | None = None) -> None:
         self.plane = plane
+        #: where a files source may read (--allow-source-path; none by default): checked
+        #: before anything is stored, so a refusal (PERMISSION_DENIED) changes nothing
+        self.source_paths = source_paths or SourcePaths()
 
     def register_computation(self, request: Any, context: Ctx) -> pb.RegisterComputationResponse:
         check(request)
@@ -51,6 +55,7 @@ class Registration:
         comps = [convert.spec_from_proto(s) for s in request.computations]
         injectors = convert.injectors_from_proto(request.injectors)
         sinks = convert.sinks_from_proto(request.sinks)
+        self.source_paths.check_sources((i.name, i.source) for i in injectors)
         p = self.plane
         with p.registry.changing:  # validated and stored without the controller's lock
             new_comps, new_injs = p.registry.register_topology(comps, injectors, request.log_streams, sinks)
@@ -67,6 +72,7 @@ class Registration:
     def register_injector(self, request: Any, context: Ctx) -> pb.RegisterInjectorResponse:
         check(request)
         spec = convert.injectors_from_proto([request.spec])[0]
+        self.source_paths.check_sources([(spec.name, spec.source)])
         p = self.plane
         with p.registry.changing:
             if p.registry.register_injector(spec):

@@ -51,6 +51,7 @@ from typing import Any, Iterator, cast
 import grpc
 
 from millwheel.clock import SystemClock
+from millwheel.connectors.spec import SourcePaths
 from millwheel.importing import AllowList
 from millwheel.savepoint.format import DEFAULT_MAX_RESTORE_BYTES
 from millwheel.state.lease import LeadershipLostError
@@ -94,6 +95,7 @@ class Controller:
         limits: InjectLimits | None = None, allow_code: AllowList | None = None,
         lease_ttl_s: float = 2.0, takeover_grace_s: float = 10.0, lease_store: StateStore | None = None,
         writer_expiry_s: float = WRITER_EXPIRY_S, max_restore_bytes: int = DEFAULT_MAX_RESTORE_BYTES,
+        source_paths: SourcePaths | None = None,
     ) -> None:
         """Nothing runs until :meth:`start`: it leads if it wins the store's lease, else
         stands by (services/controller/ha.py). ``lease_store``: the same store opened
@@ -113,7 +115,7 @@ class Controller:
             limits=limits or InjectLimits(max_value_bytes=max_value_bytes), batch=inject_batch,
             timeout_s=inject_timeout_s, wait_s=inject_wait_s))
         self.writers = Writers(plane, self.injection, writer_expiry_s)
-        self.registration = Registration(plane)
+        self.registration = Registration(plane, source_paths)
         self.queries = Queries(plane, self.leadership, self.writers.least)
         self.updates = Updates(plane)
         self.heartbeats = Heartbeats(plane, self.leadership)
@@ -284,6 +286,7 @@ def serve(
     allow_code: str | None = None, advertise: str | None = None, lease_ttl_s: float = 2.0,
     takeover_grace_s: float = 10.0, cluster_port: int = 0, admission: AdmissionLimits | None = None,
     writer_expiry_s: float = WRITER_EXPIRY_S, max_restore_bytes: int = DEFAULT_MAX_RESTORE_BYTES,
+    source_paths: SourcePaths | None = None,
 ) -> tuple[grpc.Server, int, int, Controller]:
     """Start a controller; returns (server, port, metrics port or 0, the Controller). It leads
     or stands by (services/controller/ha.py); ``advertise`` is the host the others
@@ -298,7 +301,8 @@ def serve(
                          inject_wait_s=inject_wait_s, inject_batch=inject_batch, limits=limits,
                          allow_code=AllowList.parse(allow_code), lease_ttl_s=lease_ttl_s,
                          takeover_grace_s=takeover_grace_s, lease_store=lease_store,
-                         writer_expiry_s=writer_expiry_s, max_restore_bytes=max_restore_bytes)
+                         writer_expiry_s=writer_expiry_s, max_restore_bytes=max_restore_bytes,
+                         source_paths=source_paths)
     advertise = advertised_host(host, advertise)
     server, bound, cluster_bound, health = start_servers(
         service.servicer, {"Controller": service.servicer}, host, port, cluster_port, advertise,

@@ -20,9 +20,10 @@ import time
 from typing import Callable
 
 from millwheel.clock import SystemClock
+from millwheel.connectors.files import FilesSource
 from millwheel.connectors.own_store import refuse_own_store
 from millwheel.connectors.pulled import PulledSource, open_source
-from millwheel.connectors.spec import SinkSpec
+from millwheel.connectors.spec import SinkSpec, SourcePaths
 from millwheel.errors import FencedError, MillWheelError
 from millwheel.nodes import is_sink, name_of, sink_node
 from millwheel.record import MAX_TIMESTAMP
@@ -54,8 +55,11 @@ class Connectors:
 
     def __init__(self, shared: Shared, store: StateStore, sensors: PrometheusSensors, stopped: threading.Event,
                  *, batch_size: int, max_injector_outbox: int, fenced: Callable[[OwnedRange, FencedError], None],
-                 report_fenced: Callable[[tuple[str, int, int]], None], failures: RangeFailures) -> None:
+                 report_fenced: Callable[[tuple[str, int, int]], None], failures: RangeFailures,
+                 source_paths: SourcePaths | None = None) -> None:
         self.shared = shared
+        #: where a files source may read here (--allow-source-path; none by default)
+        self.source_paths = source_paths or SourcePaths()
         self.store = store
         self.failures = failures  #: the worker's failing ranges (a failing source's too)
         self.sensors = sensors
@@ -110,7 +114,7 @@ class Connectors:
                     # (the registry refuses it; this one was stored before it did: issue 34, item 5)
                     refuse_own_store([(f"injector {spec.name!r} source", spec.source.type, spec.source.settings)],
                                      self.store)
-                    self.sources[unit] = (owned.token, open_source(spec.name, spec.source.settings, self.clock))
+                    self.sources[unit] = (owned.token, self._open(spec))
                 moved += self._pull(owned, spec, self.sources[unit][1])
             except Exception as exc:  # noqa: BLE001 - this source's failure alone (issue 34, item 2)
                 # A source its connector cannot read (a Redis key that is not a stream, a bug):
@@ -123,6 +127,20 @@ class Connectors:
                 continue
             self.failures.succeeded(unit, origin="source")
         return moved
+
+    def _open(self, spec: InjectorSpec) -> PulledSource:
+        """The injector's source; a files source confined to this worker's
+        --allow-source-path before its first read, checked again here whatever the
+        controller accepted (a registry restored or written before the check, a link
+        swapped since): a refusal is this source's failure (PermissionDeniedError)."""
+        assert spec.source is not None
+        if spec.source.type == "files":
+            self.source_paths.check_pattern(str(spec.source.settings.get("path", "")),
+                                            f"injector {spec.name!r} source.path")
+        source = open_source(spec.name, spec.source.settings, self.clock)
+        if isinstance(source.connector, FilesSource):
+            source.connector.confine(self.source_paths)
+        return source
 
     def _pull(self, owned: OwnedRange, spec: InjectorSpec, source: PulledSource) -> int:
         """Read and checkpoint one batch of ``source`` into ``owned``'s outbox (unless the

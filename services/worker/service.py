@@ -41,6 +41,7 @@ import time
 import grpc
 
 from millwheel.clock import SystemClock
+from millwheel.connectors.spec import SourcePaths
 from millwheel.errors import FencedError, MissingDependencyError, PermissionDeniedError
 from millwheel.importing import AllowList
 from millwheel.nodes import injector_node, is_injector, is_sink
@@ -93,7 +94,7 @@ class WorkerProcess:
         heartbeat_s: float = 0.1, delivery_timeout_s: float = 5.0, weak_wait_s: float = 1.0,
         min_heartbeat_s: float = 0.025, allow_code: str | None = None, use_watchdog: bool = True,
         inject_limits: InjectLimits | None = None, ingest_port: int = 0,
-        ingest_admission: AdmissionLimits | None = None,
+        ingest_admission: AdmissionLimits | None = None, source_paths: SourcePaths | None = None,
     ) -> None:
         # As in local mode: a worker allocates a few objects per record and keeps many
         # alive (outbox mirrors, caches); CPython's young collections every 700
@@ -171,7 +172,7 @@ class WorkerProcess:
         self.connectors = Connectors(  # pulled sources and sinks (services/worker/connectors.py)
             self.shared, self.store, self.sensors, self.stopped, batch_size=self.batch_size,
             max_injector_outbox=self.max_injector_outbox, fenced=self._fenced, report_fenced=self._report_fenced,
-            failures=self.failures)
+            failures=self.failures, source_paths=source_paths or SourcePaths())
         for t in self._threads:
             t.start()
         log.info("worker %s listening on %s (metrics %s)", self.worker_id, self.address,

@@ -26,7 +26,7 @@ from typing import Any, Iterator
 import pytest
 
 from millwheel.connectors.pulled import PulledSource
-from millwheel.connectors.spec import ConnectorSpec, SinkSpec, sinks_from_list
+from millwheel.connectors.spec import ConnectorSpec, SinkSpec, SourcePaths, sinks_from_list
 from millwheel.errors import InvalidSpecError
 from millwheel.nodes import injector_node, sink_node
 from millwheel.record import Record
@@ -54,7 +54,7 @@ def connectors(tmp_path: Path) -> Iterator[Connectors]:
     stopped = threading.Event()
     c = Connectors(Shared(), store, PrometheusSensors("worker"), stopped, batch_size=100,
                    max_injector_outbox=1000, fenced=lambda _o, _e: None, report_fenced=lambda _e: None,
-                   failures=RangeFailures())
+                   failures=RangeFailures(), source_paths=SourcePaths.parse([str(tmp_path)]))  # its files source's
     try:
         yield c
     finally:
