@@ -53,6 +53,12 @@ MAX_LOG_RETENTION_BYTES = 1 << 50
 MAX_DURATION_US = 100 * 365 * 86_400 * 1_000_000
 #: The times a timer may be set for (user code's ``ctx.set_timer``): an int64.
 MIN_TIMER_TIME, MAX_TIMER_TIME = -(2**63), 2**63 - 1
+#: The most bytes one key's state may hold (user code's ``ctx.set_state``; a larger
+#: value is refused there, naming the key, under the computation's error policy). The
+#: stores keep more (Redis 512 MiB a value, SQLite about 1 GB), and a savepoint carries
+#: any value up to 512 MiB split across frames; this leaves room for both, and for the
+#: worker that holds the value in memory while it checkpoints it.
+MAX_STATE_BYTES = 256 << 20
 
 
 def check_name(name: object, what: str) -> None:

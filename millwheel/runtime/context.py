@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Iterator, Protocol, Sequence
 
-from millwheel.errors import InvalidSpecError
-from millwheel.limits import MAX_TIMER_TIME, MIN_TIMER_TIME
+from millwheel.errors import InvalidSpecError, ResourceLimitError
+from millwheel.limits import MAX_STATE_BYTES, MAX_TIMER_TIME, MIN_TIMER_TIME
 from millwheel.record import Record, TimeDomain, Timer, derive_record_id, well_formed
 from millwheel.runtime import ttl
 from millwheel.runtime.routing import Router, record_of
@@ -134,6 +134,10 @@ class KeyContext:
                 f"computation {self._txn.worker.name!r} key {self._key!r}: state must be bytes "
                 f"or None, got {type(value).__name__}"
             )
+        if value is not None and len(value) > MAX_STATE_BYTES:  # refused here, not by a store or savepoint later
+            raise ResourceLimitError(
+                f"computation {self._txn.worker.name!r} key {self._key!r}: state of {len(value)} bytes, "
+                f"over the limit of {MAX_STATE_BYTES} bytes one key's state may hold")
         worker = self._txn.worker
         worker.put_state(self._key, value)
         self._txn.state_writes[self._key] = value

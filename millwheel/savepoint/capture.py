@@ -9,7 +9,13 @@ reads. Per node (computation, or an injector's one range) and range, in this ord
 ``buffers`` (window buffers: ``[name, chunk]`` in append order);
 then per stream with a log: ``log`` frames (the retained entries) and a ``stream``
 frame (its positions in the source). Items are cut into frames of about
-:data:`FRAME_TARGET` bytes, so no frame (and no gRPC message) holds a whole range.
+:data:`FRAME_TARGET` bytes, so no frame (and no gRPC message) holds a whole range; a
+value over :data:`millwheel.savepoint.format.PART_BYTES` (a key's state, a record's
+value, an error) is written as part frames before the frame holding its item
+(:meth:`Writer.value`), so no key's state is too large for a savepoint. Keys' values
+and log entries are read a page at a time, the page sized to about :data:`PAGE_BYTES`
+of values once their sizes are seen (a range of large states, a log of large records,
+is not read whole into memory).
 """
 
 from __future__ import annotations
@@ -25,7 +31,9 @@ from .format import Writer
 from .logmap import load as load_logmap
 
 FRAME_TARGET = 1 << 20
-KEY_PAGE = 1000
+KEY_PAGE = 1000  #: keys listed per store call, and values read per call at most
+FIRST_VALUE_PAGE = 100  #: values (or log entries) read in the first call, before any size is seen
+PAGE_BYTES = 32 << 20  #: about how many bytes of values one read_state call returns
 LOG_PAGE = 2000
 BUFFER_PIECE = 256 * 1024  # bytes of a window-buffer chunk per savepoint item at most
 
@@ -45,6 +53,8 @@ class _Batcher:
         self.size = 0
 
     def add(self, item: Any, size: int) -> None:
+        """``size``: about its bytes in the frame (a split value's: its whole length,
+        which flushes the frame right after its parts)."""
         self.items.append(item)
         self.size += size + 16
         if self.size >= FRAME_TARGET or len(self.items) >= ID_PAGE:
@@ -67,19 +77,28 @@ def capture_nodes(store: StateStore, nodes: dict[str, int], writer: Writer, coun
         watermarks = store.read_watermarks(node)
         for r in range(ranges):
             errors = store.read_errors(node, r)
+            where = f"an error of {node}/{r}"
             writer.frame({"t": "range", "node": node, "range": r, "watermark": watermarks.get(r),
-                          "counters": errors.counters, "recent": [b64(e) for e in errors.recent],
-                          "attempts": [[i, n, b64(e)] for i, (n, e) in sorted(errors.attempts.items())]})
+                          "counters": errors.counters, "recent": [writer.value(e, where) for e in errors.recent],
+                          "attempts": [[i, n, writer.value(e, where)]
+                                       for i, (n, e) in sorted(errors.attempts.items())]})
             counts["ranges"] = counts.get("ranges", 0) + 1
             head = {"node": node, "range": r}
             state = _Batcher(writer, {"t": "state", **head}, counts, progress)
             keys = by_range.get(r, [])
-            for i in range(0, len(keys), KEY_PAGE):
-                page = keys[i:i + KEY_PAGE]
+            i, n = 0, FIRST_VALUE_PAGE
+            while i < len(keys):
+                page = keys[i:i + n]
+                i += len(page)
                 values = store.read_state(node, page, r)
+                size = 0
                 for k in page:
                     if k in values:
-                        state.add([k, b64(values[k])], len(k) + len(values[k]) * 4 // 3)
+                        v = values.pop(k)  # each value let go once written
+                        size += len(v)
+                        state.add([k, writer.value(v, f"the state of key {k[:200]!r} of {node}/{r}")],
+                                  len(k) + len(v) * 4 // 3)
+                n = max(1, min(KEY_PAGE, PAGE_BYTES * len(page) // max(1, size)))
             state.flush()
             timers = _Batcher(writer, {"t": "timers", **head}, counts, progress)
             for t in store.read_timers(node, r):
@@ -88,7 +107,8 @@ def capture_nodes(store: StateStore, nodes: dict[str, int], writer: Writer, coun
             outbox = _Batcher(writer, {"t": "outbox", **head}, counts, progress)
             for p in store.read_outbox(node, r):
                 rec = p.record
-                outbox.add([p.consumer, p.stream, rec.key, b64(rec.value), rec.timestamp, rec.record_id],
+                value = writer.value(rec.value, f"record {rec.record_id[:200]!r} pending in {node}/{r}")
+                outbox.add([p.consumer, p.stream, rec.key, value, rec.timestamp, rec.record_id],
                            len(p.consumer) + len(p.stream) + len(rec.key) + len(rec.value) * 4 // 3
                            + len(rec.record_id) + 30)
             outbox.flush()
@@ -133,17 +153,21 @@ def capture_logs(store: StateStore, streams: Iterable[str], writer: Writer, coun
         m = load_logmap(store, stream)
         sink_pos: Callable[[int], int] = (lambda seq: seq) if m is None else m.to_sink
         batch = _Batcher(writer, {"t": "log", "stream": stream}, counts, progress)
-        after = start
+        after, n = start, FIRST_VALUE_PAGE
         while after < last:
-            entries = store.read_log(stream, after, LOG_PAGE)
+            entries = store.read_log(stream, after, n)
             if not entries:
                 break
+            size = 0
             for seq, rec in entries:
                 if seq > last:
                     break
-                batch.add([sink_pos(seq), rec.key, b64(rec.value), rec.timestamp, rec.record_id],
+                size += len(rec.value)
+                value = writer.value(rec.value, f"record {rec.record_id[:200]!r} in the log of {stream[:200]!r}")
+                batch.add([sink_pos(seq), rec.key, value, rec.timestamp, rec.record_id],
                           len(rec.key) + len(rec.value) * 4 // 3 + len(rec.record_id) + 40)
             after = entries[-1][0]
+            n = max(1, min(LOG_PAGE, PAGE_BYTES * len(entries) // max(1, size)))
         batch.flush()
         writer.frame({"t": "stream", "stream": stream, "start": sink_pos(start), "last": sink_pos(last),
                       "count": count})

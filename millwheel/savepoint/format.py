@@ -12,6 +12,26 @@ it), so a file cut exactly at a frame boundary is still found truncated. JSON ke
 the file readable by any language and independent of the store that wrote it (byte
 values are base64); no record of one backend's layout is in it.
 
+**A value larger than a frame** (a key's state, a record's value, an error's JSON)
+is not written inline: :meth:`Writer.value` writes it as ``part`` frames of at most
+:data:`PART_BYTES` bytes each (``{"t": "part", "data": base64, "last": bool}``, the
+last of a value marked), and the frame that holds it carries a reference
+``{"split": j, "bytes": n}`` in the value's place: the j-th value (from 0) whose parts
+came since the frame before it, ``n`` bytes long. :func:`frames` reassembles them and
+hands the frame on with the value's bytes in the reference's place (``bytes``, where
+an inline value is base64 text), so a reader holds the value itself and about one
+part beyond it, whatever its size, and a writer one part (issue 34, item 4: one key's
+state over ~12 MiB made every savepoint fail). References are looked for only in a
+frame's ``items``, ``recent`` and ``attempts``; every value of the parts before a frame
+must be referenced by it exactly once, and together they are at most
+:data:`MAX_VALUE_BYTES` (what a restore holds in memory at once).
+
+Part frames came without a format version bump: a file without a value over
+:data:`PART_BYTES` is byte for byte what earlier writers wrote (values inline, up to
+the frame's limit), and earlier readers still read it; an earlier reader refuses a file
+with part frames at its check ("unknown frame type (a newer savepoint format?)"),
+writing nothing.
+
 Bounds (a restore reads a file it did not write): the file as a whole is at most
 :data:`MAX_FILE_BYTES` (the controller spools it to disk, never into memory, up to its
 --max-restore-bytes, :data:`DEFAULT_MAX_RESTORE_BYTES` by default), one frame at most
@@ -22,6 +42,8 @@ frame's fields.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import json
 import struct
@@ -43,6 +65,17 @@ MAX_FRAME_BYTES = 16 << 20
 #: type carries more fields. Shorter ones (an empty one) are refused as they arrive.
 MIN_FRAME_BYTES = len(b'{"t":"end","frames":0}')
 READ_BYTES = 1 << 20  #: what :func:`verify` reads at a time
+#: The largest value written inline, and the bytes of one part frame of a larger one
+#: (about 1.4 MiB of base64 in its frame).
+PART_BYTES = 1 << 20
+#: The most bytes of split values one frame may reference (each value, and all of them
+#: together): a reader holds them in memory until that frame. Redis keeps no value over
+#: 512 MiB (its proto-max-bulk-len), so no store a savepoint is taken of holds a larger
+#: one; a key's state is bounded below it where it is written
+#: (:data:`millwheel.limits.MAX_STATE_BYTES`).
+MAX_VALUE_BYTES = 512 << 20
+#: Where :func:`frames` looks for split values' references.
+SPLIT_FIELDS = ("items", "recent", "attempts")
 
 
 class SavepointFileError(InvalidSpecError):
@@ -58,6 +91,7 @@ class Writer:
         self.hash = hashlib.sha256()
         self.frames = 0
         self.bytes = 0
+        self._split = 0  # values written as parts since the last frame of another type
         self._write(MAGIC + struct.pack(">I", FORMAT_VERSION))
 
     def _write(self, data: bytes) -> None:
@@ -66,6 +100,14 @@ class Writer:
         self.bytes += len(data)
 
     def frame(self, obj: dict[str, Any]) -> None:
+        """One frame; the values :meth:`value` split since the frame before must be
+        referenced in this one (its ``items``, ``recent`` or ``attempts``), each once."""
+        if self._split and obj.get("t") != "part":
+            got = sorted(ref["split"] for ref in _references(obj))
+            if got != list(range(self._split)):
+                raise SavepointFileError(f"savepoint frame of type {obj.get('t')!r} references split values "
+                                         f"{got}, not the {self._split} written as parts before it")
+            self._split = 0
         data = json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
         if len(data) > MAX_FRAME_BYTES:
             raise SavepointFileError(f"savepoint frame of type {obj.get('t')!r} is {len(data)} bytes, over "
@@ -73,8 +115,28 @@ class Writer:
         self._write(struct.pack(">I", len(data)) + data)
         self.frames += 1
 
+    def value(self, data: bytes, what: str) -> str | dict[str, int]:
+        """``data`` as a frame field: base64 text if it is at most :data:`PART_BYTES`,
+        else written now as part frames, and the reference to put in its place (in the
+        next frame of another type; ``what`` names it in a refusal). A value over
+        :data:`MAX_VALUE_BYTES` is refused (no restore would take it)."""
+        if len(data) <= PART_BYTES:
+            return base64.b64encode(data).decode()
+        if len(data) > MAX_VALUE_BYTES:
+            raise SavepointFileError(f"savepoint: {what} is {len(data)} bytes, over the limit of "
+                                     f"{MAX_VALUE_BYTES} bytes a savepoint carries for one value")
+        view = memoryview(data)
+        for i in range(0, len(data), PART_BYTES):
+            self.frame({"t": "part", "data": base64.b64encode(view[i:i + PART_BYTES]).decode(),
+                        "last": i + PART_BYTES >= len(data)})
+        ref = {"split": self._split, "bytes": len(data)}
+        self._split += 1
+        return ref
+
     def finish(self) -> str:
         """Write the end frame and the digest; returns the digest (hex)."""
+        if self._split:
+            raise SavepointFileError(f"savepoint: {self._split} values written as parts that no frame references")
         frames = self.frames
         self.frame({"t": "end", "frames": frames})
         digest = self.hash.digest()
@@ -265,19 +327,115 @@ _END_START = b'{"t":"end"'
 
 def frames(f: IO[bytes]) -> Iterator[dict[str, Any]]:
     """The frames of a file :func:`verify` accepted (``f`` at its start), end frame
-    excluded. Each must be a JSON object with a string "t"."""
+    excluded, split values reassembled (part frames are not yielded). Each must be a
+    JSON object with a string "t"."""
+    for _index, obj in numbered_frames(f):
+        yield obj
+
+
+def numbered_frames(f: IO[bytes]) -> Iterator[tuple[int, dict[str, Any]]]:
+    """:func:`frames` with each frame's number in the file (part frames counted, as a
+    refusal names them)."""
     f.seek(HEAD)
     index = 0
+    values: list[bytes] = []  # split values complete since the last frame of another type
+    pieces: list[bytes] = []  # the one being reassembled
+    held = 0  # bytes in values and pieces
+    first = 0  # the frame number of the first part held
     while True:
-        n = struct.unpack(">I", _read_exact(f, 4))[0]
+        at = f.tell()
+        head = _read_exact(f, 4)
+        if len(head) < 4:
+            raise SavepointFileError(f"savepoint file truncated: it ends at byte {at}, inside frame {index}'s "
+                                     "length")
+        n = struct.unpack(">I", head)[0]
         data = _read_exact(f, n)
+        if len(data) < n:
+            raise SavepointFileError(f"savepoint file truncated: frame {index} at byte {at} needs {n} bytes, "
+                                     f"{n - len(data)} more than the file has")
         try:
             obj = json.loads(data)
         except ValueError as exc:
-            raise SavepointFileError(f"savepoint frame {index}: not JSON ({exc})") from None
+            raise SavepointFileError(f"savepoint frame {index} at byte {at}: not JSON ({exc})") from None
         if not isinstance(obj, dict) or not isinstance(obj.get("t"), str):
-            raise SavepointFileError(f"savepoint frame {index}: not an object with a type 't'")
+            raise SavepointFileError(f"savepoint frame {index} at byte {at}: not an object with a type 't'")
+        if obj["t"] == "part":
+            if not values and not pieces:
+                first = index
+            piece = _part(obj, index, at)
+            held += len(piece)
+            if held > MAX_VALUE_BYTES:
+                raise SavepointFileError(f"savepoint frame {index} at byte {at}: the values split from frame "
+                                         f"{first} on are over the limit of {MAX_VALUE_BYTES} bytes")
+            pieces.append(piece)
+            if obj.get("last") is True:
+                values.append(b"".join(pieces))
+                pieces = []
+            index += 1
+            continue
+        if pieces:
+            raise SavepointFileError(f"savepoint frame {index} at byte {at}: the value split from frame "
+                                     f"{first} on has no last part before it")
+        if values:
+            _fill(obj, values, index, at, first)
+            values, held = [], 0
         if obj["t"] == "end":
             return
-        yield obj
+        yield index, obj
         index += 1
+
+
+def _part(obj: dict[str, Any], index: int, at: int) -> bytes:
+    data, last = obj.get("data"), obj.get("last")
+    if not isinstance(data, str) or not isinstance(last, bool) or set(obj) != {"t", "data", "last"}:
+        raise SavepointFileError(f"savepoint frame {index} at byte {at}: a part must be "
+                                 '{"t": "part", "data": base64, "last": bool}')
+    try:
+        piece = base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        raise SavepointFileError(f"savepoint frame {index} at byte {at}: a part's data is not valid base64") from None
+    if not piece or len(piece) > PART_BYTES:
+        raise SavepointFileError(f"savepoint frame {index} at byte {at}: a part of {len(piece)} bytes (1.."
+                                 f"{PART_BYTES})")
+    return piece
+
+
+def _references(obj: dict[str, Any]) -> list[dict[str, Any]]:
+    """The split values' references in ``obj``'s :data:`SPLIT_FIELDS` (nested lists)."""
+    out: list[dict[str, Any]] = []
+    for name in SPLIT_FIELDS:
+        stack = [obj.get(name)]
+        while stack:
+            v = stack.pop()
+            if isinstance(v, list):
+                stack.extend(v)
+            elif isinstance(v, dict) and set(v) == {"split", "bytes"}:
+                out.append(v)
+    return out
+
+
+def _fill(obj: dict[str, Any], values: list[bytes], index: int, at: int, first: int) -> None:
+    """Put each of ``values`` in its reference's place in ``obj`` (each referenced once,
+    with its length)."""
+    used: set[int] = set()
+    for name in SPLIT_FIELDS:
+        stack = [obj.get(name)]
+        while stack:
+            v = stack.pop()
+            if not isinstance(v, list):
+                continue
+            for i, x in enumerate(v):
+                if isinstance(x, list):
+                    stack.append(x)
+                elif isinstance(x, dict) and set(x) == {"split", "bytes"}:
+                    j = x["split"]
+                    if not isinstance(j, int) or isinstance(j, bool) or not 0 <= j < len(values) \
+                            or j in used or x["bytes"] != len(values[j]):
+                        raise SavepointFileError(f"savepoint frame {index} at byte {at}: a reference {x} to none "
+                                                 f"of the {len(values)} values split from frame {first} on (or "
+                                                 "to one referenced already)")
+                    v[i] = values[j]
+                    used.add(j)
+    if len(used) != len(values):
+        raise SavepointFileError(f"savepoint frame {index} at byte {at}: it references {len(used)} of the "
+                                 f"{len(values)} values split from frame {first} on (each must be, once)")

@@ -20,7 +20,7 @@ from millwheel.limits import MAX_NAME_CHARS
 from millwheel.record import MAX_TIMESTAMP, MIN_TIMESTAMP, Record, TimeDomain, Timer
 from millwheel.state.protocol import Checkpoint, Production, StateStore
 
-from .format import SavepointFileError, frames
+from .format import SavepointFileError, numbered_frames
 from .logmap import LogMap, save
 
 MAX_TEXT = 64 * 1024  #: a key, tag or record ID in a savepoint
@@ -52,6 +52,8 @@ def _int(v: Any, where: str, lo: int = MIN_TIMESTAMP, hi: int = MAX_TIMESTAMP) -
 
 
 def _bytes(v: Any, where: str) -> bytes:
+    if isinstance(v, bytes):  # a value split across part frames, reassembled (format.frames)
+        return v
     if not isinstance(v, str):
         raise SavepointFileError(f"{where}: must be base64 text")
     try:
@@ -154,8 +156,8 @@ def check(f: IO[bytes], nodes: dict[str, int], streams: set[str]) -> Summary:
     """Parse every frame after the header (nothing is written); the summary of it all."""
     out = Summary()
     seqs: dict[str, int] = {}  # stream -> its last entry's position so far
-    for index, obj in enumerate(frames(f)):
-        if index == 0:
+    for n, (index, obj) in enumerate(numbered_frames(f)):
+        if n == 0:
             continue  # the header, read by the caller
         kind, content = parse(obj, index, nodes, streams)
         if kind == "stream":
@@ -187,8 +189,8 @@ def apply(store: StateStore, f: IO[bytes], nodes: dict[str, int], streams: set[s
     token from ``acquire``; consumed IDs remembered at ``now_us`` (the cut)."""
     tokens: dict[tuple[str, int], int] = {}
     maps: dict[str, LogMap] = {}
-    for index, obj in enumerate(frames(f)):
-        if index == 0:
+    for n, (index, obj) in enumerate(numbered_frames(f)):
+        if n == 0:
             continue
         kind, content = parse(obj, index, nodes, streams)
         if kind == "stream":
