@@ -3,7 +3,9 @@
 The source cursor is written in the same checkpoint as the batch's records, under
 the injector's own sequencer token, so a crash replays from exactly the last
 checkpoint and record IDs (which the source derives from positions) repeat exactly;
-consumers drop the repeats.
+consumers drop the repeats. The batch's watermark is written in that checkpoint too
+(:data:`WATERMARK_KEY`): the cursor has moved past whatever gave it, so a crash before
+the watermark was reported would otherwise lose it until the source gives another.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from millwheel.state.protocol import Checkpoint, StateStore
 from millwheel.topology import InjectorSpec
 
 CURSOR_KEY = "__cursor__"
+WATERMARK_KEY = "__watermark__"
 
 
 class InjectorWorker:
@@ -37,8 +40,10 @@ class InjectorWorker:
         self.crash = crash
         self.token = store.acquire(self.node, 0) if token is None else token
         self.outbox = Outbox(store, self.node, 0)
-        self.cursor = store.read_state(self.node, [CURSOR_KEY]).get(CURSOR_KEY)
-        self.watermark = max(store.read_watermarks(self.node).values(), default=MIN_TIMESTAMP)
+        saved = store.read_state(self.node, [CURSOR_KEY, WATERMARK_KEY])
+        self.cursor = saved.get(CURSOR_KEY)
+        self.watermark = max([*store.read_watermarks(self.node).values(),
+                              int(saved.get(WATERMARK_KEY) or MIN_TIMESTAMP)])
         self.done = False
         self.injected = 0
 
@@ -57,12 +62,15 @@ class InjectorWorker:
             computation=self.node, range_id=0, token=self.token, now_us=self.clock.now_us(),
             state_writes={CURSOR_KEY: batch.cursor}, productions=productions,
         )
+        watermark = max(self.watermark, batch.watermark)
+        if watermark != self.watermark:
+            cp.state_writes[WATERMARK_KEY] = str(watermark).encode()
         if batch.rejected:  # entries that are not records: dead letters, in the same checkpoint
             dead_letters(cp, self.spec, self.router, batch.rejected)
         self.store.checkpoint(cp)
         self.outbox.add(cp.productions)
         self.cursor = batch.cursor
-        self.watermark = max(self.watermark, batch.watermark)
+        self.watermark = watermark
         self.done = batch.done
         self.injected += len(batch.records)
         self.crash("after_inject")

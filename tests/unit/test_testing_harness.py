@@ -114,3 +114,19 @@ def test_processing_time_moves_only_when_told_and_no_file_is_left() -> None:
         assert sum(counts(t).values()) == 3000
     assert time.monotonic() - started < 30  # well under a second on a desktop; loose here
     assert {p for p in os.listdir(tmp) if p.startswith("millwheel-test-")} == before
+
+
+def test_a_crash_right_after_an_injector_took_a_watermark_keeps_that_watermark() -> None:
+    """The injector's checkpoint moves its cursor past a watermark event: a crash before
+    the watermark was reported must not lose it (the restarted injector would read on
+    from the next event, and windows would wait for a watermark already given)."""
+    from millwheel.testing import CrashSchedule
+
+    with PipelineTest(topology(), crash=CrashSchedule("after_inject", 2)) as t:
+        t.add("clicks", clicks(15))
+        t.run()
+        t.advance_watermark("clicks", 10 * SECOND)  # the injector's 2nd batch: crashed after it
+        t.run()
+        assert t.crashes == 1
+        assert t.watermark("injector:clicks") == 10 * SECOND
+        assert counts(t) == {("ann", 10 * SECOND): 4, ("bob", 10 * SECOND): 3, ("cy", 10 * SECOND): 3}
