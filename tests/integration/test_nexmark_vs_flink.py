@@ -6,7 +6,8 @@ disorder, under both systems' watermark bounds so neither drops a record) is wri
 the generator; PyFlink (its own virtualenv, bench/.peers/flink, which ``./dev.sh setup``
 makes) runs the published query SQL over the same files (bench/peers/nexmark_flink_job.py);
 each query's spec from millwheel/nexmark/queries/ runs in local mode on a SQLite store.
-Rows are compared as sorted lists (multisets), column by column in the SQL's order.
+Rows are compared as sorted lists (multisets), column by column in the SQL's order
+(bench/peers/nexmark_compare.py, shared with the benchmark bench/cases/nexmark.py).
 
 Where the two differ by definition, the test states the difference exactly rather than
 hiding it (docs/nexmark.md says the same):
@@ -25,27 +26,33 @@ hiding it (docs/nexmark.md says the same):
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
-from collections import defaultdict
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from bench.peers.peer_common import venv_python
-from bench.peers.peer_flink import available, java_home
+from bench.peers.nexmark_compare import (
+    WINDOW_US,
+    columns,
+    compare,
+    flink_command,
+    inserted,
+    q4_finals,
+    q7_edge,
+    q11_merged,
+    read_bids,
+    read_flink,
+    run_flink,
+    run_millwheel,
+)
+from bench.peers.peer_flink import available
 from millwheel.nexmark.generate import write
 from millwheel.nexmark.generator import GeneratorConfig
 from millwheel.nexmark.queries import QUERIES, write_specs
 
-ROOT = Path(__file__).resolve().parents[2]
-JOB = ROOT / "bench" / "peers" / "nexmark_flink_job.py"
 CONFIG = GeneratorConfig(events=100_000, rate=200, seed=32, out_of_order_group_size=20)
-WINDOW_US = 10_000_000
-Row = tuple[Any, ...]
 
 
 @pytest.fixture(scope="module")
@@ -61,78 +68,49 @@ def flink(data: Path) -> dict[str, list[list[Any]]]:
     """Every query's rows from Flink SQL: [row kind, columns...]."""
     why = available()  # makes bench/.peers/flink if ./dev.sh setup has not
     assert why is None, f"Flink SQL cannot run here: {why}"
-    spec = {"data": str(data), "out": str(data / "flink"), "queries": list(QUERIES), "parallelism": 2}
-    done = subprocess.run([str(venv_python()), str(JOB), json.dumps(spec)], capture_output=True, text=True,
-                          env={**os.environ, "JAVA_HOME": java_home() or ""}, cwd=data, timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return {q: [json.loads(line) for line in (data / "flink" / f"{q}.jsonl").read_text().splitlines()]
-            for q in QUERIES}
+    return run_flink(data, data / "flink", list(QUERIES), parallelism=2)
 
 
 def millwheel(data: Path, query: str) -> list[dict[str, Any]]:
     """The values of the query's output stream, through ``millwheel run`` on the rendered spec."""
-    done = subprocess.run([sys.executable, "-m", "services.cli", "run", str(data / f"{query}.yaml"), "--store",
-                           f"sqlite:///{data / query}.db", "--quiet", "--print", query],
-                          capture_output=True, text=True, cwd=ROOT, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return [json.loads(json.loads(line)["value"]) for line in done.stdout.splitlines()]
-
-
-def inserted(rows: list[list[Any]]) -> list[Row]:
-    assert all(r[0] == "+I" for r in rows), "an append-only query's rows are all inserts"
-    return [tuple(r[1:]) for r in rows]
-
-
-def columns(values: list[dict[str, Any]], *names: str) -> list[Row]:
-    return [tuple(v[n] for n in names) for v in values]
-
-
-def read_bids(data: Path) -> list[dict[str, Any]]:
-    return [json.loads(line)["value"] for line in (data / "bid.jsonl").read_text().splitlines()]
+    return run_millwheel(data, query)
 
 
 @pytest.mark.parametrize("query", ["q0", "q2", "q3", "q5", "q8"])
 def test_the_rows_are_flinks(data: Path, flink: dict[str, list[list[Any]]], query: str) -> None:
-    names = {"q0": ("auction", "bidder", "price", "dateTime", "extra"), "q2": ("auction", "price"),
-             "q3": ("name", "city", "state", "id"), "q5": ("auction", "num"), "q8": ("id", "name", "starttime")}
-    ours = sorted(columns(millwheel(data, query), *names[query]))
-    theirs = sorted(inserted(flink[query]))
-    assert ours == theirs
-    assert len(ours) > {"q0": 90_000, "q2": 300, "q3": 500, "q5": 250, "q8": 100}[query]  # not a vacuous match
+    verdict = compare(query, millwheel(data, query), flink[query], data)
+    assert verdict.ok, verdict.detail
+    assert verdict.rows > {"q0": 90_000, "q2": 300, "q3": 500, "q5": 250, "q8": 100}[query]  # not a vacuous match
 
 
 def test_q1_prices_in_euro_are_flinks_decimals(data: Path, flink: dict[str, list[list[Any]]]) -> None:
-    ours = sorted((a, b, Decimal(repr(p)), t, x) for a, b, p, t, x in columns(
-        millwheel(data, "q1"), "auction", "bidder", "price", "dateTime", "extra"))
-    theirs = sorted((a, b, Decimal(p), t, x) for a, b, p, t, x in inserted(flink["q1"]))
-    assert len(ours) == CONFIG.events * 46 // 50 and ours == theirs
+    ours = millwheel(data, "q1")
+    verdict = compare("q1", ours, flink["q1"], data)
+    assert verdict.ok, verdict.detail
+    assert len(ours) == CONFIG.events * 46 // 50
+    assert isinstance(Decimal(inserted(flink["q1"])[0][2]), Decimal)  # Flink's prices are decimal text
 
 
 def test_q4_the_final_mean_price_per_category_is_flinks(data: Path, flink: dict[str, list[list[Any]]]) -> None:
-    # Flink updates its rows; the final table is what the changelog leaves
-    final: dict[int, int] = {}
-    for kind, category, mean in flink["q4"]:
-        if kind in ("+I", "+U"):
-            final[category] = mean
-        else:
-            assert final.pop(category) == mean
-    # ours: a category's record with the most auctions is its latest; AVG(BIGINT) truncates
-    latest: dict[int, dict[str, Any]] = {}
-    for v in millwheel(data, "q4"):
-        if int(v["key"]) not in latest or v["count"] > latest[int(v["key"])]["count"]:
-            latest[int(v["key"])] = v
-    assert {c: int(v["value"]) for c, v in latest.items()} == final
-    assert sorted(final) == [10, 11, 12, 13, 14] and min(v["count"] for v in latest.values()) > 500
+    # Flink updates its rows; the final table is what the changelog leaves. Ours: a
+    # category's record with the most auctions is its latest; AVG(BIGINT) truncates
+    ours = millwheel(data, "q4")
+    verdict = compare("q4", ours, flink["q4"], data)
+    assert verdict.ok, verdict.detail
+    mine, _ = q4_finals(ours, flink["q4"])
+    assert sorted(mine) == [10, 11, 12, 13, 14]
+    assert min(max(v["count"] for v in ours if int(v["key"]) == c) for c in mine) > 500
 
 
 def test_q7_is_flinks_but_for_bids_at_exactly_window_end(data: Path, flink: dict[str, list[list[Any]]]) -> None:
-    ours = columns(millwheel(data, "q7"), "auction", "price", "bidder", "dateTime", "extra")
-    highest = {t - t % WINDOW_US: price for _, price, _, t, _ in ours}  # window start -> its max
+    ours = millwheel(data, "q7")
+    rows = columns(ours, "auction", "price", "bidder", "dateTime", "extra")
+    highest = {t - t % WINDOW_US for _, _, _, t, _ in rows}  # window starts
     assert len(highest) == CONFIG.duration_us // WINDOW_US + 1
     # Flink's BETWEEN includes window_end: a next window's first-millisecond bid at this max
-    edge = [(b["auction"], b["price"], b["bidder"], b["dateTime"], b["extra"]) for b in read_bids(data)
-            if b["dateTime"] % WINDOW_US == 0 and highest.get(b["dateTime"] - WINDOW_US) == b["price"]]
-    assert sorted(inserted(flink["q7"])) == sorted(ours + edge)
+    verdict = compare("q7", ours, flink["q7"], data)
+    assert verdict.ok, verdict.detail
+    assert sorted(inserted(flink["q7"])) == sorted(rows + q7_edge(rows, read_bids(data)))
 
 
 def test_q7_a_bid_at_exactly_window_end_is_flinks_previous_window_too(tmp_path: Path) -> None:
@@ -153,11 +131,10 @@ def test_q7_a_bid_at_exactly_window_end_is_flinks_previous_window_too(tmp_path: 
                                  "value": planted}) + "\n")
     (tmp_path / "bid.jsonl").write_text("".join(lines))
     write_specs(tmp_path, tmp_path)
-    spec = {"data": str(tmp_path), "out": str(tmp_path / "flink"), "queries": ["q7"], "parallelism": 1}
-    done = subprocess.run([str(venv_python()), str(JOB), json.dumps(spec)], capture_output=True, text=True,
-                          env={**os.environ, "JAVA_HOME": java_home() or ""}, cwd=tmp_path, timeout=600)
+    cmd, env = flink_command(tmp_path, tmp_path / "flink", ["q7"], parallelism=1)
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    theirs = inserted([json.loads(line) for line in (tmp_path / "flink" / "q7.jsonl").read_text().splitlines()])
+    theirs = inserted(read_flink(tmp_path / "flink", "q7"))
     ours = columns(millwheel(tmp_path, "q7"), "auction", "price", "bidder", "dateTime", "extra")
     row = (1001, top, planted["bidder"], start + WINDOW_US, planted["extra"])
     assert row in theirs and row not in ours
@@ -165,16 +142,7 @@ def test_q7_a_bid_at_exactly_window_end_is_flinks_previous_window_too(tmp_path: 
 
 
 def test_q11_is_flinks_with_touching_sessions_merged(data: Path, flink: dict[str, list[list[Any]]]) -> None:
-    ours = columns(millwheel(data, "q11"), "bidder", "bid_count", "starttime", "endtime")
-    by_bidder: dict[int, list[list[int]]] = defaultdict(list)
-    for bidder, count, start, end in sorted(ours, key=lambda r: (r[0], r[2])):
-        sessions = by_bidder[bidder]
-        if sessions and sessions[-1][2] == start:  # touching: Flink's windows merge
-            sessions[-1][0] += count
-            sessions[-1][2] = end
-        else:
-            assert not sessions or sessions[-1][2] < start  # ours never overlap
-            sessions.append([count, start, end])
-    merged = sorted((b, c, s, e) for b, sessions in by_bidder.items() for c, s, e in sessions)
-    assert sorted(inserted(flink["q11"])) == merged
-    assert len(merged) > 1000
+    ours = millwheel(data, "q11")
+    verdict = compare("q11", ours, flink["q11"], data)  # ours never overlap; touching ones merged
+    assert verdict.ok, verdict.detail
+    assert len(q11_merged(columns(ours, "bidder", "bid_count", "starttime", "endtime"))) > 1000
