@@ -19,7 +19,8 @@ the rows it prints are the output. CPU: the process's own (its rusage once reape
 
 A **service round** starts ``millwheel up --workers W --store sqlite:///... --port P
 --no-auth --allow-code bench.pipelines`` (bench/cases/service.py's ``Service``: the
-workers import the pipeline's map functions), registers the spec with ``millwheel
+workers import the pipeline's map functions), registers the spec (less the injector's ``file`` and ``max_disorder_us``,
+which the service refuses) with ``millwheel
 register``, waits until every key range has an owner (none of that is timed), then
 times ``millwheel inject events.jsonl --injector events --max-disorder-us 2000000
 --done`` followed by ``millwheel subscribe rows --json --follow``, from starting
@@ -97,6 +98,11 @@ def write_inputs(tmp: Path, n: int, key_ranges: int) -> tuple[Path, workload.Wor
     }
     path = tmp / "pipeline.json"
     path.write_text(json.dumps(spec, indent=1) + "\n")
+    # The service reads no client file: `register` refuses an injector's `file` and
+    # `max_disorder_us` by name (`inject` sends the file, with --max-disorder-us).
+    for inj in spec["injectors"]:
+        inj.pop("file"), inj.pop("max_disorder_us")
+    (tmp / "pipeline-service.json").write_text(json.dumps(spec, indent=1) + "\n")
     return path, w
 
 
@@ -193,7 +199,8 @@ def service_round(tmp: Path, spec: Path, w: workload.Workload, workers: int, lab
     result: dict[str, Any] = {"mode": "service", "records": n, "workers": workers}
     try:
         svc = Service(f"sqlite:///{svc_dir}/service.db", workers, svc_dir)
-        reg = subprocess.run(_cli("register", str(spec), "--controller", svc.address), cwd=tmp, env=env,
+        reg = subprocess.run(_cli("register", str(spec.with_name("pipeline-service.json")),
+                                  "--controller", svc.address), cwd=tmp, env=env,
                              capture_output=True, timeout=120)
         if reg.returncode != 0:
             raise RuntimeError(f"millwheel register exited {reg.returncode}: "
