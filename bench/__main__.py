@@ -20,8 +20,9 @@ from bench.report.tables import markdown
 from bench.report.targets import ratios_and_targets
 
 SECTIONS = ("limits", "throughput", "latency", "recovery", "service", "ha", "growth", "ttl", "peer", "cli",
-            "scale", "subscribe", "registry", "soak")
-DEFAULT_SECTIONS = SECTIONS[:-2]  # registry (~10 minutes) and the soak (30): run only when asked for
+            "scale", "subscribe", "registry", "soak", "nexmark")
+#: registry (~10 minutes), the soak (30) and nexmark (~15, PyFlink's JVMs): run only when asked for
+DEFAULT_SECTIONS = tuple(s for s in SECTIONS if s not in ("registry", "soak", "nexmark"))
 RESULTS = Path(__file__).resolve().parent / "results"
 
 DESCRIPTION = """\
@@ -75,6 +76,11 @@ Sections (all but soak by default, in this order; latency uses throughput's figu
               and records/s every minute to CSV and PNG; targets: RSS and store
               growth <= 10% over the last 20 minutes, lag flat, output exact
               (alone: python -m bench.cases.soak --help)
+  nexmark     opt-in (--only nexmark): issue 32, Nexmark q0-q5, q7, q8, q11 on
+              200k generated events, local mode beside PyFlink SQL (q5, q8 also
+              the service), 2 interleaved rounds (quick: 20k, 1): events/s per
+              core, every output checked against Flink's (~15 minutes on 2 cores;
+              alone: python -m bench.cases.nexmark --help)
 
 --quick takes under 3 minutes (20k-record cases, a reduced matrix); the full run
 takes 20-30 minutes on 2 cores (growth's 10M run alone ~4-5;
@@ -106,7 +112,8 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="the short suite (< 3 minutes)")
     parser.add_argument("--only", nargs="+", choices=SECTIONS, metavar="SECTION",
-                        help=f"run only these sections ({', '.join(SECTIONS)}; registry and soak only when named)")
+                        help=f"run only these sections ({', '.join(SECTIONS)}; registry, soak and nexmark only "
+                             "when named)")
     parser.add_argument("--soak-minutes", type=float, help="minutes of the soak section (default 30, quick 6)")
     parser.add_argument("--soak-load", type=float, metavar="PCT",
                         help="the soak's share of its measured capacity, in %% (default 50; issue 31's "
@@ -142,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     print(md)
     print(f"wrote {args.out / stem}.json and .md in {meta['duration_s']:.0f} s", file=sys.stderr)
     wrong = [e for sec in ("throughput", "latency", "recovery", "service", "ha", "long", "soak", "cli", "scale",
-                           "subscribe")
+                           "subscribe", "nexmark")
              for e in results.get(sec, [])
              if "result" in e and not e["result"]["correct"]["ok"]]
     return 1 if wrong else 0

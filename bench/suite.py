@@ -40,6 +40,8 @@ SOAK_LOAD_PCT = 50.0  # the soak's share of the measured capacity (issue 31's so
 CLI_PLAN = {"quick": (20_000, 1), "full": (200_000, 3)}
 SCALE_RECORDS = {"quick": 20_000, "full": 200_000}
 SUBSCRIBE_PLAN = {"quick": (100_000, 1), "full": (1_000_000, 3)}
+# issue 32's opt-in section: (events, rounds) of the Nexmark case (bench/cases/nexmark.py)
+NEXMARK_PLAN = {"quick": (20_000, 1), "full": (200_000, 2)}
 QUICK = Mode("quick", 20_000, 3.0, 1.0, (3.0, 3.0), False)
 FULL = Mode("full", 100_000, 8.0, 3.0, (6.0, 6.0), True)
 
@@ -66,7 +68,7 @@ def run(mode: Mode, sections: set[str], soak_minutes: float | None = None,
         out_dir: Path | None = None, soak_load_pct: float | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {"throughput": [], "latency": [], "recovery": [], "limits": [], "peer": [],
                            "service": [], "ha": [], "long": [], "soak": [], "registry": [], "cli": [],
-                           "scale": [], "subscribe": [], "notes": []}
+                           "scale": [], "subscribe": [], "nexmark": [], "notes": []}
     stores = Stores()
     uniform1k = WorkloadArgs(mode.n, 1_000, "uniform")
     try:
@@ -138,6 +140,13 @@ def run(mode: Mode, sections: set[str], soak_minutes: float | None = None,
             from bench.cases import soak
 
             soak.section(minutes, out_dir or soak.RESULTS, out["soak"], run_case, load_pct=load_pct)
+        if "nexmark" in sections:
+            events, rounds = NEXMARK_PLAN[mode.name]
+            log(f"== nexmark: q0-q5, q7, q8, q11, local mode and PyFlink SQL (q5, q8 also the service), "
+                f"{events:,} events, {rounds} interleaved round(s)")
+            from bench.cases import nexmark
+
+            nexmark.section(events, rounds, out["nexmark"], run_case)
         if stores.redis_error:
             out["notes"].append(f"Redis not available: {stores.redis_error}")
     finally:

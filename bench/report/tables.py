@@ -98,6 +98,10 @@ def markdown(doc: dict[str, Any]) -> str:
         lines += _scale(res["scale"])
     if res.get("subscribe"):
         lines += _subscribe(res["subscribe"])
+    if res.get("nexmark"):
+        from bench.cases import nexmark
+
+        lines += nexmark.markdown(res["nexmark"])
     lines += ["", "## Physical limits (same machine, same run, same record sizes)", "",
               "| limit | setting | records/s (or ops/s) |", "|---|---|---|"]
     for e in res["limits"]:

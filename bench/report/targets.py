@@ -130,6 +130,7 @@ def ratios_and_targets(res: dict[str, Any]) -> tuple[dict[str, Any], list[dict[s
     soak_rows = [t for t in targets if t["target"].startswith("soak")]
     targets += issue_24_targets(ratios, lat_sqlite, lat, soak_rows)
     targets += issue_31_targets(res)
+    targets += issue_32_targets(res)
     return ratios, targets
 
 
@@ -336,3 +337,68 @@ def _service_best(res: dict[str, Any]) -> float | None:
 def _target(name: str, value: float | None, bound: float, unit: str, lower: bool = False) -> dict[str, Any]:
     met = None if value is None else (value <= bound if lower else value >= bound)
     return {"target": name, "value": value, "bound": bound, "unit": unit, "met": met}
+
+
+#: Where issue 32's output target is judged: the benchmark at this many events or more.
+NEXMARK_EVENTS_32 = 10_000_000
+
+
+def issue_32_targets(res: dict[str, Any]) -> list[dict[str, Any]]:
+    """Issue 32's rows from the ``nexmark`` section (opt-in: ``python -m bench --only
+    nexmark``; alone: ``python -m bench.cases.nexmark``), or rows without a figure saying
+    why there is none."""
+    entries = list(res.get("nexmark", []))
+    ran = next((e["result"] for e in entries if "result" in e), None)
+    if ran is None:
+        why = ("not run (python -m bench --only nexmark; alone: python -m bench.cases.nexmark)" if not entries
+               else _why_not(entries))
+        return nexmark_target_rows(None, why)
+    return nexmark_target_rows(ran)
+
+
+def nexmark_target_rows(r: dict[str, Any] | None, why: str = "") -> list[dict[str, Any]]:
+    """Issue 32's four rows from bench/cases/nexmark.py's result (None: ``why`` there is none).
+
+    1. every query's output equals Flink SQL's (value: queries that differ; judged at
+       >= 10M events, shown below that); 2a. local mode per core >= Flink 1.13's published
+       figure on q5, q7 and q8 (value: the smallest ratio); 2b. local mode >= 1.0x PyFlink
+       measured here on every query (value: the smallest ratio); 3. the service's CPU per
+       event <= 1.5x local mode's on q5 and q8 (value: the largest ratio). Per-core figures
+       are start-up removed (the case's empty runs); a query whose output disagreed gives
+       no figure."""
+    names = ("every query's output equals Flink SQL's", "local per core >= Flink 1.13 published on q5, q7, q8",
+             "local per core >= 1.0x PyFlink (measured here) on every query",
+             "service CPU per event <= 1.5x local on q5 and q8")
+    if r is None:
+        return [_row(names[0], None, 0, "queries differing", lower=True, note=why),
+                _row(names[1], None, 1.0, "x published", note=why), _row(names[2], None, 1.0, "x PyFlink", note=why),
+                _row(names[3], None, 1.5, "x local", lower=True, note=why)]
+    qs: dict[str, dict[str, Any]] = r["queries"]
+    where = f"{r['events']:,} events at {r['rate']:,}/s, {r['rounds']} round(s), {r['cpus']} cores"
+    rows: list[dict[str, Any]] = []
+    if not r.get("flink"):
+        rows.append(_row(names[0], None, 0, "queries differing", lower=True, note=f"no Flink run ({where})"))
+    else:
+        bad = [q for q, s in qs.items() if not s["ok"]]
+        full = r["events"] >= NEXMARK_EVENTS_32
+        rows.append(_row(names[0], len(bad), 0, "queries differing", lower=True, judged=full,
+                         note=f"{len(qs)} queries ({', '.join(qs)}){': differ ' + ', '.join(bad) if bad else ''}; "
+                              f"{where}" + _off([] if full else [f"judged at >= {NEXMARK_EVENTS_32:,} events"])))
+
+    def worst(key: str, among: tuple[str, ...], largest: bool = False) -> tuple[float | None, str]:
+        vals = {q: qs[q].get(key) for q in among if q in qs}
+        if not vals or any(v is None for v in vals.values()):
+            missing = [q for q in among if q not in qs or qs[q].get(key) is None]
+            return None, f"no figure for {', '.join(missing)} (not run, failed or output disagreed; {where})"
+        pick = (max if largest else min)(vals, key=lambda q: vals[q] or 0.0)
+        return vals[pick], (", ".join(f"{q} {v:.2f}x" for q, v in vals.items()) + f"; worst {pick} ({where})")
+
+    v, note = worst("local_over_published", ("q5", "q7", "q8"))
+    rows.append(_row(names[1], v, 1.0, "x published", note=note + "; published: Flink 1.13, nexmark/nexmark "
+                                                                  "README, not measured here"))
+    v, note = worst("local_over_flink", tuple(qs))
+    rows.append(_row(names[2], v, 1.0, "x PyFlink", note=note if r.get("flink") else f"no Flink run ({where})"))
+    v, note = worst("service_cpu_ratio", ("q5", "q8"), largest=True)
+    rows.append(_row(names[3], v, 1.5, "x local", lower=True,
+                     note=note + "; service: up --workers 2, inject + subscribe, every process's CPU"))
+    return rows
