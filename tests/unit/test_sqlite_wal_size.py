@@ -81,7 +81,7 @@ def test_the_log_shrinks_back_after_a_large_transaction(tmp_path: Path) -> None:
     path = tmp_path / "big.db"
     store = SQLiteStore(path)
     token = store.acquire("c", 0)
-    consume_ids(store, token, IDS, per_checkpoint=IDS)  # one transaction: a ~20 MB log
+    consume_ids(store, token, 2 * IDS, per_checkpoint=2 * IDS)  # one transaction: a ~32 MB log
     grown = wal_size(path)
     assert grown > JOURNAL_SIZE_LIMIT
     deadline = time.monotonic() + 20
