@@ -66,7 +66,9 @@ def test_register_refuses_what_run_refuses(case: str, controller: Cluster, tmp_p
 
 
 def test_the_same_spec_without_the_typo_registers(controller: Cluster, tmp_path: Path) -> None:
-    (tmp_path / "spec.yaml").write_text(GOOD)
+    # (without `file:` too: the service reads no client file, and register refuses it by
+    # name: tests/integration/test_files_allow.py)
+    (tmp_path / "spec.yaml").write_text(GOOD.replace(", file: clicks.jsonl", ""))
     reg = cli("register", "spec.yaml", "--controller", controller.address, cwd=tmp_path)
     assert reg.returncode == 0, reg.stderr
     listed = controller.client.computations()
