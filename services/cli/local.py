@@ -22,6 +22,9 @@ from millwheel.state.url_display import describe_store
 from millwheel.topology import Topology
 
 DEFAULT_STORE = "sqlite:///millwheel-data/local.db"
+#: ``millwheel run``'s exit status when it finished but dead-lettered records on the way
+#: (a pipeline that ran "successfully" while setting input aside must not look clean).
+EXIT_DEAD_LETTERS = 3
 
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -46,6 +49,12 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     run.add_argument("--writer-process", action="store_true",
                      help="apply each step's store writes in a child process while the next "
                           "step runs (uses a second core; sqlite:/// file stores only)")
+    run.add_argument("--dead-letters-ok", action="store_true",
+                     help=f"exit 0 even when this run dead-lettered records (default: exit "
+                          f"{EXIT_DEAD_LETTERS}, so a script notices)")
+    run.epilog = (f"Exit status: 0 done; {EXIT_DEAD_LETTERS} done, but this run dead-lettered records "
+                  "(a computation's or a source's bad input: see them with --print STREAM.dead_letters); "
+                  "1 an error.")
     run.set_defaults(func=cmd_run)
 
     demo = sub.add_parser("demo", help="run a bundled demo", description="Run a bundled demo.")
@@ -93,13 +102,15 @@ def cmd_run(args: argparse.Namespace) -> int:
         if args.batch_size is not None and args.batch_size < 1:
             raise InvalidSpecError(f"--batch-size must be >= 1, got {args.batch_size}")
         extra = {"batch_size": args.batch_size} if args.batch_size else {}
+        dead_letters = {c.dead_letter_stream for c in topology.computations}
+        dead_letters |= {inj.dead_letter_stream for inj in topology.injectors if inj.source is not None}
+        before = {s: store.log_end(s)[1] for s in dead_letters}
         runner = LocalRunner(topology, store, sources, crash=crash_hook_from_env(),
                              writer_process=args.writer_process, **extra)
         try:
             runner.run(on_progress=None if args.quiet else print_progress)
         finally:
             runner.stop_writer()
-        dead_letters = {c.dead_letter_stream for c in topology.computations}
         for stream in topology.sink_streams():
             count = len(store.read_log(stream, 0, 10**9))
             if count or stream not in dead_letters:  # a dead-letter stream only when it has any
@@ -107,8 +118,15 @@ def cmd_run(args: argparse.Namespace) -> int:
         for stream in args.print_streams:
             for _seq, rec in store.read_log(stream, 0, 10**9):
                 print(json.dumps(record_json(rec)))
+        new_letters = {s: n for s in sorted(dead_letters) if (n := store.log_end(s)[1] - before[s]) > 0}
     finally:
         store.close()
+    if new_letters and not args.dead_letters_ok:
+        listed = ", ".join(f"{s} {n}" for s, n in new_letters.items())
+        print(f"millwheel run: done, but this run dead-lettered records ({listed}): see them with "
+              f"--print STREAM; exit status {EXIT_DEAD_LETTERS} "
+              "(--dead-letters-ok: 0)", file=sys.stderr)
+        return EXIT_DEAD_LETTERS
     return 0
 
 
