@@ -178,7 +178,13 @@ def cmd_create(args: argparse.Namespace) -> int:
                     progress.show(f"savepoint: {msg.phase}, {msg.items} items read", force=msg.phase == "fencing")
         except grpc.RpcError as exc:
             out.close()
-            partial.unlink(missing_ok=True)
+            if _whole(partial):  # every byte came, the "done" answer did not: kept, not as FILE
+                print(f"millwheel: the whole savepoint was received and checks, but the controller did not "
+                      f"confirm it: kept at {partial}, not renamed. Whether the service was stopped "
+                      "(--stop), 'millwheel status' says: restore the file elsewhere only if it was.",
+                      file=sys.stderr)
+            else:
+                partial.unlink(missing_ok=True)
             raise client.error(exc) from None
     progress.end()
     if summary is None:
@@ -200,6 +206,16 @@ def cmd_create(args: argparse.Namespace) -> int:
     if summary.stopped:
         text += "\nthe service is stopped: it takes no more records and runs nothing (restore the file elsewhere)"
     return emit(args, data, text)
+
+
+def _whole(path: Path) -> bool:
+    """``path`` holds a whole savepoint file (checksum, end frame)."""
+    try:
+        with open(path, "rb") as f:
+            verify(f, os.path.getsize(path))
+    except (OSError, InvalidSpecError):
+        return False
+    return True
 
 
 def _check_local(path: Path) -> tuple[str, int]:

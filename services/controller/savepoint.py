@@ -15,12 +15,15 @@ and the consumer's consumed IDs drop what was already taken. Log appends are not
 fenced, but every entry appended late is still in the outbox it came from, and
 appending it again in the restored service is a no-op (by record ID). Under the lock
 again, the ranges are placed back on the workers that ran them (with ``stop``: on
-none). With a stop, Inject is refused from the fence on, but the stop is stored only once the cut is
-read whole, before any range is let go and before a byte of the file is sent: a cut
-that fails (the store, an item too large) stops nothing and places the ranges again,
-and a controller killed before the stop is stored leaves no stop (the next leader
-places the ranges: the service runs on, and there is no file either). Once stored, a
-new leader keeps it. The hold is the leader's memory: a controller killed during the
+none). With a stop, Inject is refused from the fence on, but the stop is stored only once the
+file is complete and sent (:class:`_StopGate`, issue 34, item 4): after its last chunk
+was taken by the call, before the "done" answer. A cut that fails (the store, the
+spool's disk) stops nothing and places the ranges again; a call that ends before the
+whole file went out (the client gone, cancelled, its deadline passed), during the cut
+or during the transfer, undoes the stop the same way (the client keeps no file: it
+keeps one only with the "done" answer); a controller killed before the stop is stored
+leaves no stop (the next leader places the ranges: the service runs on, and there is
+no file either). Once stored, a new leader keeps it. The hold is the leader's memory: a controller killed during the
 read leaves the ranges fenced for nobody, and the next leader places them as usual. The registry's lock is held for the
 whole cut, so registrations, updates, unregistrations and rescales wait for it.
 
@@ -109,7 +112,10 @@ class Savepoints:
             raise self.leadership.redirect(context)
         spool = tempfile.TemporaryFile(prefix="millwheel-savepoint-")  # noqa: SIM115 (closed below)
         updates: queue.Queue[tuple[str, int, str] | BaseException | pb.SavepointSummary] = queue.Queue()
-        worker = threading.Thread(target=self._cut_thread, args=(bool(request.stop), spool, updates, request),
+        gate = _StopGate(self.plane)
+        if not context.add_callback(gate.end):  # the call is over already
+            gate.end()
+        worker = threading.Thread(target=self._cut_thread, args=(bool(request.stop), spool, updates, request, gate),
                                   name="savepoint", daemon=True)
         worker.start()
         try:
@@ -125,30 +131,39 @@ class Savepoints:
                     break
                 yield pb.CreateSavepointResponse(phase=item[0], items=item[1], detail=item[2])
             spool.seek(0)
+            sent = 0
             while context.is_active():
                 data = spool.read(CHUNK)
                 if not data:
                     break
+                sent += len(data)
                 yield pb.CreateSavepointResponse(phase="sending", chunk=data)
+            if sent != summary.bytes or not context.is_active():
+                return  # the client is gone without the file: the stop is undone (finally)
+            gate.store()  # every byte is out: now the stop holds
             yield pb.CreateSavepointResponse(phase="done", summary=summary)
         finally:
             worker.join()
+            gate.undo("the call ended before the file was sent whole")  # (nothing once stored)
             spool.close()
 
-    def _cut_thread(self, stop: bool, spool: IO[bytes], updates: queue.Queue[Any], request: Any) -> None:
+    def _cut_thread(self, stop: bool, spool: IO[bytes], updates: queue.Queue[Any], request: Any,
+                    gate: _StopGate) -> None:
         try:
             if request.drain:  # services/controller/drain.py; then stop with savepoint
                 drain(self.plane, self.hand_over, request.drain_timeout_ms / 1000,
                       lambda phase, n, text: updates.put((phase, n, text)))
                 stop = True
-            summary = self._cut(stop, spool, lambda phase, n: updates.put((phase, n, "")))
+            summary = self._cut(stop, spool, lambda phase, n: updates.put((phase, n, "")), gate)
             summary.drained = bool(request.drain) and drained(dict(summary.counts))
             updates.put(summary)
         except BaseException as exc:  # handed to the RPC's thread, which raises it
             updates.put(exc)
 
-    def _cut(self, stop: bool, spool: IO[bytes], report: Callable[[str, int], None]) -> pb.SavepointSummary:
-        """Fence every range, read everything into ``spool``, let the workers go on."""
+    def _cut(self, stop: bool, spool: IO[bytes], report: Callable[[str, int], None],
+             gate: _StopGate) -> pb.SavepointSummary:
+        """Fence every range, read everything into ``spool``, let the workers go on (with
+        ``stop``: none; the stop is ``gate``'s to store or undo)."""
         items = 0
         last = [0.0]
 
@@ -192,8 +207,6 @@ class Savepoints:
                 logs = capture.capture_logs(store, sorted(carried.streams()), writer, counts, progress)
                 digest = writer.finish()
                 spool.flush()
-                if stop and not was_stopped:  # only now that the file is whole (issue 34, item 4)
-                    store.put_meta(STOPPED_KEY, json.dumps({"at_us": p.clock.now_us()}).encode())
                 whole = True
             finally:
                 with p.lock:
@@ -203,6 +216,8 @@ class Savepoints:
                     moves = a.release(fence)  # back on their owners (none with stop)
                     lock_s = fenced_s + time.monotonic() - placing
                     held_by_another = p.assigner is not a or not p.leading()
+                if whole and stop and not was_stopped:
+                    gate.cut(a)  # stored once the file is sent whole (or undone now: the call is over)
             pause_us = int((time.monotonic() - started) * 1e6)
             if held_by_another:  # deposed during the read: a new leader may have let workers write
                 raise UnavailableError("savepoint: this controller stopped leading while the cut was read "
@@ -399,3 +414,61 @@ def _sink_tokens(raw: Any, carried: CarriedRegistry) -> dict[str, int]:
         raise SavepointFileError(f"savepoint file: its header's sink_tokens must map sinks of its registry to "
                                  f"tokens in 0..{MAX_SINK_TOKEN}")
     return dict(raw)
+
+
+class _StopGate:
+    """A stop with savepoint between its cut and its file's last byte (issue 34, item 4):
+    the cut leaves the service stopped in the controller's memory only (Inject refused,
+    no range placed); :meth:`store` makes it durable once every byte of the file went out
+    on the call; :meth:`undo` (the call ended first, or anything failed) lets the service
+    run on, its ranges placed again. Whichever comes first wins; the other does nothing.
+    The call's end may come before the cut is over: the cut then undoes it at once."""
+
+    def __init__(self, plane: ControlPlane) -> None:
+        self.plane = plane
+        self._lock = threading.Lock()
+        self._assigner: Any = None  # the assigner the cut stopped (None: no stop to settle)
+        self._ended = False  # the call is over
+        self._settled = False  # stored or undone
+
+    def cut(self, assigner: Any) -> None:
+        """The cut stopped ``assigner``'s service and its file is whole in the spool."""
+        with self._lock:
+            self._assigner = assigner
+            ended = self._ended
+        if ended:
+            self.undo("the call ended during the cut")
+
+    def end(self) -> None:
+        """The call is over (gRPC's callback: done, cancelled, or past its deadline)."""
+        with self._lock:
+            self._ended = True
+        self.undo("the call ended before the file was sent whole")
+
+    def store(self) -> None:
+        """The stop made durable: a restarted or new leader keeps it. UNAVAILABLE if it
+        was undone meanwhile (the call ended as the last bytes went out)."""
+        with self._lock:
+            if self._assigner is None or self._settled:
+                if self._settled:
+                    raise UnavailableError("savepoint: the call ended before the file was sent whole; the stop "
+                                           "was undone (the service runs on): take it again")
+                return
+            self.plane.store.put_meta(STOPPED_KEY, json.dumps({"at_us": self.plane.clock.now_us()}).encode())
+            self._settled = True
+
+    def undo(self, why: str) -> None:
+        """Unless stored: the service is not stopped after all, its ranges placed again."""
+        with self._lock:
+            if self._assigner is None or self._settled:
+                return
+            self._settled = True
+            a = self._assigner
+        p = self.plane
+        with p.lock:
+            if p.assigner is not a:  # another election since: its assigner never saw the stop
+                return
+            a.stopped = False
+            moves = a.rebalance()
+        log.warning("savepoint: stop with savepoint undone (%s): the service runs on, %d ranges placed again",
+                    why, moves)
