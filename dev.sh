@@ -27,7 +27,8 @@ setup() {
   fi
   local py=""
   for cand in python3.12 python3.11 python3; do
-    if command -v "$cand" >/dev/null 2>&1 && "$cand" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+    # 2>/dev/null: a pyenv shim of a version not installed prints an error when probed
+    if command -v "$cand" >/dev/null 2>&1 && "$cand" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
       py="$cand"; break
     fi
   done
