@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import uuid
@@ -36,9 +37,12 @@ import pytest
 from millwheel.errors import MillWheelError
 from millwheel.spec import spec_parts
 from millwheel.topology import InjectorSpec
+from services.client import ControllerClient
 from services.generated import millwheel_pb2 as pb
 from services.rpc.convert import injector_request_to_proto
+from services.rpc.security import Security
 from tests.support.canary_pipeline import Canary
+from tests.support.redis_server import free_port
 from tests.support.service_cluster import ROOT, Cluster, wait_for
 
 pytestmark = pytest.mark.timeout(300)
@@ -85,13 +89,17 @@ class Site:
         return [rec.value for _seq, rec in self.cluster.client.subscribe(f"{name}-kept")]
 
     def register(self, *injectors: InjectorSpec) -> None:
-        """The injectors, each with a pass-through computation whose output is logged (what
-        :meth:`stream` reads)."""
-        keep = [pb.ComputationSpec(name=f"{i.name}-keep", inputs=[pb.InputStream(stream=i.stream)],
-                                   outputs=[f"{i.name}-kept"],
-                                   code=pb.Code(name="filter", params_json=json.dumps({"expr": "True"})))
-                for i in injectors]
-        self.cluster.client.register_topology(keep, list(injectors), log_streams=[f"{i.name}-kept" for i in injectors])
+        register_kept(self.cluster.client, *injectors)
+
+
+def register_kept(client: ControllerClient, *injectors: InjectorSpec) -> None:
+    """The injectors, each with a pass-through computation whose output is logged (what
+    :meth:`Site.stream` reads)."""
+    keep = [pb.ComputationSpec(name=f"{i.name}-keep", inputs=[pb.InputStream(stream=i.stream)],
+                               outputs=[f"{i.name}-kept"],
+                               code=pb.Code(name="filter", params_json=json.dumps({"expr": "True"})))
+            for i in injectors]
+    client.register_topology(keep, list(injectors), log_streams=[f"{i.name}-kept" for i in injectors])
 
 
 @pytest.fixture(scope="module")
@@ -233,3 +241,32 @@ def test_register_keeps_every_injector_field_or_refuses_it_by_name(site: Site, t
     assert reg.returncode == 0, reg.stderr
     listed = {i.name: i for i in site.cluster.client.computations().injectors}
     assert json.loads(listed[name].source_json)["max_disorder_us"] == 2_000_000
+
+
+def test_up_hands_its_directories_to_the_controller_and_the_workers(tmp_path: Path) -> None:
+    """``millwheel up --allow-source-path DIR`` (relative to where it runs): a source
+    inside is read by its worker, one outside refused by its controller."""
+    (tmp_path / "inputs").mkdir()
+    (tmp_path / "inputs" / "a.jsonl").write_text(lines("u", 4))
+    (tmp_path / "elsewhere.jsonl").write_text(lines("e", 1))
+    port = free_port()
+    with open(tmp_path / "up.log", "wb") as log:
+        up = subprocess.Popen([sys.executable, "-m", "services.cli", "up", "--workers", "1", "--port", str(port),
+                               "--metrics-port", "-1", "--no-auth", "--store", f"sqlite:///{tmp_path}/s.db",
+                               "--allow-source-path", "inputs"], cwd=tmp_path,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=log, stderr=log)
+    client = ControllerClient(f"127.0.0.1:{port}", timeout_s=10, security=Security())
+    try:
+        wait_for(lambda: any(w.alive for w in client.status().workers), 60, "up's worker to join")
+        text = refusal(client.register_topology, [], [files_injector("out", tmp_path / "elsewhere.jsonl")])
+        assert str(tmp_path / "inputs") in text, text  # the directory, resolved where up runs
+        register_kept(client, files_injector("in", tmp_path / "inputs" / "*.jsonl"))
+        wait_for(lambda: len(list(client.subscribe("in-kept"))) == 4, 60, "the worker to read the source")
+    finally:
+        client.close()
+        up.send_signal(signal.SIGINT)
+        try:
+            up.wait(60)
+        except subprocess.TimeoutExpired:
+            up.kill()
+            up.wait(10)
