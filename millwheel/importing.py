@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import os
 import re
+import sys
 from dataclasses import dataclass
 from typing import Any
 
-from millwheel.errors import InvalidSpecError, PermissionDeniedError
+from millwheel.errors import InvalidSpecError, MillWheelError, PermissionDeniedError
 
 _IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
 _DOTTED = rf"{_IDENT}(?:\.{_IDENT})*"
@@ -128,3 +130,61 @@ def import_object(path: str, *, what: str = "object", allow: AllowList | None = 
 
 def _a(noun: str) -> str:
     return f"an {noun}" if noun[:1] in "aeiou" else f"a {noun}"
+
+
+class CodeReloadError(MillWheelError):
+    """A user module could not be imported again (:func:`reload_module`); the module
+    is as it was before the attempt. ``exc_type``: the error the import raised."""
+
+    def __init__(self, message: str, exc_type: str) -> None:
+        super().__init__(message)
+        self.exc_type = exc_type
+
+
+#: Module name prefixes never reloaded: the service's own code (a reload of those would
+#: swap the classes the running service holds under its feet).
+OWN_MODULES = ("millwheel", "services")
+
+
+def module_of(path: str) -> str:
+    """The module part of ``pkg.module:attribute`` (by shape; nothing is imported)."""
+    return path.partition(":")[0]
+
+
+def reload_module(name: str, allow: AllowList) -> bool:
+    """Import module ``name`` again from its file (:func:`importlib.reload`), under
+    ``allow``: the new version of a user's code, for a worker that already imported the
+    old one (``sys.modules`` would otherwise hand the old one to every later import).
+
+    False when the module is not imported yet (the next import reads the file anyway).
+    A module that fails to load (a syntax error, an exception at import) is left as it
+    was before the call, every attribute restored, and the error is raised as
+    :class:`~millwheel.errors.CodeReloadError`: the caller keeps running the old code.
+    The service's own modules and modules outside the allow-list are refused
+    (PermissionDeniedError), as for an import."""
+    if name.split(".", 1)[0] in OWN_MODULES:
+        raise PermissionDeniedError(f"module {name!r}: the service's own code is never reloaded")
+    if not allow.allows(name):
+        raise PermissionDeniedError(f"module {name!r} is not in this deployment's code allow-list "
+                                    f"(--allow-code: {allow.describe()})")
+    module = sys.modules.get(name)
+    if module is None:
+        return False
+    saved = dict(module.__dict__)
+    # A bytecode cache written in the same second as an edit of the same size passes for
+    # fresh (.pyc files record the source's mtime in whole seconds): read the source.
+    cached = getattr(module, "__cached__", None)
+    if isinstance(cached, str):
+        try:
+            os.unlink(cached)
+        except OSError:
+            pass
+    try:
+        importlib.reload(module)
+    except BaseException as exc:  # noqa: BLE001 - SyntaxError, SystemExit at import: the old code stays
+        module.__dict__.clear()
+        module.__dict__.update(saved)
+        sys.modules[name] = module
+        raise CodeReloadError(f"module {name!r} could not be loaded again: {type(exc).__name__}: "
+                              f"{exc}", exc_type=type(exc).__name__) from exc
+    return True

@@ -231,12 +231,14 @@ class ControllerClient:
         req = pb.UnregisterComputationRequest(name=name)
         self._unary("UnregisterComputation", req, self.timeout_s, gone_ok=True)
 
-    def update(self, spec: pb.ComputationSpec | None, on_open_windows: str = "", rollback: str = ""
-               ) -> pb.UpdateComputationResponse:
+    def update(self, spec: pb.ComputationSpec | None, on_open_windows: str = "", rollback: str = "",
+               reload: bool = False) -> pb.UpdateComputationResponse:
         """Change a running computation to ``spec`` (or roll ``rollback`` back to its
         previous version). Sending the running spec again changes nothing (a retry after
-        a lost answer is safe); a rollback sent twice is refused the second time."""
-        req = pb.UpdateComputationRequest(on_open_windows=on_open_windows, rollback=rollback)
+        a lost answer is safe); a rollback sent twice is refused the second time.
+        ``reload``: the workers import the computation's user modules again, also for
+        the running spec (a new version each time)."""
+        req = pb.UpdateComputationRequest(on_open_windows=on_open_windows, rollback=rollback, reload=reload)
         if spec is not None:
             req.spec.CopyFrom(spec)
         return cast(pb.UpdateComputationResponse, self._unary("UpdateComputation", req, self.timeout_s))

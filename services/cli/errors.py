@@ -119,7 +119,8 @@ def status_lines(client: ControllerClient) -> list[str]:
              (c.failing_ranges[0].message if c.failing_ranges else
               c.recent_errors[0].message if c.recent_errors else "")[:60])
             for c in client.computations().computations
-            if c.failing_ranges or c.dead_lettered or c.skipped or c.late_dropped or c.retrying]
+            if c.failing_ranges or c.dead_lettered or c.skipped or c.late_dropped or c.retrying
+            or (c.recent_errors and c.recent_errors[0].outcome == "reload_failed")]  # its newest: a failed --reload
     if not rows:
         return []
     return ["", table(["COMPUTATION", "FAILING RANGES", "DEAD-LETTERED", "SKIPPED", "LATE DROPPED",

@@ -50,6 +50,9 @@ def add_commands(sub: Any) -> None:
                          "--port+1, --port+2, ... (with --port 0, any free ports) and take over "
                          "if it dies (the console is served by the first)")
     up.add_argument("--no-watchdog", action="store_true", help="start the workers with --no-watchdog")
+    # Passed through to the controllers (as `millwheel controller` takes them: issue 34).
+    _writer_expiry_arg(up)
+    _max_restore_arg(up)
     _server_args(up, port=7070, up=True)
     _allow_code_arg(up)
     console_args(up, up=True)
@@ -67,15 +70,10 @@ def add_commands(sub: Any) -> None:
     ctl.add_argument("--inject-wait", type=float, default=10.0, metavar="SECONDS",
                      help="how long Inject holds a message while the injector's outbox is full "
                           "before answering RESOURCE_EXHAUSTED with a retry hint (default 10)")
-    ctl.add_argument("--writer-expiry", type=float, default=30.0, metavar="SECONDS",
-                     help="parallel ingestion: a writer silent this long no longer holds its "
-                          "injector's watermark back (docs/service.md, Parallel ingestion; default 30)")
+    _writer_expiry_arg(ctl)
     ctl.add_argument("--inject-batch", type=int, default=5000, metavar="N",
                      help="Inject messages larger than N records go to the worker in pieces of N")
-    ctl.add_argument("--max-restore-bytes", type=int, default=DEFAULT_MAX_RESTORE_BYTES, metavar="BYTES",
-                     help="the largest savepoint file RestoreSavepoint takes: the upload is spooled to a "
-                          "temporary file and refused with RESOURCE_EXHAUSTED as it passes this (default "
-                          f"{DEFAULT_MAX_RESTORE_BYTES}, 16 GiB; at most {MAX_FILE_BYTES})")
+    _max_restore_arg(ctl)
     _admission_args(ctl)
     ha = ctl.add_argument_group(
         "several controllers (docs/service.md, Controller high availability)",
@@ -128,6 +126,19 @@ def add_commands(sub: Any) -> None:
                          "batch holding the interpreter past the heartbeat timeout gets the worker "
                          "declared dead (for measurements)")
     wk.set_defaults(func=cmd_worker)
+
+
+def _writer_expiry_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--writer-expiry", type=float, default=30.0, metavar="SECONDS",
+                   help="parallel ingestion: a writer silent this long no longer holds its "
+                        "injector's watermark back (docs/service.md, Parallel ingestion; default 30)")
+
+
+def _max_restore_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-restore-bytes", type=int, default=DEFAULT_MAX_RESTORE_BYTES, metavar="BYTES",
+                   help="the largest savepoint file RestoreSavepoint takes: the upload is spooled to a "
+                        "temporary file and refused with RESOURCE_EXHAUSTED as it passes this (default "
+                        f"{DEFAULT_MAX_RESTORE_BYTES}, 16 GiB; at most {MAX_FILE_BYTES})")
 
 
 def _limit_args(p: argparse.ArgumentParser) -> None:
@@ -299,6 +310,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         raise InvalidSpecError("--workers must be at least 1")
     if not 1 <= args.controllers <= 9:
         raise InvalidSpecError("--controllers must be 1..9")
+    if not 0 < args.max_restore_bytes <= MAX_FILE_BYTES:  # refused here, not by a controller that exits
+        raise InvalidSpecError(f"--max-restore-bytes must be 1..{MAX_FILE_BYTES}, got {args.max_restore_bytes}")
     if args.store.startswith("sqlite:///"):
         Path(args.store[len("sqlite:///"):].split("?")[0]).parent.mkdir(parents=True, exist_ok=True)
     import socket
@@ -342,6 +355,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         if i == 0 and unspent:
             env[LOGIN_CODE_ENV] = unspent.pop()
         return subprocess.Popen([*base, "controller", *common, "--port", str(ports[i]),
+                                 "--writer-expiry", str(args.writer_expiry),
+                                 "--max-restore-bytes", str(args.max_restore_bytes),
                                  "--metrics-port", str(args.metrics_port if i == 0 or args.metrics_port < 0 else 0),
                                  "--ui-port", str(ui_port if i == 0 else -1)],
                                 start_new_session=True, env=env)

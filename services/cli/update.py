@@ -38,7 +38,18 @@ What is refused, before anything changes (exit status 2, nothing changed):
   - a window_aggregate whose size or period changes (or that becomes other code) while
     windows are open, unless --on-open-windows flush or drop.
 An unknown computation is an error too (NOT_FOUND). Sending the running spec again
-changes nothing.
+changes nothing, unless --reload.
+
+New code for the same class (--reload): Python keeps a module once imported, so a
+fixed file on the worker machines is not read again by itself. Every new version
+(an update, a rollback, a rescale) makes the workers import the computation's modules
+(code, 'function', 'import:' key extractors) again from their files before they
+rebuild its ranges; --reload makes a new version of the running spec just for that
+(or of SPEC, if it changes too). Each range switches at a checkpoint boundary, exactly
+once, as for any update; dead letters replayed after it run the new code. A module
+that fails to load there (a syntax error) leaves the ranges on the code loaded
+before: see 'millwheel errors NAME' (outcome reload_failed), fix the file, --reload
+again. Modules the named module imports are not reloaded (restart the workers).
 
 Open windows (--on-open-windows, for a window_aggregate whose size or period changes):
   refuse  the default: the update is refused while windows are open;
@@ -54,6 +65,8 @@ examples:
   millwheel update counts-5m.yaml --on-open-windows flush   # close today's windows, then 5-minute ones
   millwheel update pipeline.yaml --computation counts --on-open-windows drop
   millwheel update --rollback counts
+  millwheel update --reload --computation counts   # the fixed counter.py on the workers, now
+  millwheel update counts.yaml --reload
 """
 
 
@@ -72,6 +85,10 @@ def add_commands(sub: Any) -> None:
                          "result)")
     up.add_argument("--rollback", metavar="NAME",
                     help="return computation NAME to its version before its last update (no SPEC)")
+    up.add_argument("--reload", action="store_true",
+                    help="make the workers import the computation's user modules again from their "
+                         "files (a new version, also for the running spec); without SPEC, "
+                         "--computation NAME names the computation and its running spec is kept")
     up.set_defaults(func=cmd_update)
 
 
@@ -94,21 +111,38 @@ def _spec_from_file(path: str, computation: str | None) -> Any:
 
 
 def cmd_update(args: argparse.Namespace) -> int:
-    if (args.spec is None) == (args.rollback is None):
+    by_name = args.reload and args.spec is None and args.rollback is None
+    if by_name and not args.computation:
+        raise InvalidSpecError("update --reload: give SPEC, or --computation NAME to reload its running spec")
+    if not by_name and (args.spec is None) == (args.rollback is None):
         raise InvalidSpecError("update: give SPEC, or --rollback NAME (not both)")
+    if args.reload and args.rollback:
+        raise InvalidSpecError("update: --reload with --rollback: a rollback loads the modules again anyway")
     spec = None if args.spec is None else _spec_from_file(args.spec, args.computation)
     with client_for(args) as client:
-        resp = client.update(spec, on_open_windows=args.on_open_windows, rollback=args.rollback or "")
+        if by_name:
+            spec = client.describe(args.computation).spec  # the running spec, sent back as it is
+        resp = client.update(spec, on_open_windows=args.on_open_windows, rollback=args.rollback or "",
+                             reload=args.reload)
     info = resp.computation
+    modules = list(resp.reload_modules)
     data = {"computation": info.spec.name, "version": info.version, "previous_version": resp.previous_version,
             "changed": resp.changed, "dropped_windows": resp.dropped_windows,
             "flushed_windows": resp.flushed_windows,
-            "rolled_back": bool(args.rollback)}
+            "rolled_back": bool(args.rollback), "reloaded": bool(args.reload and resp.changed),
+            "reload_modules": modules}
     if not resp.changed:
         text = f"computation {info.spec.name!r} already runs this spec (version {info.version}): nothing changed"
+        if modules:  # what the user who fixed a file most likely wants (issue 34, item 9)
+            text += (f".\nIf you changed its code ({', '.join(modules)}) on the worker machines, the workers "
+                     "still run what they imported; load it with:\n"
+                     f"  millwheel update --reload --computation {info.spec.name}")
     else:
-        text = (f"{'rolled back' if args.rollback else 'updated'} computation {info.spec.name!r}: "
-                f"version {resp.previous_version} -> {info.version}")
+        verb = "rolled back" if args.rollback else "reloaded" if args.reload else "updated"
+        text = f"{verb} computation {info.spec.name!r}: version {resp.previous_version} -> {info.version}"
+        if modules:
+            text += (f"; the workers import {', '.join(modules)} again as they rebuild its ranges (a module "
+                     f"that fails to load leaves the code before running: millwheel errors {info.spec.name})")
         if resp.dropped_windows:
             text += f" ({resp.dropped_windows} open windows dropped)"
         if resp.flushed_windows:

@@ -12,10 +12,15 @@ The rules:
 * the name stays (it is how the update finds the computation);
 * ``options.key_ranges`` stays: a key's state, timers and consumed IDs live in the
   range its key maps to, and moving them (rescale) is not built yet;
-* an input stream kept must keep its key extractor (its keys would map to other
-  ranges than their state); inputs and outputs may otherwise change under the rules of
-  registration: every input of every computation still produced by something, no
-  cycle, and no logged stream left unwritten;
+* an input stream must keep the key extractor it had in every earlier version since the
+  computation was registered (its keys would map to other keys and ranges than the
+  state they left): the check is against the registry's record of every stream the
+  computation ever consumed with its extractor (``keyed``), not only the running spec,
+  so removing an input in one update and adding it back with another extractor in the
+  next is refused too (issue 34, item 9). Inputs and outputs may otherwise change under
+  the rules of registration: every input of every computation still produced by
+  something, no cycle, and no logged stream left unwritten. (A registry from before
+  the record, or restored from a savepoint, starts it from the running spec.)
 * a built-in ``window_aggregate`` whose window (size or period) or aggregation (its
   ``aggregation``, ``field``, ``p``, ``k``, ``by``) changes, or that is replaced by other
   code, while windows are open is refused unless the caller says what to do with them
@@ -35,8 +40,8 @@ from typing import Any, Mapping
 
 from millwheel.errors import InvalidSpecError
 from millwheel.holistic import HOLISTIC
-from millwheel.importing import AllowList
-from millwheel.operators.schema import check_allowed, validate_spec
+from millwheel.importing import AllowList, module_of
+from millwheel.operators.schema import check_allowed, import_paths, validate_spec
 from millwheel.state.protocol import StateStore
 from millwheel.topology import ComputationSpec, Topology
 
@@ -57,10 +62,27 @@ def check_directive(value: str) -> str:
     return value
 
 
-def candidate(topology: Topology, new: ComputationSpec, allow: AllowList) -> Topology:
+def keyed_history(recorded: Mapping[str, str], running: ComputationSpec) -> dict[str, str]:
+    """Every input stream ``running``'s computation has consumed since it was registered
+    -> the key extractor it was keyed by: the registry's record (``recorded``), and the
+    running spec's inputs (a registry from before the record has only those)."""
+    return {**{i.stream: i.key_extractor.spec for i in running.inputs}, **recorded}
+
+
+def code_modules(spec: ComputationSpec) -> list[str]:
+    """The user modules ``spec`` names (code, ``function``, ``import:`` key extractors),
+    by their import paths' shape: what a worker imports again for a new version."""
+    return list(dict.fromkeys(module_of(path) for _what, path in import_paths(spec)))
+
+
+def candidate(topology: Topology, new: ComputationSpec, allow: AllowList,
+              keyed: Mapping[str, str] | None = None) -> tuple[Topology, dict[str, str]]:
     """The registry with ``new`` in place of its namesake, checked as registration
-    checks it. InvalidSpecError (INVALID_ARGUMENT) for a spec that is wrong in itself,
-    PreconditionError for one that does not fit what runs."""
+    checks it, and the computation's key-extractor record with ``new``'s inputs added.
+    InvalidSpecError (INVALID_ARGUMENT) for a spec that is wrong in itself,
+    PreconditionError for one that does not fit what runs. ``keyed``: every stream the
+    computation consumed in an earlier version -> its key extractor (:func:`keyed_history`;
+    None: the running spec's inputs only)."""
     validate_spec(new)
     check_allowed(new, allow)
     old = next(c for c in topology.computations if c.name == new.name)
@@ -70,12 +92,18 @@ def candidate(topology: Topology, new: ComputationSpec, allow: AllowList) -> Top
             f"{where}: options.key_ranges {old.options.key_ranges} -> {new.options.key_ranges}: a "
             "computation's key-range count cannot change in an update (its keys' state lives in "
             "their ranges; use 'millwheel rescale NAME --key-ranges N')")
-    old_keys = {i.stream: i.key_extractor for i in old.inputs}
+    history = keyed_history({} if keyed is None else keyed, old)
+    running = {i.stream for i in old.inputs}
     for inp in new.inputs:
-        if inp.stream in old_keys and old_keys[inp.stream] != inp.key_extractor:
+        before = history.get(inp.stream)
+        if before is not None and before != inp.key_extractor.spec:
+            earlier = "" if inp.stream in running else (
+                f" (the input was removed by an earlier update, but its state is still keyed by "
+                f"{before!r}: adding it back with another key extractor is the same change)")
             raise PreconditionError(
-                f"{where}: inputs[{inp.stream!r}].key_extractor changed: its records' keys would map "
-                "to other key ranges than their state (register a new computation instead)")
+                f"{where}: inputs[{inp.stream!r}].key_extractor changed: {before!r} -> "
+                f"{inp.key_extractor.spec!r}: its records' keys would map to other key ranges than "
+                f"their state{earlier} (register a new computation instead)")
     gone = [s for s in topology.log_streams if s in old.all_outputs() and s not in new.all_outputs()]
     if gone:
         raise PreconditionError(f"{where}: logged stream {gone[0]!r} would no longer be written by it "
@@ -88,7 +116,7 @@ def candidate(topology: Topology, new: ComputationSpec, allow: AllowList) -> Top
         topo.validate()
     except InvalidSpecError as exc:
         raise PreconditionError(f"{where}: {exc}") from None
-    return topo
+    return topo, {**{i.stream: i.key_extractor.spec for i in new.inputs}, **history}
 
 
 def window_params(spec: ComputationSpec) -> tuple[int, int] | None:

@@ -100,6 +100,9 @@ class Heartbeats:
         resp.topology_version = version
         if request.known_topology_version != version:
             resp.topology_json = text
+            # Each computation's version, read after the topology (as new or newer): a worker
+            # loads a new version's user modules again (services/worker/code.py).
+            resp.computation_versions.update(p.registry.versions)
         return resp
 
     def _reissuer(self, worker_id: str, rep: Any) -> Any:

@@ -83,9 +83,15 @@ class Queries:
                 injectors=[convert.injector_to_proto(i) for i in topo.injectors])
 
     def describe_computation(self, request: Any, context: Ctx) -> pb.ComputationInfo:
+        """On a standby, a name its view lacks is looked up again in the store's view (as
+        the other reads: one just registered through this standby, which the leader
+        stored, must not be NOT_FOUND; issue 34)."""
         check(request)
-        with self.plane.lock:
-            return views.info(self.plane, request.name)
+
+        def answer() -> pb.ComputationInfo:
+            with self.plane.lock:
+                return views.info(self.plane, request.name)
+        return self._looked_up(answer)
 
     # -- queries ---------------------------------------------------------------------
     def get_watermark(self, request: Any, context: Ctx) -> pb.GetWatermarkResponse:

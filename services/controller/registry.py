@@ -56,9 +56,13 @@ class Registry:
             # a registry stored before updates existed has neither: every computation is at 1.
             self.versions = {str(k): int(v) for k, v in data.get("versions", {}).items()}
             self.previous = {str(k): computation_from_dict(v) for k, v in data.get("previous", {}).items()}
+            # Per computation, every input stream it consumed since registration -> its key
+            # extractor (services/controller/compat.py); absent before updates recorded it.
+            self.keyed = {str(k): {str(s): str(e) for s, e in v.items()} for k, v in data.get("keyed", {}).items()}
         else:
             self.topology, self.version = _read_old_layout(store)
             self.versions, self.previous = {}, {}
+            self.keyed = {}
 
     # -- queries ---------------------------------------------------------------------
     def computation(self, name: str) -> ComputationSpec:
@@ -187,24 +191,28 @@ class Registry:
                      {k: v for k, v in self.previous.items() if k != name})
 
     def replace_computation(self, spec: ComputationSpec, topology: Topology, version: int,
-                            previous: ComputationSpec | None) -> None:
+                            previous: ComputationSpec | None, keyed: dict[str, str] | None = None) -> None:
         """Store ``topology`` (``spec`` replacing its namesake, checked by the caller,
         services/controller/update.py) with the computation's new version and rollback
-        target, in the one write every change is."""
+        target (and, given, its record of input key extractors), in the one write every
+        change is."""
         versions = {**self.versions, spec.name: version}
         prev = dict(self.previous)
         if previous is None:
             prev.pop(spec.name, None)
         else:
             prev[spec.name] = previous
-        self._commit(topology, versions, prev)
+        self._commit(topology, versions, prev, None if keyed is None else {**self.keyed, spec.name: keyed})
 
     def _commit(self, topology: Topology, versions: dict[str, int] | None = None,
-                previous: dict[str, ComputationSpec] | None = None) -> None:
+                previous: dict[str, ComputationSpec] | None = None,
+                keyed: dict[str, dict[str, str]] | None = None) -> None:
         """One store write holds the whole change; memory follows only once it is stored."""
         version = self.version + 1
         versions = self.versions if versions is None else versions
         previous = self.previous if previous is None else previous
+        names = {c.name for c in topology.computations}  # an unregistered one's record goes with it
+        keyed = {k: v for k, v in (self.keyed if keyed is None else keyed).items() if k in names}
         self.store.put_meta(REGISTRY_KEY, json.dumps({
             "version": version,
             "computations": [computation_to_dict(c) for c in topology.computations],
@@ -213,11 +221,13 @@ class Registry:
             "versions": versions,
             "previous": {name: computation_to_dict(c) for name, c in previous.items()},
             "sinks": [sink_to_dict(s) for s in topology.sinks],
+            "keyed": keyed,
         }).encode())
         self.topology = topology
         self.version = version
         self.versions = versions
         self.previous = previous
+        self.keyed = keyed
 
 
 def candidate_nodes(topology: Topology) -> dict[str, int]:

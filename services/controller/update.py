@@ -49,7 +49,7 @@ from ..rpc import convert
 from ..rpc.server import check
 from ..rpc.status import PreconditionError
 from . import views
-from .compat import WINDOW_TAGS, candidate, check_directive, refuse_open_windows, window_change
+from .compat import WINDOW_TAGS, candidate, check_directive, code_modules, refuse_open_windows, window_change
 from .flush import flush_windows, router
 from .plane import ControlPlane
 from .rescale_journal import check_not_copying
@@ -86,18 +86,24 @@ class Updates:
                 new = convert.spec_from_proto(request.spec)
                 old = registry.computation(new.name)
             check_not_copying(p.assigner, old.name, "rollback" if request.rollback else "update")
-            return self._update(old, new, directive, bool(request.rollback))
+            return self._update(old, new, directive, bool(request.rollback), request.reload)
 
     def _update(self, old: ComputationSpec, new: ComputationSpec, directive: str,
-                rollback: bool) -> pb.UpdateComputationResponse:
+                rollback: bool, reload: bool = False) -> pb.UpdateComputationResponse:
         """Check, then switch (see the module docstring); the caller holds the lock."""
         p = self.plane
         registry, assigner, store = p.registry, p.assigner, p.store
         version = registry.version_of(old.name)
-        topology = candidate(registry.topology, new, p.allow_code)
-        if new == old:  # sent again (a retry after a lost answer): nothing to do
+        topology, keyed = candidate(registry.topology, new, p.allow_code, registry.keyed.get(old.name))
+        modules = code_modules(new)
+        if reload and not modules:
+            raise PreconditionError(
+                f"reload of computation {new.name!r}: it names no user code (code {new.code.name!r} is "
+                "built in and no input has an 'import:' key extractor): there is nothing to load again")
+        if new == old and not reload:  # sent again (a retry after a lost answer): nothing to do
             return pb.UpdateComputationResponse(computation=views.info(p, old.name),
-                                                previous_version=version, changed=False)
+                                                previous_version=version, changed=False,
+                                                reload_modules=modules)
         if directive == "flush" and window_change(old, new) is not None:
             router(registry.topology, old)  # flush's own refusal, before anything changes
         refuse_open_windows(store, old, new, directive)  # early, before anything changes
@@ -114,13 +120,18 @@ class Updates:
             dropped = self._drop_windows(old, units)
         # 3. A rollback keeps no target of its own: rolling back twice (or a rollback sent
         # again after a lost answer) is refused rather than undoing the rollback.
-        registry.replace_computation(new, topology, version + 1, None if rollback else old)
+        # A reload of the running spec keeps the rollback target it had (rolling back to
+        # the same spec would only reload again).
+        target = None if rollback else registry.previous.get(old.name) if new == old else old
+        registry.replace_computation(new, topology, version + 1, target, keyed=keyed)
         p.registry_changed()
-        log.info("computation %r %s: version %d -> %d%s", new.name, "rolled back" if rollback else "updated",
+        log.info("computation %r %s: version %d -> %d%s", new.name,
+                 "rolled back" if rollback else "reloaded" if new == old else "updated",
                  version, version + 1, f" ({dropped} open windows dropped: {change})" if dropped else
                  f" ({flushed} open windows flushed: {change})" if flushed else "")
         return pb.UpdateComputationResponse(computation=views.info(p, new.name), previous_version=version,
-                                            changed=True, dropped_windows=dropped, flushed_windows=flushed)
+                                            changed=True, dropped_windows=dropped, flushed_windows=flushed,
+                                            reload_modules=modules)
 
     def _drop_windows(self, spec: ComputationSpec, units: list[tuple[str, int]]) -> int:
         """Delete every open window of ``spec`` (a window_aggregate): its timers and the

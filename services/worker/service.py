@@ -43,14 +43,16 @@ import grpc
 from millwheel.clock import SystemClock
 from millwheel.connectors.spec import SourcePaths
 from millwheel.errors import FencedError, MissingDependencyError, PermissionDeniedError
-from millwheel.importing import AllowList
+from millwheel.importing import AllowList, CodeReloadError
 from millwheel.nodes import injector_node, is_injector, is_sink
 from millwheel.operators import build_computation
 from millwheel.record import MIN_TIMESTAMP
 from millwheel.runtime.crash import crash_hook_from_env
+from millwheel.runtime.failures import error_json
 from millwheel.runtime.local_runner import relax_young_gc
 from millwheel.runtime.range_worker import RangeWorker
 from millwheel.runtime.routing import Router
+from millwheel.state.protocol import Checkpoint
 from millwheel.topology import Topology
 
 from ..generated import millwheel_pb2 as pb
@@ -65,6 +67,7 @@ from ..rpc.health import HealthMonitor
 from ..rpc.server import start_server
 from ..store_lock import open_service_store
 from . import watchdog
+from .code import UserCode
 from .connectors import Connectors
 from .delivery import PeerLinks
 from .failing import RangeFailures
@@ -101,6 +104,10 @@ class WorkerProcess:
         # allocations traversed them again and again.
         relax_young_gc()
         self.allow_code = AllowList.parse(allow_code)
+        # The version of each computation whose user modules are loaded here (code.py):
+        # a new version's ranges are built from the modules as their files are now.
+        self.code = UserCode(self.allow_code)
+        self.code_versions: dict[str, int] = {}  # computation -> its version, as last heard
         # One controller or several (comma-separated): heartbeats fail over between them.
         self.controller_link = ControllerLink(controller)
         self.cluster_routes = ClusterRoutes()  # each controller's cluster port, as it named it
@@ -289,6 +296,7 @@ class WorkerProcess:
 
     def _apply(self, resp: pb.HeartbeatResponse) -> None:
         if resp.topology_json:
+            self.code_versions = dict(resp.computation_versions)  # before the topology the builds read
             self._set_topology(convert.topology_from_json(resp.topology_json), resp.topology_version)
         shared = self.shared
         owners = merged_owners(shared.owners, resp)  # None: unchanged (services/worker/units.py)
@@ -323,6 +331,7 @@ class WorkerProcess:
         shared.topology = topology
         shared.version = version
         self.refused.clear()  # a computation may have been registered again with other code
+        self.code.keep({c.name for c in topology.computations})
         shared.router = Router(topology, self.allow_code)
         old, shared.unit_of = shared.unit_of, UnitOf(topology)
         self.sensors.keep_nodes({c.name for c in topology.computations}
@@ -337,8 +346,30 @@ class WorkerProcess:
 
     def _new_range_worker(self, node: str, range_id: int, token: int) -> RangeWorker:
         spec = self.shared.topology.computation(node)
-        return RangeWorker(spec, range_id, self.store, build_computation(spec, self.allow_code), self.shared.router,
+        version = self.code_versions.get(node, 1)
+        for exc in self.code.prepare(spec, version):  # a new version: its modules loaded again (code.py)
+            self._reload_failed(spec.name, range_id, token, version, exc)
+        computation = build_computation(spec, self.allow_code)
+        self.code.built(spec)
+        return RangeWorker(spec, range_id, self.store, computation, self.shared.router,
                            self.clock, self.sensors, self.crash, token=token)
+
+    def _reload_failed(self, node: str, range_id: int, token: int, version: int, exc: CodeReloadError) -> None:
+        """A module of ``node`` did not load again: the range runs the code loaded before.
+        Written to the computation's recent errors (outcome ``reload_failed``), in a
+        checkpoint of the range being built under its token, so ``millwheel errors``,
+        ``status``, DescribeComputation and the console show it; a store failure here
+        only leaves it to the log."""
+        now = self.clock.now_us()
+        message = (f"{exc} (on worker {self.worker_id}); version {version} of computation {node!r} runs the "
+                   "code loaded before: fix the module and run 'millwheel update --reload' again")
+        try:
+            self.store.checkpoint(Checkpoint(
+                computation=node, range_id=range_id, token=token, now_us=now,
+                errors=[error_json(item_id="", key="", exc_type=exc.exc_type, message=message, time_us=now,
+                                   attempts=0, outcome="reload_failed", range_id=range_id)]))
+        except Exception as store_exc:  # noqa: BLE001 - fenced or a store error: the log has it
+            log.warning("computation %r: reload failure not recorded: %s", node, store_exc)
 
     def _take(self, unit: Unit, token: int) -> None:
         """Build the range and own it (on a taker thread: services/worker/taker.py). A
