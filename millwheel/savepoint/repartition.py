@@ -34,6 +34,8 @@ from millwheel.record import MAX_TIMESTAMP
 from millwheel.state.protocol import ID_PAGE, Checkpoint, StateStore
 
 KEY_PAGE = 1000
+FIRST_VALUE_PAGE = 100  #: keys' values read (and written) in the first call, before any size is seen
+PAGE_BYTES = 32 << 20  #: about how many bytes of values one read and one checkpoint carry
 CHUNK = 2000  #: items per checkpoint written
 ID_CHUNK = 10_000  #: consumed IDs per checkpoint written (one statement each on SQLite)
 
@@ -84,14 +86,21 @@ def copy(store: StateStore, src: str, old: int, dst: str, new: int, tokens: Toke
     by_range = keys_by_range(store, src, old)
     for s in range(old):
         keys = by_range.get(s, [])
-        for i in range(0, len(keys), KEY_PAGE):
-            values = store.read_state(src, keys[i:i + KEY_PAGE], s)
+        i, n = 0, FIRST_VALUE_PAGE
+        while i < len(keys):
+            page = keys[i:i + n]
+            i += len(page)
+            values = store.read_state(src, page, s)
+            size = sum(len(v) for v in values.values())
             split: dict[int, dict[str, bytes | None]] = {}
             for k, v in values.items():
                 split.setdefault(key_range(k, new), {})[k] = v
             for r, writes in split.items():
                 _write(store, dst, r, tokens, now_us, state_writes=writes)
             moved.keys += len(values)
+            # The next page sized to about PAGE_BYTES of values (large states are neither
+            # read nor checkpointed a thousand at a time: a Redis command takes 512 MiB).
+            n = max(1, min(KEY_PAGE, PAGE_BYTES * len(page) // max(1, size)))
         timers: dict[int, list] = {}  # type: ignore[type-arg]
         for t in store.read_timers(src, s):
             timers.setdefault(key_range(t.key, new), []).append(t)

@@ -243,3 +243,39 @@ def test_a_file_as_the_earlier_writer_wrote_it_is_still_read(tmp_path: Path) -> 
         assert dst.read_state("c", ["k"], 0) == {"k": value}
     finally:
         dst.close()
+
+
+def test_many_keys_with_large_states_are_read_in_pages_and_none_is_lost(tmp_path: Path) -> None:
+    """The cut and a rescale's copy read keys' values in pages sized by their bytes
+    (the first of 100 keys, then about 32 MiB): 300 keys, every tenth 2 MiB, come
+    back whole from a savepoint and from a copy into 3 ranges."""
+    from millwheel.savepoint import repartition
+
+    src, dst = open_store(f"sqlite:///{tmp_path}/a.db"), open_store(f"sqlite:///{tmp_path}/b.db")
+    try:
+        states = {f"k{i:03}": pattern(2 * MiB, i) if i % 10 == 0 else f"v{i}".encode() for i in range(300)}
+        token = src.acquire("c", 0)
+        for i in range(0, 300, 50):  # (one checkpoint of 60 MiB would do too; smaller is kinder)
+            part_: dict[str, bytes | None] = {k: states[k] for k in list(states)[i:i + 50]}
+            src.checkpoint(Checkpoint("c", 0, token, 1, state_writes=part_))
+        buf = io.BytesIO()
+        w = Writer(buf)
+        w.frame({"t": "header", "created_us": 1, "registry": {}})
+        capture.capture_nodes(src, {"c": 1}, w, {}, lambda _k, _n: None)
+        w.finish()
+        f = io.BytesIO(buf.getvalue())
+        restore.check(f, {"c": 1}, set())
+        restore.apply(dst, f, {"c": 1}, set(), 1, dst.acquire, lambda _k, _n: None)
+        assert dst.read_state("c", list(states), 0) == states
+        moved = repartition.copy(src, "c", 1, "d", 3, lambda node, r: src.acquire(node, r), 1)
+        assert moved.keys == 300
+        got: dict[str, bytes] = {}
+        for r in range(3):
+            mine = [k for k in states if key_range(k, 3) == r]
+            values = src.read_state("d", mine, r)
+            assert set(values) == set(mine)
+            got.update({k: v for k, v in values.items() if v is not None})
+        assert got == states
+    finally:
+        src.close()
+        dst.close()
