@@ -152,6 +152,10 @@ _GLOB_MAGIC = re.compile(r"[*?[]")
 SOURCE_PATH_FLAG = "--allow-source-path"
 
 
+def _under(path: str, dirs: tuple[str, ...]) -> bool:
+    return any(path == d or path.startswith(d.rstrip(os.sep) + os.sep) for d in dirs)
+
+
 @dataclass(frozen=True)
 class SourcePaths:
     """The directories a files source in the service may read under (``--allow-source-path``
@@ -159,30 +163,37 @@ class SourcePaths:
     the workers' machines are the operator's to hand out, not any client's (issue 34).
     ``millwheel run`` reads the user's own machine and never asks.
 
-    A path is judged by where it leads, not how it is spelled: :func:`os.path.realpath`
-    resolves ``..`` and every symbolic link first. A refusal names the path as given and
-    the allowed directories, never what it resolved to, and reads the same whether or not
-    the file exists."""
+    A path must be under an allowed directory both as written (``..`` folded, nothing on
+    the disk looked at: a path outside is refused whatever is there, a link into an
+    allowed directory included) and where it leads (:func:`os.path.realpath`: ``..`` and
+    every symbolic link resolved). A refusal names the path as given and the allowed
+    directories, never what it resolved to, and reads the same whether or not the file
+    exists."""
 
     dirs: tuple[str, ...] = ()  #: each resolved (realpath) once, at start
+    #: the same as given (absolute, normalized, links not followed): how paths under
+    #: them are spelled, judged before anything on the disk is looked at
+    spelled: tuple[str, ...] = ()
 
     @classmethod
     def parse(cls, given: Iterable[str]) -> SourcePaths:
         """The flag's values, each resolved against this process's directory; a directory
         need not exist yet (the controller may run on a machine without it)."""
         dirs: list[str] = []
+        spelled: list[str] = []
         for d in given:
             if not isinstance(d, str) or not d.strip():
                 raise InvalidSpecError(f"{SOURCE_PATH_FLAG}: expected a directory, got {d!r}")
             dirs.append(os.path.realpath(d))
-        return cls(tuple(dict.fromkeys(dirs)))
+            spelled.append(os.path.abspath(d))
+        return cls(tuple(dict.fromkeys(dirs)), tuple(dict.fromkeys(spelled)))
 
     def describe(self) -> str:
         return ", ".join(self.dirs) if self.dirs else "none given: files sources are off in this service"
 
     def holds(self, real: str) -> bool:
         """Whether the resolved path ``real`` is an allowed directory or under one."""
-        return any(real == d or real.startswith(d.rstrip(os.sep) + os.sep) for d in self.dirs)
+        return _under(real, self.dirs)
 
     def refusal(self, what: str, path: str, why: str) -> PermissionDeniedError:
         return PermissionDeniedError(f"{what} {str(path)[:300]!r}: {why} ({SOURCE_PATH_FLAG}: {self.describe()})")
@@ -203,7 +214,9 @@ class SourcePaths:
         if ".." in parts[first:]:
             raise self.refusal(what, pattern, "'..' after a wildcard")
         fixed = os.sep.join(parts[:first]) or os.sep
-        if not self.holds(os.path.realpath(fixed)):
+        # As written first (`..` folded, nothing on the disk looked at), so a path outside
+        # is refused whatever is there; then where its links lead.
+        if not _under(os.path.normpath(fixed), self.dirs + self.spelled) or not self.holds(os.path.realpath(fixed)):
             raise self.refusal(what, pattern, "not under a directory this service reads files from")
 
     def check_sources(self, sources: Iterable[tuple[str, ConnectorSpec | None]]) -> None:

@@ -85,6 +85,11 @@ def test_a_refusal_says_the_same_whether_the_file_exists(tree: tuple[Path, Path]
     assert refused(paths, str(allowed / "to-secret")).replace("to-secret", "L") == \
         refused(paths, str(allowed / "to-nothing")).replace("to-nothing", "L")
     assert str(secret) not in refused(paths, str(allowed / "to-secret"))  # nor where a link leads
+    # A link outside leading in is refused as written, as a file that is not there is:
+    # the answer does not tell what is outside.
+    (secret.parent / "into").symlink_to(allowed / "in.jsonl")
+    assert refused(paths, str(secret.parent / "into")).replace("into", "N") == \
+        refused(paths, str(secret.parent / "none")).replace("none", "N")
 
 
 def test_only_files_sources_are_checked(tree: tuple[Path, Path]) -> None:
