@@ -44,7 +44,9 @@ registrations, updates and rescales asked for meanwhile wait for the cut. The fi
 is written to FILE.partial, its checksum checked, then renamed to FILE. With --stop
 (stop with savepoint), the service takes no more records at the cut (Inject is
 refused) and runs nothing after it: what it emitted is
-exactly what precedes the cut, and the restored service emits the rest.
+exactly what precedes the cut, and the restored service emits the rest. The stop holds
+only once the whole file was sent: if the cut fails, or this command ends before it has
+the file, nothing is stopped (the service runs on).
 
 
 With --drain (implies --stop), the service first finishes everything in flight: Inject

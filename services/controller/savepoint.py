@@ -145,7 +145,8 @@ class Savepoints:
         finally:
             worker.join()
             gate.undo("the call ended before the file was sent whole")  # (nothing once stored)
-            spool.close()
+            with contextlib.suppress(OSError):  # (a full disk fails the flush again: the cut's error is the one)
+                spool.close()
 
     def _cut_thread(self, stop: bool, spool: IO[bytes], updates: queue.Queue[Any], request: Any,
                     gate: _StopGate) -> None:
