@@ -8,7 +8,8 @@ backpressure time). Each process exposes them over HTTP at ``/metrics``.
 from __future__ import annotations
 
 import urllib.request
-from typing import Callable, Iterator
+from collections import Counter as Counter_
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 
 from prometheus_client import (
     CollectorRegistry,
@@ -23,6 +24,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
 from millwheel.nodes import is_injector
+
+if TYPE_CHECKING:
+    from millwheel.state.protocol import Production
 
 #: A scraped sample: (sample name, sorted label pairs) -> value.
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -81,6 +85,13 @@ class PrometheusSensors:
         self._sink_down = Gauge("millwheel_sink_down_seconds", "How long a sink this worker runs has "
                                 "been failing to write (0: writing); its stream waits in the log", ["sink"],
                                 registry=r)
+        # Per stream edge (producer node, stream, consumer: a computation, or "log:STREAM"):
+        # records the consumer acknowledged, counted once by the producer's worker when
+        # the ack removes them from its outbox or a direct delivery is acked (never for a
+        # refused or resent batch): the console's edge rates (services/ui/snapshot.py).
+        self._delivered = Counter("millwheel_edge_records_total", "Records delivered on a stream edge "
+                                  "and acknowledged by its consumer (producer node, stream, consumer)",
+                                  ["producer", "stream", "consumer"], registry=r)
         self._sink_written = Counter("millwheel_sink_records_total", "Records a sink read from its stream's "
                                      "log and wrote out (a retry's skipped ones included)", ["sink"], registry=r)
         self._up = Gauge("millwheel_process_info", "Which millwheel process this is", ["process"],
@@ -135,6 +146,12 @@ class PrometheusSensors:
     def retry(self, destination: str) -> None:
         self._retries.labels(destination).inc()
 
+    def delivered(self, producer: str, productions: Iterable[Production]) -> None:
+        """Count ``productions`` of ``producer`` as delivered: each consumer acked them."""
+        counts = Counter_((p.stream, p.consumer) for p in productions)
+        for (stream, consumer), n in counts.items():
+            self._delivered.labels(producer, stream, consumer).inc(n)
+
     def admission_refused(self, limit: str, method: str) -> None:
         self._refused.labels(limit, method).inc()
 
@@ -168,6 +185,9 @@ class PrometheusSensors:
             for labels in list(getattr(metric, "_metrics", {})):
                 if labels[0] not in nodes:
                     metric.remove(*labels)
+        for labels in list(getattr(self._delivered, "_metrics", {})):  # (producer, stream, consumer)
+            if labels[0] not in nodes or not (labels[2] in nodes or labels[2].startswith("log:")):
+                self._delivered.remove(*labels)
         for metric in (self._backpressure, self._inflight, self._retries):  # a node, or an address
             for labels in list(getattr(metric, "_metrics", {})):
                 if is_injector(labels[0]) and labels[0] not in nodes:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from millwheel.nodes import injector_node
 from millwheel.topology import Topology
 
 
@@ -24,13 +25,42 @@ def quantile_ms(d: dict[str, float], q: float) -> float | None:
     return None
 
 
+EdgeRates = dict[tuple[str, str, str], float]  # (producer node, stream, consumer) -> records/s
+
+
+def edge_rates(rates: EdgeRates | None) -> tuple[dict[tuple[str, str], float], dict[tuple[str, str], float]]:
+    """From the records/s each consumer acknowledged per (producer, stream, consumer):
+    what goes out of a producer into a stream (the most any consumer of it took: each
+    consumer gets every record, and a failing consumer must not hide the others'
+    traffic) and what comes out of a stream into a consumer (summed over the stream's
+    producers: an injector and a computation may write one stream)."""
+    out: dict[tuple[str, str], float] = {}
+    into: dict[tuple[str, str], float] = {}
+    for (producer, stream, consumer), r in (rates or {}).items():
+        out[(producer, stream)] = max(out.get((producer, stream), 0.0), r)
+        if not consumer.startswith("log:"):
+            into[(stream, consumer)] = into.get((stream, consumer), 0.0) + r
+    return out, into
+
+
 def graph(topo: Topology, comps: dict[str, Any], injectors: dict[str, Any],
-          connectors: dict[str, Any] | None = None) -> dict[str, Any]:
+          connectors: dict[str, Any] | None = None, rates: EdgeRates | None = None) -> dict[str, Any]:
     """Nodes (injectors, computations, streams; a stream no computation consumes is a
     sink; a connector sink after its stream, failing while it cannot write) in layers
     left to right, and edges with the records per second they carry and,
     out of a producer, the records it has checkpointed that its consumers have not
-    acknowledged yet (``queued``: backpressure shows there first)."""
+    acknowledged yet (``queued``: backpressure shows there first).
+
+    An edge's rate is its own (issue 33: they were the consumer's whole input rate,
+    retries counted, on every edge of it): what the consumer acknowledged on that edge
+    (:func:`edge_rates`), 0 for an edge nothing crossed, None before the workers'
+    counters were read once (``rates`` None)."""
+    out_rate, in_rate = edge_rates(rates)
+    known = rates is not None
+
+    def rate(table: dict[tuple[str, str], float], key: tuple[str, str]) -> float | None:
+        return round(table.get(key, 0.0), 2) if known else None
+
     nodes: list[dict[str, Any]] = []
     edges: list[dict[str, Any]] = []
     layer: dict[str, int] = {}
@@ -54,18 +84,17 @@ def graph(topo: Topology, comps: dict[str, Any], injectors: dict[str, Any],
         info = injectors.get(inj.name, {})
         nodes.append({"id": "i:" + inj.name, "kind": "injector", "name": inj.name, "layer": 0,
                       "health": "lagging" if info.get("outbox", 0) else "ok"})
-        into = [comps[c.name]["in_per_s"] for c, _ in topo.consumers(inj.stream) if c.name in comps]
         edges.append({"from": "i:" + inj.name, "to": "s:" + inj.stream,
-                      "per_s": max((r for r in into if r is not None), default=None),
+                      "per_s": rate(out_rate, (injector_node(inj.name), inj.stream)),
                       "queued": info.get("outbox", 0)})
     for name, info in comps.items():
         nodes.append({"id": "c:" + name, "kind": "computation", "name": name,
                       "layer": layer.get("c:" + name, 2), "health": info["health"]})
         for s in info["inputs"]:
-            edges.append({"from": "s:" + s, "to": "c:" + name, "per_s": info["in_per_s"]})
+            edges.append({"from": "s:" + s, "to": "c:" + name, "per_s": rate(in_rate, (s, name))})
         queued = sum(r["pending"] for r in info["ranges"])  # checkpointed, not yet acked downstream
         for s in info["outputs"]:
-            edges.append({"from": "c:" + name, "to": "s:" + s, "per_s": info["out_per_s"], "queued": queued})
+            edges.append({"from": "c:" + name, "to": "s:" + s, "per_s": rate(out_rate, (name, s)), "queued": queued})
     dead_streams = {c.dead_letter_stream: name for name, c in
                     ((c.name, c) for c in topo.computations)}
     hidden = {s for s, name in dead_streams.items()

@@ -53,6 +53,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from millwheel.errors import MillWheelError, NotFoundError
 
+from ..controller.held_by import LeastWriter
 from ..rpc import security
 from ..rpc.roles import CONSOLE_ACTION_ROLE, OPERATOR, Identity, Role
 from ..rpc.server import ListenError
@@ -146,10 +147,12 @@ class Console:
                  tls: ssl.SSLContext | None = None, interval_s: float = 1.0,
                  login_code: str | None = None,
                  identify: Callable[[str], Identity | None] | None = None,
-                 act: Callable[[str, dict[str, Any]], dict[str, Any]] | None = None) -> None:
+                 act: Callable[[str, dict[str, Any]], dict[str, Any]] | None = None,
+                 least_writer: LeastWriter | None = None) -> None:
         """``token``: the client token (None: no authentication); ``identify``: a
         presented token -> its credential (default: the client token alone, role
-        client); ``act``: runs an action (name, JSON body) -> its JSON answer."""
+        client); ``act``: runs an action (name, JSON body) -> its JSON answer;
+        ``least_writer``: an injector's least live writer, named in what holds a watermark."""
         self.token = token
         self.identify = identify or (lambda t: Identity("client token", Role.CLIENT)
                                      if token is not None and hmac.compare_digest(t.encode(), token.encode())
@@ -158,7 +161,7 @@ class Console:
         self.login_link = LoginLink(login_code if token is not None else None)
         self.tls = tls is not None
         self.sessions = Sessions()
-        self.snap = Snapshotter(controller, interval_s)
+        self.snap = Snapshotter(controller, interval_s, least_writer)
         self.tracker = Tracker(self.snap)
         self.httpd = _Server((host, port), _handler(self))
         self.httpd.daemon_threads = True
@@ -231,6 +234,7 @@ def start_console(process: Controller, args: argparse.Namespace) -> Console | No
             f"refusing to serve the console (--ui-port) on {args.host} without a client token: "
             "set one ($MILLWHEEL_AUTH_TOKEN / --auth-token-file), listen on loopback, "
             "pass --ui-port -1 (no console), or --insecure if the network is trusted")
+    writers = getattr(process, "writers", None)  # parallel ingestion's writers (services/controller/writers.py)
     tls = None
     if sec.tls_cert and sec.tls_key:
         tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -241,7 +245,8 @@ def start_console(process: Controller, args: argparse.Namespace) -> Console | No
     try:
         console = Console(controller, args.host, args.ui_port, sec.client_token, tls,
                           login_code=os.environ.pop(LOGIN_CODE_ENV, None) or None,
-                          identify=sec.identify, act=SelfCall(controller))
+                          identify=sec.identify, act=SelfCall(controller),
+                          least_writer=writers.least if writers is not None else None)
     except OSError as exc:
         raise ListenError(f"cannot serve the console on {args.host}:{args.ui_port} (--ui-port): "
                           f"{exc.strerror or exc}") from None

@@ -35,7 +35,10 @@ from millwheel.state.url_display import redact
 from millwheel.topology import Topology
 
 from ..controller.errors import error_info
+from ..controller.held_by import LeastWriter
+from ..controller.held_by import held_by as _held_by
 from ..metrics import ControllerView, Samples, scrape
+from .graph import EdgeRates, edge_rates
 from .graph import graph as _graph
 from .graph import quantile_ms as _quantile_ms
 from .history import History
@@ -50,6 +53,7 @@ STUCK_S = 30.0
 DEAD_LETTER_WINDOW_S = 60.0
 TAIL = 200  # records kept per logged stream
 LOCK_WAIT_S = 0.5  # then a refresh shows the last snapshot with what a rescale under way says
+EDGE_WINDOW_S = 5.0  # an edge's records/s is averaged over this long (batches arrive in bursts)
 TAIL_READ = 2000  # log entries read per stream per refresh (a long log is caught up gradually)
 
 
@@ -93,7 +97,10 @@ def _wm(wm: int) -> int | str:
 
 
 class Snapshotter:
-    def __init__(self, controller: ControlPlane, interval_s: float = INTERVAL_S) -> None:
+    def __init__(self, controller: ControlPlane, interval_s: float = INTERVAL_S,
+                 least_writer: LeastWriter | None = None) -> None:
+        """``least_writer``: an injector's least live writer (services/controller/writers.py),
+        for what holds a watermark (``held_by``); None: writers are not named."""
         self.controller = controller
         self.interval_s = interval_s
         self.history = History(interval_s)
@@ -104,6 +111,10 @@ class Snapshotter:
         self._dead_seen: dict[str, tuple[int, float]] = {}
         self._wm_moved: dict[str, tuple[int, float]] = {}
         self._tails: dict[str, tuple[int, deque[dict[str, Any]]]] = {}
+        self._edge_prev: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+        self._edge_total: dict[tuple[str, str, str], float] = {}
+        self._edge_hist: dict[tuple[str, str, str], deque[tuple[float, float]]] = {}
+        self.least_writer = least_writer
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="ui-snapshot", daemon=True)
 
@@ -150,6 +161,7 @@ class Snapshotter:
             sinks_down = {w: dict(v) for w, v in c.sinks_down.items()}
             workers = [(w.worker_id, w.address, w.metrics_address, w.alive, w.draining,
                         w.heartbeat_age_s()) for w in c.assigner.workers.values()]
+            held = self._held_by(topo, out, inputs)
         finally:
             c.lock.release()
         now_us = c.clock.now_us()
@@ -158,8 +170,15 @@ class Snapshotter:
         addr = {w[0]: w[1] for w in workers}
         samples = self._scrape([(w[0], w[2]) for w in workers if (w[3] or not leading) and w[2]])
         rates = self._rates(samples, t)
+        edges = self._edges(samples, t) if samples or self._edge_hist else None
         usage = self._usage(samples, t)
         comps: dict[str, Any] = {}
+        producers: dict[str, set[str]] = {}  # stream -> the nodes writing it
+        for inj in topo.injectors:
+            producers.setdefault(inj.stream, set()).add(injector_node(inj.name))
+        for spec in topo.computations:
+            for stream in spec.written_streams():
+                producers.setdefault(stream, set()).add(spec.name)
         for spec in topo.computations:
             wms = c.store.read_watermarks(spec.name)
             ranges = [{"range": r, "worker": units.get((spec.name, r), (None, 0))[0] or "",
@@ -188,6 +207,13 @@ class Snapshotter:
                 "failing_ranges": [_failure(f) for f in errs["failing_ranges"][:100]],
                 **rates.get(spec.name, _no_rates()),
             }
+            if edges is not None:  # what its consumers acknowledged, not what it ran (retries counted)
+                _, into = edge_rates(edges)
+                info["in_per_s"] = round(sum(into.get((i, spec.name), 0.0) for i in info["inputs"]), 2)
+            info["held_by"] = held.get(spec.name, "")
+            # records its producers checkpointed and it (or a sibling consumer) has not acked
+            upstream = {n for i in info["inputs"] for n in producers.get(i, ())}
+            info["backlog"] = sum(v for (n, _r), v in pending.items() if n in upstream)
             info["health"], info["health_reason"] = self._health(
                 spec.name, info, out[spec.name], inputs[spec.name], mono)
             comps[spec.name] = info
@@ -236,9 +262,21 @@ class Snapshotter:
             "store": redact(c.store.url),  # never the password (as ClusterStatus)
             "leader": c.elector.leader_address or "", "leading": leading,
             "computations": comps, "injectors": injectors, "workers": worker_rows, "sinks": sinks,
-            "logged_streams": logged, "graph": _graph(topo, comps, injectors, sinks),
+            "logged_streams": logged, "graph": _graph(topo, comps, injectors, sinks, edges),
             "last_savepoint": _last_savepoint(c.store),
         }
+
+    def _held_by(self, topo: Topology, out: dict[str, int], inputs: dict[str, int]) -> dict[str, str]:
+        """Per computation, what holds its low watermark, in words
+        (services/controller/held_by.py, as ``millwheel watermark --why``); the caller
+        holds the controller's lock. A rule that cannot say is left out, not fatal."""
+        held: dict[str, str] = {}
+        for spec in topo.computations:
+            try:
+                held[spec.name] = _held_by(self.controller, spec.name, out, inputs, self.least_writer)
+            except Exception as exc:  # noqa: BLE001 - one line of the console, not the refresh
+                log.debug("held_by of %s failed: %s", spec.name, exc)
+        return held
 
     def _mark_rescaling(self, rescaling: dict[str, int]) -> None:
         """The controller's lock is held (a savepoint's cut, say): the last
@@ -316,6 +354,33 @@ class Snapshotter:
         for comp, total in totals.items():  # what the live workers counted since they started
             out.setdefault(comp, _no_rates()).update(
                 records_in_total=int(total["in"]), records_out_total=int(total["out"]))
+        return out
+
+    def _edges(self, samples: dict[str, Samples], t: float) -> EdgeRates:
+        """Records/s per stream edge (producer node, stream, consumer) over the last
+        ``EDGE_WINDOW_S``: what consumers acknowledged (``millwheel_edge_records_total``,
+        counted by the producer's worker once per record acked, so a retried or resent
+        batch counts once). Summed over workers; a worker restarted since (its counter
+        went down) counts from its new value; a series first seen counts from there."""
+        prev, self._edge_prev = self._edge_prev, {}
+        for wid, got in samples.items():
+            for (name, labels), value in got.items():
+                if name != "millwheel_edge_records_total":
+                    continue
+                d = dict(labels)
+                edge = (d.get("producer", ""), d.get("stream", ""), d.get("consumer", ""))
+                key = (wid, labels)
+                self._edge_prev[key] = value
+                before = prev.get(key)
+                grown = 0.0 if before is None else value - before if value >= before else value
+                self._edge_total[edge] = self._edge_total.get(edge, 0.0) + grown
+        size = max(2, int(EDGE_WINDOW_S / self.interval_s) + 1)
+        out: EdgeRates = {}
+        for edge, total in self._edge_total.items():
+            ring = self._edge_hist.setdefault(edge, deque(maxlen=size))
+            ring.append((t, total))
+            t0, v0 = ring[0]
+            out[edge] = (total - v0) / (t - t0) if t > t0 else 0.0
         return out
 
     def _health(self, name: str, info: dict[str, Any], wm: int, in_wm: int, mono: float) -> tuple[str, str]:

@@ -21,6 +21,7 @@ from millwheel.topology import ComputationSpec
 
 from ..controller.rescale_journal import read_keyed
 from .snapshot import Snapshotter
+from .state_view import labelled, when
 
 MAX_NAME = 200
 MAX_KEY_BYTES = 4096
@@ -29,6 +30,15 @@ DEFAULT_PAGE = 100
 MAX_RECORDS = 200
 DEFAULT_RECORDS = 20
 MAX_STATE_SHOWN = 64 * 1024  # state bytes returned (the rest is cut, and said so)
+
+
+def _tag_text(tag: str) -> str:
+    """A timer tag as shown: the built-in operators' ``end:START`` / ``gc:START`` with
+    START (microseconds) as a readable time; any other tag as it is."""
+    kind, sep, rest = tag.partition(":")
+    if sep and rest.lstrip("-").isdigit() and len(rest) >= 10:
+        return f"{kind}:{when(int(rest))}"
+    return tag
 
 
 class BadRequest(Exception):
@@ -110,7 +120,8 @@ class Tracker:
             "graph": s.get("graph", {"nodes": [], "edges": []}),
             "computations": [{k: c[k] for k in (
                 "name", "health", "health_reason", "low_watermark", "input_low_watermark", "lag_s",
-                "input_lag_s", "in_per_s", "out_per_s", "dead_lettered", "version", "rescaling_to")}
+                "input_lag_s", "in_per_s", "out_per_s", "dead_lettered", "version", "rescaling_to",
+                "backlog", "held_by") if k in c}
                 for c in comps.values()],
             "injectors": list(s.get("injectors", {}).values()),
             "sinks": s.get("sinks", {}),  # connector sinks: type, worker, down_s (None: writing)
@@ -148,8 +159,8 @@ class Tracker:
             "computation": spec.name, "key": key, "exists": raw is not None or bool(timers),
             "range": key_range(key, spec.options.key_ranges), "state_bytes": len(raw or b""),
             "truncated": len(raw or b"") > MAX_STATE_SHOWN,
-            "timers": [{"tag": t.tag, "time": t.time, "domain": str(t.domain.value), "hold": t.hold}
-                       for t in timers[:100]]}
+            "timers": [{"tag": t.tag, "time": t.time, "time_text": when(t.time), "domain": str(t.domain.value),
+                        "hold": t.hold, "tag_text": _tag_text(t.tag)} for t in timers[:100]]}
         shown = (raw or b"")[:MAX_STATE_SHOWN]
         text = shown.decode("utf-8", "replace")
         out["state_text"] = text if raw is not None else None
@@ -157,6 +168,8 @@ class Tracker:
             out["state_json"] = json.loads(shown) if raw is not None and not out["truncated"] else None
         except ValueError:
             out["state_json"] = None
+        # the built-in operators' state with field names and readable times (None: as stored)
+        out["state_labelled"] = labelled(spec, out["state_json"]) if out["state_json"] is not None else None
         return out
 
     def keys(self, q: Query) -> Any:

@@ -165,6 +165,7 @@ class Receiver:
         logs, groups, slow = delivery.route(self.shared.topology, productions)
         for stream, items in logs.items():
             self.store.append_log(stream, [p.record for p in items])
+            self.peers.sensors.delivered(producer, items)  # the console's edge rates
         waiting = []
         deadline = time.monotonic() + self.weak_wait_s
         for (consumer, range_id), items in groups.items():
@@ -175,6 +176,8 @@ class Receiver:
                 ack = self.process(consumer, range_id, [p.record for p in items])
                 if ack.status != pb.DeliverAck.OK:
                     slow += items
+                else:
+                    self.peers.sensors.delivered(producer, items)
             else:
                 message = delivery.batch(producer, consumer, range_id, items, self.shared.version)
                 fut = self.peers.link(owner.address).send(message, max(0.0, deadline - time.monotonic()))
@@ -187,6 +190,8 @@ class Receiver:
                 ack = fut.result(timeout=max(0.0, deadline - time.monotonic()))
                 if ack.status != pb.DeliverAck.OK:
                     slow += items
+                else:
+                    self.peers.sensors.delivered(producer, items)
             except Exception:  # a timeout or a broken link: slow to be acked
                 slow += items
         return slow

@@ -181,9 +181,11 @@ class Sender:
         for stream, log_items in logs.items():
             self.store.append_log(stream, [p.record for p in log_items])  # idempotent by record id
             s.done_now += [(p.consumer, p.record.record_id) for p in log_items]
+            self.sensors.delivered(owned.node, log_items)  # the console's edge rates
         for consumer, range_id, items in local:
             ack = self._process(consumer, range_id, [p.record for p in items])
             if ack.status == pb.DeliverAck.OK:
+                self.sensors.delivered(owned.node, items)
                 s.done_now += [(p.consumer, p.record.record_id) for p in items]
                 owned.consumers.succeeded((consumer, range_id))
             else:
@@ -212,6 +214,7 @@ class Sender:
             exc = fut.exception()
             if exc is None and fut.result().status == pb.DeliverAck.OK:
                 acked += [(p.consumer, p.record.record_id) for p in items]
+                self.sensors.delivered(owned.node, items)  # the console's edge rates
                 owned.consumers.succeeded(unit)
             else:  # that consumer range alone backs off (services/worker/parking.py)
                 message = str(exc) if exc is not None else fut.result().message

@@ -52,6 +52,15 @@
     if (s < 172800) return (s / 3600).toFixed(1) + " h";
     return (s / 86400).toFixed(1) + " d";
   }
+  // A labelled state field: a list of {time, value} one per line, other values as JSON.
+  function fmtField(v) {
+    if (typeof v === "boolean") return v ? "yes" : "no";
+    if (Array.isArray(v)) {
+      if (!v.length) return "(none)";
+      return v.map((x) => "\n      " + (x && typeof x === "object" && "time" in x ? `${x.time}: ${JSON.stringify(x.value)}` : JSON.stringify(x))).join("");
+    }
+    return typeof v === "string" ? v : JSON.stringify(v);
+  }
   function fmtRate(r) { return r === null || r === undefined ? "–" : (r >= 100 ? r.toFixed(0) : r.toFixed(1)); }
 
   // An action (role operator; the server checks it again): POST JSON, show the answer.
@@ -126,7 +135,8 @@
       if (parts.length) {
         const text = parts.join(" · ");
         const y = place(mx, (y1 + y2) / 2 - 4, text.length * 6.2);
-        root.appendChild(svg("text", { class: "rate" + (blocked ? " backpressure" : ""), x: mx, y: y, "text-anchor": "middle" }, text));
+        root.appendChild(svg("text", { class: "rate" + (blocked ? " backpressure" : ""), x: mx, y: y, "text-anchor": "middle",
+          "data-from": e.from, "data-to": e.to }, text));
       }
     }
     for (const n of graph.nodes) {
@@ -140,6 +150,18 @@
       root.appendChild(g);
     }
     $("graph").replaceChildren(root);
+    graphFit();
+  }
+
+  // A graph larger than its panel scrolls inside it (both ways), with a scrollbar that
+  // shows and a line saying so; "Fit to panel" scales it whole into the panel instead.
+  function graphFit() {
+    const g = $("graph"), fitted = g.classList.contains("fit");
+    const over = g.scrollWidth > g.clientWidth + 1 || g.scrollHeight > g.clientHeight + 1;
+    $("graph-hint").hidden = fitted || !over;
+    $("graph-fit").hidden = !fitted && !over;
+    $("graph-fit").textContent = fitted ? "Actual size" : "Fit to panel";
+    $("graph-fit").setAttribute("aria-pressed", String(fitted));
   }
 
   // -- sparklines -------------------------------------------------------------------
@@ -194,6 +216,7 @@
     h.className = "health " + c.health;
     h.textContent = c.health + (c.health_reason ? ": " + c.health_reason : "") + (c.version ? ` · version ${c.version}` : "") +
       (c.rescaling_to ? ` · rescaling to ${c.rescaling_to} key ranges` : "");
+    $("held-by").textContent = c.held_by ? "watermark held by: " + c.held_by : "";
     $("in-wm").textContent = fmtWm(c.input_low_watermark);
     $("in-lag").textContent = fmtLag(c.input_lag_s);
     $("out-wm").textContent = fmtWm(c.low_watermark);
@@ -244,10 +267,19 @@
       const lines = [`${s.computation} key ${JSON.stringify(s.key)} (range ${s.range})`];
       if (!s.exists) lines.push("no state and no pending timers");
       else {
-        lines.push("state: " + (s.state_json !== null ? JSON.stringify(s.state_json, null, 2) : (s.state_text === null ? "(none)" : s.state_text)));
+        if (s.state_labelled) {  // a built-in operator's state, its fields named (docs/ui.md)
+          const l = s.state_labelled;
+          lines.push(`state (${l.operator}):` + (l.entries.length ? "" : " (empty)"));
+          for (const e of l.entries) {
+            lines.push("  " + e.label);
+            for (const [k, v] of Object.entries(e.fields)) lines.push(`    ${k}: ${fmtField(v)}`);
+          }
+        } else {
+          lines.push("state: " + (s.state_json !== null ? JSON.stringify(s.state_json, null, 2) : (s.state_text === null ? "(none)" : s.state_text)));
+        }
         if (s.truncated) lines.push(`(first bytes of ${s.state_bytes})`);
         lines.push(s.timers.length ? "timers:" : "timers: (none)");
-        for (const t of s.timers) lines.push(`  ${t.tag} at ${t.time} (${t.domain}${t.hold ? ", holds the watermark" : ""})`);
+        for (const t of s.timers) lines.push(`  ${t.tag_text || t.tag} at ${t.time_text || fmtWm(t.time)} UTC (${t.domain}${t.hold ? ", holds the watermark" : ""})`);
       }
       $("state-result").textContent = lines.join("\n");
     } catch (e) {
@@ -267,6 +299,19 @@
   function sinksDown(sinks) {
     const down = Object.values(sinks).filter((k) => k.down_s !== null);
     return down.length ? `, sink down: ${down.map((k) => `${k.name} (${Math.round(k.down_s)} s)`).join(", ")}` : "";
+  }
+
+  // The computation the console opens on: the one in the worst health (failing first),
+  // else the one whose producers hold the most records for it (QUEUED_WARN or more),
+  // else the first by name. A user opening the console looks for what is wrong.
+  const HEALTH_RANK = { failing: 0, "dead-lettering": 1, retrying: 2, lagging: 3 };
+  function worst(comps) {
+    const rank = (c) => (c.health in HEALTH_RANK ? HEALTH_RANK[c.health] : 9);
+    const sorted = comps.slice().sort((a, b) => rank(a) - rank(b) || (b.backlog || 0) - (a.backlog || 0) || a.name.localeCompare(b.name));
+    if (!sorted.length) return null;
+    const top = sorted[0];
+    if (rank(top) < 9 || (top.backlog || 0) >= QUEUED_WARN) return top.name;
+    return comps.map((c) => c.name).sort()[0];
   }
 
   async function refresh() {
@@ -290,7 +335,8 @@
       if (selected === null || !names.includes(selected)) {
         selected = null;
         fillSelect($("comp-select"), names, null);
-        if (names.length) await select(names[0]);
+        const first = worst(o.computations);
+        if (first) await select(first);
       } else {
         fillSelect($("comp-select"), names, selected);
         await refreshComputation();
@@ -312,6 +358,7 @@
     $("keys-next").addEventListener("click", () => { const n = $("keys-next").dataset.next; if (n) { keysAfter.push(n); loadKeys(); } });
     $("keys-first").addEventListener("click", () => { keysAfter = [""]; loadKeys(); });
     $("replay-dead-letters").addEventListener("click", replayDeadLetters);
+    $("graph-fit").addEventListener("click", () => { $("graph").classList.toggle("fit"); graphFit(); });
     api("/api/v1/session").then((s) => {
       if (!s.authorized) { showLogin(); return; }
       $("logout").hidden = !s.auth_required;
