@@ -186,3 +186,29 @@ def test_redis_source_watermark_follows_event_time_then_idle_time_never_backward
         resumed = again.read(late.cursor, 10)
         assert resumed.records == [] and resumed.watermark == 10_000
         again.close()
+
+
+def test_an_idle_source_that_cannot_be_read_does_not_advance_its_watermark() -> None:
+    """The idleness rule: only a source that was read and had nothing left moves its
+    watermark by idle_timeout_us; one that is down may hold unread entries."""
+    import redis
+
+    from millwheel.clock import ManualClock
+    from millwheel.connectors.pulled import open_source
+    server = RedisServer()
+    server.start()
+    try:
+        r = redis.Redis.from_url(server.url)
+        settings = {"type": "redis-stream", "url": server.url, "stream": "s", "max_disorder_us": 5,
+                    "idle_timeout_us": 1_000, "fields": {"timestamp": "ts"}, "until": "never"}
+        clock = ManualClock(10_000)
+        src = open_source("ev", settings, clock)
+        r.xadd("s", {"key": "k", "value": "v", "ts": "300"})
+        batch = src.read(None, 10)
+        assert batch.watermark == 295
+    finally:
+        server.stop()  # down, with whatever it held unread
+    clock.advance(5_000)
+    down = src.read(batch.cursor, 10)
+    assert down.records == [] and down.watermark == 295
+    src.close()
