@@ -43,7 +43,7 @@ from services.controller.plane import ControlPlane, Timeouts
 from services.controller.registration import Registration
 from services.controller.registry import Registry
 from services.controller.rescale import Rescaling
-from services.controller.savepoint import Savepoints
+from services.controller.savepoint import Savepoints, _StopGate
 from services.controller.update import Updates
 from services.generated import millwheel_pb2 as pb
 from services.inject_limits import InjectLimits
@@ -366,13 +366,16 @@ def test_a_stop_with_savepoint_whose_cut_fails_stops_nothing(parts: Parts, monke
 
     monkeypatch.setattr(capture, "capture_nodes", too_large)
     with tempfile.TemporaryFile() as spool, pytest.raises(SavepointFileError):
-        savepoints._cut(True, spool, lambda _phase, _n: None)
+        savepoints._cut(True, spool, lambda _phase, _n: None, _StopGate(parts.plane))
     assert not parts.plane.assigner.stopped and parts.raw.get_meta(STOPPED_KEY) is None
     parts.settle()
     assert set(parts.owned("w1")) == set(before)  # placed again: the service runs on
     monkeypatch.undo()
+    gate = _StopGate(parts.plane)
     with tempfile.TemporaryFile() as spool:  # a cut that works stops the service, for a new leader too
-        summary = savepoints._cut(True, spool, lambda _phase, _n: None)
+        summary = savepoints._cut(True, spool, lambda _phase, _n: None, gate)
+    assert summary.stopped and parts.plane.assigner.stopped and parts.raw.get_meta(STOPPED_KEY) is None
+    gate.store()  # (CreateSavepoint does, once the whole file went out on the call)
     assert summary.stopped and parts.plane.assigner.stopped and parts.raw.get_meta(STOPPED_KEY) is not None
     parts.beat("w1")
     parts.settle()
