@@ -318,3 +318,30 @@ def test_describe_on_a_standby_looks_again_after_not_found(monkeypatch: pytest.M
     on_leader = queries.Queries(Plane(), Leadership(standby=False))  # type: ignore[arg-type]
     with pytest.raises(NotFoundError):
         on_leader.describe_computation(pb.DescribeComputationRequest(name="c"), context)
+
+
+def test_up_passes_writer_expiry_and_max_restore_bytes_to_its_controller(tmp_path: Path) -> None:
+    """`millwheel up` takes the two controller flags (issue 34) and hands them on; a bad
+    --max-restore-bytes is refused by up itself, before any process starts."""
+    import signal
+
+    from tests.integration.test_up_cleanup import _role, children, processes_mentioning, up
+    from tests.support.redis_server import free_port
+
+    port = free_port()
+    bad = up(tmp_path, port, "--max-restore-bytes", "0", "--store", f"sqlite:///{tmp_path}/bad.db")
+    assert bad.wait(30) == 2 and "--max-restore-bytes must be" in (tmp_path / "up.log").read_text()
+    assert not children(port)
+
+    proc = up(tmp_path, port, "--workers", "1", "--ui-port", "-1", "--writer-expiry", "7.5",
+              "--max-restore-bytes", "123456", "--store", f"sqlite:///{tmp_path}/s.db")
+    try:
+        wait_for(lambda: "millwheel is up" in (tmp_path / "up.log").read_text(), 60, "up to start")
+        [pid] = [p for p in processes_mentioning(f"--port {port} ") if _role(p) == "controller"]
+        args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        assert args[args.index(b"--writer-expiry") + 1] == b"7.5"
+        assert args[args.index(b"--max-restore-bytes") + 1] == b"123456"
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(60)
+        wait_for(lambda: not children(port), 10, "no child left behind")
