@@ -17,6 +17,7 @@ from typing import Any, Iterable
 
 from millwheel.computation import Computation, Context
 from millwheel.errors import InvalidSpecError
+from millwheel.operators.outputs import default_output
 from millwheel.record import Record, Timer
 from millwheel.windows import Windowing
 
@@ -68,10 +69,7 @@ class WindowedAggregate(Computation):
         self._decoded: dict[str, tuple[bytes, dict[str, list[Any]]]] = {}
 
     def bind_outputs(self, outputs: tuple[str, ...]) -> None:
-        if self.output is None:
-            if not outputs:
-                raise InvalidSpecError("window_aggregate needs an output stream")
-            self.output = outputs[0]
+        self.output = default_output("window_aggregate", self.output, outputs)
 
     def _number(self, record: Record) -> float:
         return record_number(record, self.aggregation, self.field, "window_aggregate")

@@ -41,6 +41,7 @@ from typing import Any, Iterable
 from millwheel.computation import Computation, Context
 from millwheel.errors import InvalidSpecError
 from millwheel.input_tag import untag
+from millwheel.operators.outputs import default_output
 from millwheel.record import MAX_TIMESTAMP, Record, Timer
 
 GC_TAG = "gc"
@@ -73,10 +74,7 @@ class IntervalJoin(Computation):
         self.allowed_lateness_us = int(allowed_lateness_us)
 
     def bind_outputs(self, outputs: tuple[str, ...]) -> None:
-        if self.output is None:
-            if not outputs:
-                raise InvalidSpecError(f"{self.operator} needs an output stream")
-            self.output = outputs[0]
+        self.output = default_output(self.operator, self.output, outputs)
 
     def process_record(self, ctx: Context, record: Record) -> None:
         self.process_records(ctx, (record,))

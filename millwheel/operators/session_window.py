@@ -30,6 +30,7 @@ from typing import Any, Iterable
 from millwheel.computation import Computation, Context
 from millwheel.errors import InvalidSpecError
 from millwheel.operators.aggregate import AGGREGATIONS, record_number
+from millwheel.operators.outputs import default_output
 from millwheel.record import MAX_TIMESTAMP, Record, Timer
 
 _END, _COUNT, _SUM, _MIN, _MAX, _FIRED = range(6)
@@ -62,10 +63,7 @@ class SessionWindow(Computation):
         self.allowed_lateness_us = int(allowed_lateness_us)
 
     def bind_outputs(self, outputs: tuple[str, ...]) -> None:
-        if self.output is None:
-            if not outputs:
-                raise InvalidSpecError("session_window needs an output stream")
-            self.output = outputs[0]
+        self.output = default_output("session_window", self.output, outputs)
 
     def _number(self, record: Record) -> float:
         return record_number(record, self.aggregation, self.field, "session_window")

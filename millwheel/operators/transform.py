@@ -21,6 +21,7 @@ from simpleeval import EvalWithCompoundTypes, InvalidExpression
 from millwheel.computation import Computation, Context
 from millwheel.errors import InvalidSpecError
 from millwheel.importing import import_object
+from millwheel.operators.outputs import default_output
 from millwheel.record import Record
 
 MAX_EXPRESSION_CHARS = 4096
@@ -142,10 +143,7 @@ class _Stateless(Computation):
     output: str | None = None
 
     def bind_outputs(self, outputs: tuple[str, ...]) -> None:
-        if self.output is None:
-            if not outputs:
-                raise InvalidSpecError(f"{type(self).__name__.lower()} needs an output stream")
-            self.output = outputs[0]
+        self.output = default_output(type(self).__name__.lower(), self.output, outputs)
 
 
 class Filter(_Stateless):

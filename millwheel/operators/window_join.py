@@ -37,6 +37,7 @@ from millwheel.computation import Computation, Context
 from millwheel.errors import InvalidSpecError
 from millwheel.input_tag import untag
 from millwheel.operators.join import decode_value
+from millwheel.operators.outputs import default_output
 from millwheel.operators.window_top import at_most, window_start
 from millwheel.record import Record, Timer
 
@@ -71,10 +72,7 @@ class WindowJoin(Computation):
         self.allowed_lateness_us = int(allowed_lateness_us)
 
     def bind_outputs(self, outputs: tuple[str, ...]) -> None:
-        if self.output is None:
-            if not outputs:
-                raise InvalidSpecError("window_join needs an output stream")
-            self.output = outputs[0]
+        self.output = default_output("window_join", self.output, outputs)
 
     def process_record(self, ctx: Context, record: Record) -> None:
         self.process_records(ctx, (record,))

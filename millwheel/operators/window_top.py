@@ -35,6 +35,7 @@ from typing import Any, Iterable
 
 from millwheel.computation import Computation, Context
 from millwheel.errors import InvalidSpecError
+from millwheel.operators.outputs import default_output
 from millwheel.record import MAX_TIMESTAMP, Record, Timer
 
 _TOP, _VALUES, _FIRED = range(3)
@@ -117,10 +118,7 @@ class WindowTop(Computation):
         self.allowed_lateness_us = int(allowed_lateness_us)
 
     def bind_outputs(self, outputs: tuple[str, ...]) -> None:
-        if self.output is None:
-            if not outputs:
-                raise InvalidSpecError("window_top needs an output stream")
-            self.output = outputs[0]
+        self.output = default_output("window_top", self.output, outputs)
 
     def process_record(self, ctx: Context, record: Record) -> None:
         self.process_records(ctx, (record,))
