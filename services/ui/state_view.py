@@ -99,9 +99,15 @@ def _top(spec: ComputationSpec, state: dict[str, Any]) -> list[Entry]:
     return out
 
 
+def _sides(spec: ComputationSpec) -> tuple[str, str]:
+    """A join's two input streams: its ``left``/``right``, by default its first and second input."""
+    streams = [i.stream for i in spec.inputs] + ["left", "right"]
+    return str(spec.code.params.get("left", streams[0])), str(spec.code.params.get("right", streams[1]))
+
+
 def _window_join(spec: ComputationSpec, state: dict[str, Any]) -> list[Entry]:
     size = int(spec.code.params.get("size_us", 0))
-    left, right = spec.code.params.get("left", "left"), spec.code.params.get("right", "right")
+    left, right = _sides(spec)
     out = []
     for start_s, acc in state.items():
         lefts, rights, fired = acc
@@ -115,7 +121,7 @@ def _window_join(spec: ComputationSpec, state: dict[str, Any]) -> list[Entry]:
 def _join(spec: ComputationSpec, state: dict[str, Any]) -> list[Entry]:
     if not set(state) <= {"l", "r"}:
         raise ValueError("not {l, r}")
-    left, right = spec.code.params.get("left", "left"), spec.code.params.get("right", "right")
+    left, right = _sides(spec)
     return [{"label": "records kept to join", "fields": {
         f"left ({left})": _timed(state.get("l", [])), f"right ({right})": _timed(state.get("r", []))}}]
 

@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 
 from millwheel.record import Record
+from services.ui.state_view import span, when
 from tests.integration.ui_cluster import T0, Console, clicks, console_with_clicks, readme_pipeline
 from tests.support.service_cluster import ROOT, wait_for
 
@@ -189,11 +190,12 @@ def test_state_lookup_shows_the_count_of_the_open_window(tab: Page, console: Con
     tab.page.fill("#state-key", "ann")
     tab.page.click("#state-form button[type=submit]")
     result = tab.page.locator("#state-result")
-    result.filter(has_text="state:").wait_for()
-    text = result.inner_text()
-    state = json.loads(re.search(r"state: (\{.*?\n\})", text, re.S).group(1))  # type: ignore[union-attr]
-    assert state[str(start)][0] == expected and expected > 0, text
-    assert "timers:" in text and f"at {start + WINDOW_US - 1} (event, holds the watermark)" in text
+    result.filter(has_text="state (window_aggregate):").wait_for()
+    text = result.inner_text()  # fields named, times readable (issue 33)
+    window = text.split(f"window {span(start, start + WINDOW_US)}\n", 1)[1]
+    assert re.match(r"\s+count: (\d+)\n", window).group(1) == str(expected) and expected > 0, text  # type: ignore[union-attr]
+    assert "timers:" in text and \
+        f"end:{when(start)} at {when(start + WINDOW_US - 1)} UTC (event, holds the watermark)" in text, text
     assert tab.fits()
     assert tab.page.evaluate(CONTRAST_JS) == []  # every text at least 4.5:1 (WCAG AA)
     tab.page.screenshot(path=str(shots / "console.png"))

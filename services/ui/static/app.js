@@ -57,7 +57,8 @@
     if (typeof v === "boolean") return v ? "yes" : "no";
     if (Array.isArray(v)) {
       if (!v.length) return "(none)";
-      return v.map((x) => "\n      " + (x && typeof x === "object" && "time" in x ? `${x.time}: ${JSON.stringify(x.value)}` : JSON.stringify(x))).join("");
+      const text = (x) => (typeof x === "string" ? x : JSON.stringify(x));
+      return v.map((x) => "\n      " + (x && typeof x === "object" && "time" in x ? `${x.time}: ${text(x.value)}` : text(x))).join("");
     }
     return typeof v === "string" ? v : JSON.stringify(v);
   }
