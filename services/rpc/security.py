@@ -263,32 +263,31 @@ def _token(flag: str | None, env: str, env_file: str, what: str, fallback: Path 
     return None
 
 
+def _token_source(args: argparse.Namespace | None, attr: str, flag_name: str, env: str, env_file: str,
+                  default_file: str) -> str | None:
+    flag = getattr(args, attr, None) if args is not None else None
+    if flag:
+        return f"{flag_name} {flag}"
+    if os.environ.get(env, "").strip():
+        return f"${env}"
+    if os.environ.get(env_file):
+        return f"${env_file} ({os.environ[env_file]})"
+    fallback = DEFAULT_DATA_DIR / default_file
+    return str(fallback.resolve()) if fallback.is_file() else None
+
+
 def client_token_source(args: argparse.Namespace | None) -> str | None:
     """Where a client's token comes from, in the order :func:`from_args` looks (the
     flag, ``$MILLWHEEL_AUTH_TOKEN``, ``$MILLWHEEL_AUTH_TOKEN_FILE``, the file
     ``millwheel up`` writes), or None if it has none: for messages."""
-    flag = getattr(args, "auth_token_file", None) if args is not None else None
-    if flag:
-        return f"--auth-token-file {flag}"
-    if os.environ.get(ENV_TOKEN, "").strip():
-        return f"${ENV_TOKEN}"
-    if os.environ.get(ENV_TOKEN_FILE):
-        return f"${ENV_TOKEN_FILE} ({os.environ[ENV_TOKEN_FILE]})"
-    fallback = DEFAULT_DATA_DIR / CLIENT_TOKEN_FILE
-    return str(fallback.resolve()) if fallback.is_file() else None
+    return _token_source(args, "auth_token_file", "--auth-token-file", ENV_TOKEN, ENV_TOKEN_FILE,
+                         CLIENT_TOKEN_FILE)
 
 
 def operator_token_source(args: argparse.Namespace | None) -> str | None:
     """Where a client's operator token comes from (as :func:`client_token_source`)."""
-    flag = getattr(args, "operator_token_file", None) if args is not None else None
-    if flag:
-        return f"--operator-token-file {flag}"
-    if os.environ.get(ENV_OPERATOR, "").strip():
-        return f"${ENV_OPERATOR}"
-    if os.environ.get(ENV_OPERATOR_FILE):
-        return f"${ENV_OPERATOR_FILE} ({os.environ[ENV_OPERATOR_FILE]})"
-    fallback = DEFAULT_DATA_DIR / OPERATOR_TOKEN_FILE
-    return str(fallback.resolve()) if fallback.is_file() else None
+    return _token_source(args, "operator_token_file", "--operator-token-file", ENV_OPERATOR,
+                         ENV_OPERATOR_FILE, OPERATOR_TOKEN_FILE)
 
 
 def cert_roles(entries: list[str] | None) -> tuple[tuple[str, str], ...]:
