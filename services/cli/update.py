@@ -42,9 +42,9 @@ changes nothing, unless --reload.
 
 New code for the same class (--reload): Python keeps a module once imported, so a
 fixed file on the worker machines is not read again by itself. Every new version
-(an update, a rollback, a rescale) makes the workers import the computation's modules
-(code, 'function', 'import:' key extractors) again from their files before they
-rebuild its ranges; --reload makes a new version of the running spec just for that
+(an update, a rollback, a rescale) makes the workers import the modules of the
+computation's code (its class, or a built-in's 'function') again from their files
+before they rebuild its ranges; --reload makes a new version of the running spec just for that
 (or of SPEC, if it changes too). Each range switches at a checkpoint boundary, exactly
 once, as for any update; dead letters replayed after it run the new code. A module
 that fails to load there (a syntax error) leaves the ranges on the code loaded

@@ -70,9 +70,11 @@ def keyed_history(recorded: Mapping[str, str], running: ComputationSpec) -> dict
 
 
 def code_modules(spec: ComputationSpec) -> list[str]:
-    """The user modules ``spec`` names (code, ``function``, ``import:`` key extractors),
-    by their import paths' shape: what a worker imports again for a new version."""
-    return list(dict.fromkeys(module_of(path) for _what, path in import_paths(spec)))
+    """The user modules of ``spec``'s code (its class, or a built-in's ``function``), by
+    their import paths' shape: what a worker imports again for a new version
+    (services/worker/code.py). Not ``import:`` key extractors: what they compute must not
+    change (keys would map away from their state), so they are not reloaded for it."""
+    return list(dict.fromkeys(module_of(path) for what, path in import_paths(spec) if not what.endswith(".key")))
 
 
 def candidate(topology: Topology, new: ComputationSpec, allow: AllowList,

@@ -99,7 +99,7 @@ class Updates:
         if reload and not modules:
             raise PreconditionError(
                 f"reload of computation {new.name!r}: it names no user code (code {new.code.name!r} is "
-                "built in and no input has an 'import:' key extractor): there is nothing to load again")
+                "built in, with no 'function' of the user's): there is nothing to load again")
         if new == old and not reload:  # sent again (a retry after a lost answer): nothing to do
             return pb.UpdateComputationResponse(computation=views.info(p, old.name),
                                                 previous_version=version, changed=False,

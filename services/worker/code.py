@@ -12,7 +12,7 @@ update with ``reload`` (``millwheel update --reload``) each make a new version, 
 range of the computation is rebuilt under a new token at a checkpoint boundary
 (services/controller/update.py). Before a worker builds a range of a computation at a
 version newer than the one it loaded the computation's code for, it imports the
-modules the spec names (code, ``function``, ``import:`` key extractors) again from
+modules of the spec's code (its class, or a built-in's ``function``) again from
 their files (:func:`millwheel.importing.reload_module`: only modules its
 ``--allow-code`` names, never the service's own). Once per computation and version,
 whichever range is built first; the others are built from the reloaded module.
@@ -27,7 +27,9 @@ computation's recent errors (outcome ``reload_failed``: ``millwheel errors``,
 ``millwheel status``, DescribeComputation, the console) and logged. Fix the file and
 update with ``--reload`` again.
 
-What is not reloaded: modules the named module imports (``from helpers import f`` keeps
+What is not reloaded: ``import:`` key extractors (what they compute must not change:
+keys would map away from their state; the routing keeps the function it compiled until
+the next registry change), modules the named module imports (``from helpers import f`` keeps
 the ``helpers`` loaded before; a restart of the worker loads everything anew), and code
 already running: a range keeps the instance it was built with until it is rebuilt.
 A computation first built here from a module already imported for another computation
@@ -64,7 +66,9 @@ class UserCode:
         worker loaded them for an older version (or, the first time it builds ``spec``,
         if a module's file changed since it was imported here). Returns the reloads that
         failed (those modules are as they were); never raises for them."""
-        modules = list(dict.fromkeys(module_of(path) for _what, path in import_paths(spec)))
+        # The code's modules, not key extractors' (as the controller's compat.code_modules).
+        modules = list(dict.fromkeys(module_of(path) for what, path in import_paths(spec)
+                                     if not what.endswith(".key")))
         with self._lock:
             seen = self._loaded.get(spec.name)
             if seen is not None and seen >= version:
