@@ -345,3 +345,45 @@ def test_up_passes_writer_expiry_and_max_restore_bytes_to_its_controller(tmp_pat
         proc.send_signal(signal.SIGINT)
         proc.wait(60)
         wait_for(lambda: not children(port), 10, "no child left behind")
+
+
+def test_reload_module_in_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a worker's reload does (millwheel.importing.reload_module), in this process:
+    the file's new version, even rewritten in the same second with the same size (a
+    stale .pyc would pass for fresh); a failed load leaves the module as it was; the
+    service's own modules and modules outside the allow-list are never reloaded."""
+    import importlib
+
+    from millwheel.errors import PermissionDeniedError
+    from millwheel.importing import AllowList, CodeReloadError, reload_module
+
+    name = "mw_reload_inproc"
+    path = tmp_path / f"{name}.py"
+    path.write_text("VALUE = 'aaa'\ndef f():\n    return VALUE\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    allow = AllowList.parse(name)
+    assert reload_module(name, allow) is False  # not imported yet: the next import reads the file
+    module = importlib.import_module(name)
+    old_f = module.f
+    try:
+        path.write_text("VALUE = 'bbb'\ndef f():\n    return VALUE\n")  # same size, same second
+        assert reload_module(name, allow) is True
+        assert module.f() == "bbb" and module.f is not old_f
+
+        path.write_text("VALUE = 'ccc'\ndef f(:\n")
+        with pytest.raises(CodeReloadError, match="SyntaxError") as failed:
+            reload_module(name, allow)
+        assert failed.value.exc_type == "SyntaxError"
+        assert module.VALUE == "bbb" and module.f() == "bbb"
+
+        path.write_text("VALUE = 'ddd'\nraise RuntimeError('at import')\n")
+        with pytest.raises(CodeReloadError, match="RuntimeError"):
+            reload_module(name, allow)
+        assert module.VALUE == "bbb" and module.f() == "bbb"  # every attribute as before
+
+        with pytest.raises(PermissionDeniedError, match="never reloaded"):
+            reload_module("millwheel.record", AllowList.parse("*"))
+        with pytest.raises(PermissionDeniedError, match="allow-list"):
+            reload_module(name, AllowList.parse("otherpkg.*"))
+    finally:
+        sys.modules.pop(name, None)
