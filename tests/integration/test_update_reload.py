@@ -387,3 +387,34 @@ def test_reload_module_in_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
             reload_module(name, AllowList.parse("otherpkg.*"))
     finally:
         sys.modules.pop(name, None)
+
+
+def test_the_key_extractor_record_is_stored_with_the_registry(tmp_path: Path) -> None:
+    """The record the two-step rule reads: in the registry's one store entry, read back
+    by a new controller (a new leader), kept through a rescale's rewrite, dropped with
+    the computation (registered again, it starts afresh)."""
+    from millwheel.state.sqlite_store import SQLiteStore
+    from services.controller.compat import candidate
+    from services.controller.registry import Registry
+
+    store = SQLiteStore(tmp_path / "s.db")
+    try:
+        reg = Registry(store)
+        a = ComputationSpec("j", (InputSpec("events", KeyExtractor("json:user")), InputSpec("more")), ("o",),
+                            CodeRef("map", {"key": "key"}), Options(key_ranges=2))
+        reg.register_topology([a], [InjectorSpec("events", "events"), InjectorSpec("more", "more")], [])
+        b = ComputationSpec("j", (InputSpec("more"),), ("o",), CodeRef("map", {"key": "key"}), Options(key_ranges=2))
+        topo, keyed = candidate(reg.topology, b, reg.allow, reg.keyed.get("j"))
+        reg.replace_computation(b, topo, 2, a, keyed=keyed)
+        assert Registry(store).keyed == {"j": {"events": "json:user", "more": "key"}}
+        reg.replace_computation(b, topo, 3, a)  # a rewrite that names no record (rescale) keeps it
+        again = Registry(store)
+        assert again.keyed == {"j": {"events": "json:user", "more": "key"}}
+        c = ComputationSpec("j", (InputSpec("more"), InputSpec("events", KeyExtractor("json:x"))), ("o",),
+                            CodeRef("map", {"key": "key"}), Options(key_ranges=2))
+        with pytest.raises(PreconditionError, match="removed by an earlier update"):
+            candidate(again.topology, c, again.allow, again.keyed.get("j"))
+        again.unregister_computation("j")
+        assert Registry(store).keyed == {}
+    finally:
+        store.close()
