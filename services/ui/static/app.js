@@ -136,8 +136,12 @@
       if (parts.length) {
         const text = parts.join(" · ");
         const y = place(mx, (y1 + y2) / 2 - 4, text.length * 6.2);
-        root.appendChild(svg("text", { class: "rate" + (blocked ? " backpressure" : ""), x: mx, y: y, "text-anchor": "middle",
-          "data-from": e.from, "data-to": e.to }, text));
+        const label = svg("text", { class: "rate" + (blocked ? " backpressure" : ""), x: mx, y: y, "text-anchor": "middle",
+          "data-from": e.from, "data-to": e.to }, text);
+        const group = svg("g", { class: "edge-label" });  // its title says which edge, on hover
+        group.appendChild(svg("title", {}, `${e.from.slice(2)} → ${e.to.slice(2)}: ${text}`));
+        group.appendChild(label);
+        root.appendChild(group);
       }
     }
     for (const n of graph.nodes) {
