@@ -68,7 +68,7 @@ def test_figures_are_start_up_removed_and_a_wrong_query_gives_none() -> None:
     assert q5["flink"]["per_core"] == pytest.approx(100_000 / 5.0)
     assert q5["local"]["per_core_raw"] == pytest.approx(101_000 / 3.0)
     assert q5["local_over_flink"] == pytest.approx(2.5)
-    assert q5["service"]["per_core"] == pytest.approx(101_000 / 4.0)  # no start-up in its timed part
+    assert q5["service"]["per_core"] == pytest.approx(101_000 / 4.0)  # no empty run of its own here
     assert q5["service_cpu_ratio"] == pytest.approx(round((100_000 / 2.0) / (101_000 / 4.0), 3))
     assert not q8["ok"] and q8["local"]["per_core"] is None and q8["local_over_flink"] is None
     table = "\n".join(nexmark.table_lines(res))
