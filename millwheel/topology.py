@@ -29,7 +29,7 @@ from millwheel.limits import (
     MIN_LOG_RETENTION_US,
     check_name,
 )
-from millwheel.nodes import NodeKind, injector_node, is_injector
+from millwheel.nodes import NodeKind, injector_node, is_injector, is_sink, name_of, sink_node
 
 
 class LatePolicy(enum.StrEnum):
@@ -255,7 +255,13 @@ class Topology:
         return list(self._producers.get(stream, ()))
 
     def upstream(self, name: str) -> list[str]:
-        """Nodes whose output watermark bounds the input watermark of ``name``."""
+        """Nodes whose output watermark bounds the input watermark of ``name``: a
+        computation, or a connector sink's node (``sink:NAME``: whatever writes its stream)."""
+        if is_sink(name):
+            sink = next((s for s in self.sinks if sink_node(s.name) == name), None)
+            if sink is None:
+                raise InvalidSpecError(f"no sink {name_of(name)!r}")
+            return self.producers(sink.stream)
         spec = self.computation(name)
         ups: list[str] = []
         for inp in spec.inputs:

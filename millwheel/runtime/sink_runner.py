@@ -25,6 +25,7 @@ from typing import Any
 from millwheel.connectors import SinkConnector, registry
 from millwheel.connectors.spec import SinkSpec
 from millwheel.errors import ConnectorError, InvalidSpecError, StoreError
+from millwheel.record import MIN_TIMESTAMP
 from millwheel.savepoint.logmap import LogMap
 from millwheel.savepoint.logmap import load as load_logmap
 from millwheel.state.protocol import StateStore
@@ -60,13 +61,22 @@ class SinkRunner:
         self.written = 0
         self.down_since: float | None = None
         self.caught_up = False  # the last step found nothing new in the log
+        #: What the external system is known to hold: every record of the stream below
+        #: this is written (the producers' watermark as it was before a read that found
+        #: the log written out). MIN_TIMESTAMP until the first such read.
+        self.watermark = MIN_TIMESTAMP
         self.dropped = False  # no longer ours (service mode): closed, never written again
         self._retry_at = 0.0
         self._failures = 0
 
-    def step(self) -> int:
+    def step(self, input_watermark: int = MIN_TIMESTAMP) -> int:
         """Write the next batch of the log, if any; returns how many records were read.
-        A failing external system is retried with backoff (FencedError propagates)."""
+        A failing external system is retried with backoff (FencedError propagates).
+
+        ``input_watermark``: the least watermark of the stream's producers, known before
+        this call. Every record below it was in the log then (a producer's watermark
+        holds back until its records are appended), so a read that finds nothing more to
+        write makes it the sink's watermark."""
         if time.monotonic() < self._retry_at:
             return 0
         try:
@@ -88,6 +98,8 @@ class SinkRunner:
             return 0
         self._failures, self.down_since = 0, None
         self.caught_up = not got
+        if self.caught_up and input_watermark > self.watermark:
+            self.watermark = input_watermark
         return len(got)
 
     def _commit(self, position: int) -> None:

@@ -26,7 +26,7 @@ from millwheel.connectors.pulled import PulledSource, open_source
 from millwheel.connectors.spec import SinkSpec, SourcePaths
 from millwheel.errors import FencedError, MillWheelError
 from millwheel.nodes import is_sink, name_of, sink_node
-from millwheel.record import MAX_TIMESTAMP
+from millwheel.record import MAX_TIMESTAMP, MIN_TIMESTAMP
 from millwheel.runtime.injector import CURSOR_KEY, dead_letters
 from millwheel.runtime.sink_runner import SinkRunner
 from millwheel.state.protocol import Checkpoint, StateStore
@@ -231,7 +231,8 @@ class Connectors:
                 owned = list(self.sinks.items())
             for unit, runner in owned:
                 try:
-                    written = 0 if runner.dropped else runner.step()
+                    written = 0 if runner.dropped else runner.step(
+                        self.shared.input_wms.get(unit[0], MIN_TIMESTAMP))
                     moved += written
                     down = runner.down_since
                     self.sensors.sink(runner.spec.name, 0.0 if down is None else time.monotonic() - down,
@@ -264,6 +265,13 @@ class Connectors:
         down = {r.spec.name: now - r.down_since for r in list(self.sinks.values()) if r.down_since is not None}
         down.update({name_of(unit[0]): now - since for unit, (_t, since, _r) in list(self.unbuilt.items())})
         return down
+
+    def watermarks(self) -> list[tuple[str, int, int, int]]:
+        """(node, range, token, watermark) of each sink run here: what its external
+        system is known to hold (SinkRunner.watermark), reported with the heartbeat as
+        any range's watermark, so status shows a sink's progress, not -inf."""
+        return [(unit[0], unit[1], r.token, r.watermark) for unit, r in list(self.sinks.items())
+                if not r.dropped]
 
     def positions(self) -> dict[str, int]:
         """Sinks -> the last log position their external system committed (the

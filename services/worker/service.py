@@ -263,6 +263,11 @@ class WorkerProcess:
             sent[unit] = (wm, pending, now)
             reports.append(pb.WatermarkReport(node=owned.node, range_id=owned.range_id,
                                               token=owned.token, watermark=wm, pending=pending))
+        for node, range_id, token, wm in self.connectors.watermarks():  # connector sinks
+            unit = (node, range_id, token)
+            if report_due(self._reported.get(unit), wm, 0, now, refresh):
+                sent[unit] = (wm, 0, now)
+                reports.append(pb.WatermarkReport(node=node, range_id=range_id, token=token, watermark=wm))
         fenced, self._fenced_unreported = self._fenced_unreported, []
         reports += [pb.WatermarkReport(node=n, range_id=r, token=t, watermark=MIN_TIMESTAMP)
                     for n, r, t in fenced]
