@@ -564,8 +564,8 @@ def chart(res: dict[str, Any], path: Path) -> None:
 
 def commit() -> str:
     done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    dirty = subprocess.run(["git", "status", "--porcelain", "--", "millwheel", "services", "bench"], cwd=ROOT,
-                           capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", "millwheel", "services",
+                            "bench"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     return done.stdout.strip() + ("-dirty" if dirty else "")
 
 
