@@ -257,6 +257,11 @@ class Snapshotter:
         logged = topo.logged_streams()
         self._tail(logged)
         self.history.keep([*comps, *(injector_node(i) for i in injectors)])
+        nodes = {*comps, *(injector_node(i) for i in injectors)}
+        for edge in [e for e in self._edge_total if e[0] not in nodes
+                     or not (e[2] in nodes or e[2].startswith("log:"))]:  # unregistered: forgotten
+            del self._edge_total[edge]
+            self._edge_hist.pop(edge, None)
         self.snapshot = {
             "ready": True, "time_us": now_us, "version": version,
             "store": redact(c.store.url),  # never the password (as ClusterStatus)

@@ -30,8 +30,8 @@ def when(us: int) -> str:
         return "+inf (end of input)"
     try:
         t = _EPOCH + timedelta(microseconds=us)
-    except OverflowError:
-        return f"{us} µs since the epoch"
+    except OverflowError:  # past year 9999: near the ±2^62 sentinels (a timer at "the end of time")
+        return "+inf (end of input)" if us > 0 else "-inf (before any record)"
     return t.strftime("%Y-%m-%d %H:%M:%S.") + f"{t.microsecond // 1000:03d}"
 
 

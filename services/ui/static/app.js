@@ -43,6 +43,9 @@
   function fmtWm(wm) {
     if (wm === "-inf") return "−∞ (nothing yet)";
     if (wm === "+inf") return "+∞ (done)";
+    // past year 9900: near the ±2^62 µs sentinels (a timer "at the end of time"), not a date
+    if (wm >= 2.5e17) return "+∞ (end of input)";
+    if (wm <= -2.5e17) return "−∞ (before any record)";
     return new Date(wm / 1000).toISOString().replace("T", " ").replace("Z", "");
   }
   function fmtLag(s) { return s === null || s === undefined ? "" : "lag " + fmtSecs(s); }
