@@ -50,7 +50,8 @@ def test_nats_in_and_out_locally_with_a_bad_message_dead_lettered(tmp_path: Path
         server.publish("events.a", [*msgs[:150], {"key": "x", "value": 1}, *msgs[150:]])  # no timestamp
         done = run_local(tmp_path, nats_spec(server.url, until_end=True, subject_in="events.>",
                                              subject_out="out.sums"), "local")
-        assert done.returncode == 0, done.stderr
+        assert done.returncode == 3, done.stderr  # done, with a record set aside
+        assert "dead-lettered records (ev.dead_letters 1)" in done.stderr
         letters = [json.loads(json.loads(line)["value"]) for line in done.stdout.splitlines()]
         assert [m["message"] for m in letters] == ["entry 151: missing field 'timestamp'"]
         assert message_sums(server.read("OUT", "out.sums")) == expected_sums(items)
