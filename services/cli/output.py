@@ -97,6 +97,23 @@ def fmt_ts(us: int) -> str:
     return f"{us} ({when.isoformat(timespec='milliseconds').replace('+00:00', 'Z')})"
 
 
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+
+
+def fmt_event_time(us: int) -> str:
+    """A record's timestamp for people: UTC to the microsecond (exact: no float on the
+    way), ``-inf``/``+inf`` at the ends; a time no calendar holds (past year 9999) stays
+    in microseconds."""
+    if us <= MIN_TIMESTAMP:
+        return "-inf"
+    if us >= MAX_TIMESTAMP:
+        return "+inf"
+    try:
+        return (_EPOCH + dt.timedelta(microseconds=us)).isoformat(timespec="microseconds").replace("+00:00", "Z")
+    except OverflowError:
+        return f"{us} µs"
+
+
 def json_ts(us: int) -> int | str:
     """A watermark in ``--json`` output as the console's Tracker API gives it: integer
     microseconds, or ``"-inf"`` (nothing yet) / ``"+inf"`` (done) at the ends."""

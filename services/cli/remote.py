@@ -24,7 +24,7 @@ from millwheel.spec import load_spec_file, spec_parts
 
 from ..client import inject_messages
 from .errors import status_lines
-from .output import client_for, client_parser, emit, fmt_lag, fmt_ts, json_ts, table, worker_state
+from .output import client_for, client_parser, emit, fmt_event_time, fmt_lag, fmt_ts, json_ts, table, worker_state
 
 
 def add_commands(sub: Any) -> None:
@@ -384,7 +384,7 @@ def cmd_subscribe(args: argparse.Namespace) -> int:
 def _subscribe(args: argparse.Namespace) -> int:
     with client_for(args) as client:
         if not args.json:
-            print(f"{'SEQ':>8}  {'TIMESTAMP':>18}  KEY  VALUE", flush=True)
+            print(f"{'SEQ':>8}  {'TIMESTAMP (UTC)':<27}  KEY  VALUE", flush=True)
         out = sys.stdout
         # A batch as the controller sent it, written and flushed at once: a line a record,
         # as before, without a write and a flush each (millwheel subscribe keeps up with a log).
@@ -392,7 +392,8 @@ def _subscribe(args: argparse.Namespace) -> int:
             if args.json:
                 lines = [_json_line(seq, rec) for seq, rec in batch]
             else:
-                lines = [f"{seq:>8}  {rec.timestamp:>18}  {rec.key}  {_value_text(rec.value)}" for seq, rec in batch]
+                lines = [f"{seq:>8}  {fmt_event_time(rec.timestamp):<27}  {rec.key}  {_value_text(rec.value)}"
+                         for seq, rec in batch]
             lines.append("")
             out.write("\n".join(lines))
             out.flush()

@@ -184,7 +184,7 @@ def _quickstart(out: subprocess.CompletedProcess[str], home: Path) -> None:
     for line in (home / "clicks.jsonl").read_text().splitlines():
         click = json.loads(line)
         counts[(click["value"]["user"], click["timestamp"] - click["timestamp"] % 10_000_000)] += 1
-    rows = [json.loads(m.group(1)) for m in re.finditer(r"^\s+\d+\s+\d+\s+\S+\s+(\{.*\})$", out.stdout, re.M)]
+    rows = [json.loads(m.group(1)) for m in re.finditer(r"^\s+\d+\s+\d{4}-\S+Z\s+\S+\s+(\{.*\})$", out.stdout, re.M)]
     assert {(r["key"], r["start"]): r["value"] for r in rows} == {k: n for k, n in counts.items() if n >= 3}, \
         out.stdout
 

@@ -9,6 +9,7 @@ store's ``append_log``: what is read is what a sink's log holds.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import subprocess
 import sys
@@ -110,5 +111,7 @@ def test_the_cli_writes_what_it_wrote_one_record_at_a_time(controller: tuple[Con
                            capture_output=True, text=True, timeout=120)
     assert table.returncode == 0, table.stderr
     rows = table.stdout.splitlines()
-    assert rows[0].split() == ["SEQ", "TIMESTAMP", "KEY", "VALUE"] and len(rows) == len(records) + 2
-    assert rows[1] == f"{seqs[0]:>8}  {records[0].timestamp:>18}  {records[0].key}  {records[0].value.decode()}"
+    assert rows[0].split() == ["SEQ", "TIMESTAMP", "(UTC)", "KEY", "VALUE"] and len(rows) == len(records) + 2
+    when = (dt.datetime(1970, 1, 1, tzinfo=dt.UTC) + dt.timedelta(microseconds=records[0].timestamp))
+    assert rows[1] == (f"{seqs[0]:>8}  {when.strftime('%Y-%m-%dT%H:%M:%S.%fZ'):<27}  {records[0].key}  "
+                       f"{records[0].value.decode()}")  # a time people read, to the microsecond
