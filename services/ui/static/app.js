@@ -138,7 +138,9 @@
       if (e.queued) parts.push(`${e.queued} queued`);
       if (parts.length) {
         const text = parts.join(" · ");
-        const y = place(mx, (y1 + y2) / 2 - 4, text.length * 6.2);
+        // At the target's row (an edge's midpoint between rows sat beside other edges'
+        // labels: whose rate was it?), in the gap before the target.
+        const y = place(mx, y2 - 4, text.length * 6.2);
         const label = svg("text", { class: "rate" + (blocked ? " backpressure" : ""), x: mx, y: y, "text-anchor": "middle",
           "data-from": e.from, "data-to": e.to }, text);
         const group = svg("g", { class: "edge-label" });  // its title says which edge, on hover
