@@ -4,8 +4,9 @@ service on loopback (headless Debian Chromium via Playwright):
 * each edge of the graph shows its own records/s (what its consumer acknowledged),
   not its consumer's whole input rate with retries counted: records injected at a
   steady ~20/s show ~20/s on the injector's edge, a computation's two outputs show
-  their own rates (all of them, and a quarter), and a stream read by two consumers
-  shows the rate on each;
+  their own rates (all of them, and a quarter), a stream read by two consumers shows
+  the rate on each, and a consumer whose batches fail and are retried shows ~20/s in
+  and out;
 * a wide and tall graph (12 computations in a chain, 12 reading one stream) is not
   clipped: every node lies inside the graph's scrollable area and can be scrolled to;
 * the console opens on the failing computation, and shows what holds its watermark;
@@ -112,6 +113,7 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
                   {"size_us": 10_000_000, "aggregation": "count"}, key="json:user"),
              comp("sessions", ["all"], "session_window", ["sessions_out"],
                   {"gap_us": SESSION_GAP_US, "aggregation": "sum", "field": "n"}, key="json:user"),
+             comp("flaky", ["clicks"], f"{CODE}:Flaky", ["flaky_out"], {"every": 25}),
              comp("zz_broken", ["quiet"], f"{CODE}:Broken", ["broken_out"], key_ranges=1)],
             [("clicks", "clicks"), ("quiet", "quiet")])
         svc.cluster.wait_balanced()
@@ -164,6 +166,7 @@ def test_each_edge_shows_its_own_rate_against_what_was_injected(page: Any, servi
         "i:clicks -> s:clicks": 1.0, "s:clicks -> c:split": 1.0,
         "c:split -> s:all": 1.0, "c:split -> s:some": share,
         "s:all -> c:counts": 1.0, "s:all -> c:sessions": 1.0,  # one stream, two consumers: each
+        "s:clicks -> c:flaky": 1.0, "c:flaky -> s:flaky_out": 1.0,  # retried batches count once
     }
     seen: dict[str, str] = {}
 
@@ -186,6 +189,11 @@ def test_each_edge_shows_its_own_rate_against_what_was_injected(page: Any, servi
     # edge is about what was injected (it was twice that: retries counted as input).
     assert rate_of(seen["c:split -> s:some"]) < 0.5 * rate_of(seen["c:split -> s:all"])  # type: ignore[operator]
     assert rate_of(seen["i:clicks -> s:clicks"]) <= 1.25 * service.injected_per_s() + 0.5  # type: ignore[operator]
+    # flaky did retry (its first runs of every 25th record failed), and lost nothing
+    logs = "".join(service.cluster.log(f"worker{i}") for i in range(len(service.cluster.workers)))
+    assert "the feature store timed out (transient)" in logs  # the workers logged the failed runs
+    flaky = page.evaluate("async () => (await fetch('/api/v1/computation?computation=flaky')).json()")
+    assert flaky["dead_lettered"] == 0, flaky
     # The panel's records/s in of a computation is what its consumers acked too.
     page.select_option("#comp-select", "split")
     page.locator("#spec").filter(has_text="name: split").wait_for()
