@@ -339,8 +339,12 @@ def _target(name: str, value: float | None, bound: float, unit: str, lower: bool
     return {"target": name, "value": value, "bound": bound, "unit": unit, "met": met}
 
 
-#: Where issue 32's output target is judged: the benchmark at this many events or more.
+#: Where issue 32's targets are judged: the output target at this many events or more
+#: (the issue's "bench at >= 10M"), the per-core ones at this many (below it the fixed
+#: cost, ~11 CPU-s a Flink job, swamps what the events cost: a quick run's figures are
+#: shown, not judged).
 NEXMARK_EVENTS_32 = 10_000_000
+NEXMARK_PER_CORE_EVENTS_32 = 200_000
 
 
 def issue_32_targets(res: dict[str, Any]) -> list[dict[str, Any]]:
@@ -393,12 +397,15 @@ def nexmark_target_rows(r: dict[str, Any] | None, why: str = "") -> list[dict[st
         pick = (max if largest else min)(vals, key=lambda q: vals[q] or 0.0)
         return vals[pick], (", ".join(f"{q} {v:.2f}x" for q, v in vals.items()) + f"; worst {pick} ({where})")
 
+    big = r["events"] >= NEXMARK_PER_CORE_EVENTS_32
+    off = _off([] if big else [f"judged at >= {NEXMARK_PER_CORE_EVENTS_32:,} events"])
     v, note = worst("local_over_published", ("q5", "q7", "q8"))
-    rows.append(_row(names[1], v, 1.0, "x published", note=note + "; published: Flink 1.13, nexmark/nexmark "
-                                                                  "README, not measured here"))
+    rows.append(_row(names[1], v, 1.0, "x published", judged=big,
+                     note=note + "; published: Flink 1.13, nexmark/nexmark README, not measured here" + off))
     v, note = worst("local_over_flink", tuple(qs))
-    rows.append(_row(names[2], v, 1.0, "x PyFlink", note=note if r.get("flink") else f"no Flink run ({where})"))
+    rows.append(_row(names[2], v, 1.0, "x PyFlink", judged=big,
+                     note=(note + off) if r.get("flink") else f"no Flink run ({where})"))
     v, note = worst("service_cpu_ratio", ("q5", "q8"), largest=True)
-    rows.append(_row(names[3], v, 1.5, "x local", lower=True,
-                     note=note + "; service: up --workers 2, inject + subscribe, every process's CPU"))
+    rows.append(_row(names[3], v, 1.5, "x local", lower=True, judged=big,
+                     note=note + "; service: up --workers 2, inject + subscribe, every process's CPU" + off))
     return rows

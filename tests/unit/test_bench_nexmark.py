@@ -97,3 +97,14 @@ def test_the_chart_is_a_png(tmp_path: Path) -> None:
     res = _result(runs, ("q5",))
     nexmark.chart(res, tmp_path / "c.png")
     assert (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_per_core_rows_are_judged_only_from_200k_events() -> None:
+    runs = [_run("local", q, 1.0, round_no=0) for q in ("q5", "q7", "q8")] + \
+           [_run("local", q, 3.0) for q in ("q5", "q7", "q8")]
+    for events, judged in ((101_000, False), (300_000, True)):
+        rows = {t["target"]: t for t in nexmark_target_rows(_result(runs, ("q5", "q7", "q8"), events))}
+        published = rows["local per core >= Flink 1.13 published on q5, q7, q8"]
+        assert published["value"] is not None
+        assert (published["met"] is not None) == judged
+        assert ("not judged" in published["note"]) != judged
