@@ -282,19 +282,43 @@ def cmd_watermark(args: argparse.Namespace) -> int:
     return emit(args, data, table(["NODE", "LOW WATERMARK", "INPUT WATERMARK", "HELD BY", "LAG"], rows))
 
 
+def _labelled_state(client: Any, computation: str, state: bytes) -> dict[str, Any] | None:
+    """A built-in operator's state with its fields named (the console's labels,
+    services/ui/state_view.py); None for user code's state or one that is not JSON."""
+    from ..rpc.convert import spec_from_proto
+    from ..ui.state_view import labelled
+
+    try:
+        decoded = json.loads(state)
+    except ValueError:
+        return None
+    try:
+        spec = spec_from_proto(client.describe(computation).spec)
+    except Exception:  # noqa: BLE001 - no labels is the plain output, never an error
+        return None
+    return labelled(spec, decoded)
+
+
 def cmd_state(args: argparse.Namespace) -> int:
     with client_for(args) as client:
         resp = client.state(args.computation, args.key)
+        labels = _labelled_state(client, args.computation, resp.state) if resp.exists and resp.state else None
     timers: list[dict[str, Any]] = [{"tag": t.tag, "time": t.time, "domain": t.domain, "hold": t.hold}
                                     for t in resp.timers]
     data = {"computation": args.computation, "key": args.key, "exists": resp.exists,
             "range": resp.range_id, "state": _value_text(resp.state) if resp.exists else None,
             "timers": timers}
+    if labels is not None:
+        data["state_labelled"] = labels
     if not resp.exists:
         text = f"{args.computation} key {args.key!r}: no state and no pending timers"
     else:
         text = (f"{args.computation} key {args.key!r} (range {resp.range_id})\nstate: "
                 f"{_value_text(resp.state) or '(none)'}\n")
+        if labels is not None:
+            text += f"as {labels['operator']} state:\n" + "".join(
+                f"  {e['label']}: " + ", ".join(f"{k}={v}" for k, v in e["fields"].items()) + "\n"
+                for e in labels["entries"])
         text += table(["TIMER", "TIME", "DOMAIN", "HOLDS WATERMARK"],
                       [(t["tag"], fmt_ts(t["time"]), t["domain"], t["hold"]) for t in timers]) \
             if timers else "timers: (none)"
