@@ -105,20 +105,29 @@ RESULTS = ROOT / "bench" / "results"
 
 # -- CPU of every process ----------------------------------------------------------------------
 
+_reaping = False  # this process became a subreaper for the Flink runs (reap_orphans acts only then)
+
+
 def become_subreaper() -> bool:
     """Make this process the reaper of its orphaned descendants (Linux), so a JVM that
-    outlives its PyFlink parent is re-parented here and its CPU reaches RUSAGE_CHILDREN."""
+    outlives its PyFlink parent is re-parented here and its CPU reaches RUSAGE_CHILDREN.
+    Only for runs with Flink: a process that embeds the case (a test session) must not
+    inherit every orphan of everything it runs afterwards."""
+    global _reaping
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        return bool(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
+        _reaping = bool(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
     except (OSError, AttributeError):
-        return False
+        _reaping = False
+    return _reaping
 
 
 def reap_orphans(timeout_s: float = 60.0) -> int:
     """Wait for every re-parented descendant to exit and reap it (its CPU then counts in
     RUSAGE_CHILDREN); returns how many. Only called while this process has no child of
     its own running (a Popen's child would be reaped behind its back)."""
+    if not _reaping:  # not a subreaper: no orphans come here, and other children are not ours to reap
+        return 0
     reaped = 0
     deadline = time.monotonic() + timeout_s
     while True:
@@ -344,7 +353,7 @@ def case(events: int = 1_000_000, rate: int = 10_000, seed: int = 32, queries: t
          emit: Callable[[dict[str, Any]], None] | None = None, workdir: Path | None = None) -> dict[str, Any]:
     """Generate, run the empty runs, then the interleaved rounds; the summary per query
     (every run under ``runs``, without its rows). ``emit(run)`` is called as each run ends."""
-    subreaper = become_subreaper()
+    subreaper = become_subreaper() if flink else False
     if flink:
         from bench.peers.peer_flink import available
 
