@@ -378,14 +378,10 @@ def _handler(console: Console) -> type[BaseHTTPRequestHandler]:
                 self._json(405, {"error": "the console's data is read-only; POST only to /login, /logout "
                                           "and /api/v1/actions/NAME"})
                 return
-            try:
-                length = int(self.headers.get("Content-Length", "0"))
-            except ValueError:
-                length = -1
-            if not 0 <= length <= MAX_FORM_BYTES:
-                self._json(400, {"error": f"login form must be 0..{MAX_FORM_BYTES} bytes"})
+            raw = self._body("login form")
+            if raw is None:
                 return
-            form = parse_qs(self.rfile.read(length).decode("utf-8", "replace"), max_num_fields=5)
+            form = parse_qs(raw.decode("utf-8", "replace"), max_num_fields=5)
             if path == "/logout":
                 for part in self.headers.get("Cookie", "").split(";"):
                     name, _, value = part.strip().partition("=")
@@ -402,6 +398,17 @@ def _handler(console: Console) -> type[BaseHTTPRequestHandler]:
                 return
             sid = console.sessions.new(who)
             self._send(303, b"", "text/plain", {"Location": "/", "Set-Cookie": _cookie(sid, SESSION_S)})
+
+        def _body(self, what: str) -> bytes | None:
+            """The request's body, at most MAX_FORM_BYTES; else answered 400 here (None)."""
+            try:
+                length = int(self.headers.get("Content-Length", "0"))
+            except ValueError:
+                length = -1
+            if not 0 <= length <= MAX_FORM_BYTES:
+                self._json(400, {"error": f"{what} must be 0..{MAX_FORM_BYTES} bytes"})
+                return None
+            return bytes(self.rfile.read(length))
 
         def _action(self, name: str) -> None:
             """``POST /api/v1/actions/NAME`` (JSON body): role operator, checked before
@@ -420,15 +427,11 @@ def _handler(console: Console) -> type[BaseHTTPRequestHandler]:
             if self.headers.get("Content-Type", "").split(";")[0].strip() != "application/json":
                 self._json(415, {"error": "an action's body is JSON (Content-Type: application/json)"})
                 return
-            try:
-                length = int(self.headers.get("Content-Length", "0"))
-            except ValueError:
-                length = -1
-            if not 0 <= length <= MAX_FORM_BYTES:
-                self._json(400, {"error": f"an action's body must be 0..{MAX_FORM_BYTES} bytes"})
+            raw = self._body("an action's body")
+            if raw is None:
                 return
             try:
-                body = json.loads(self.rfile.read(length) or b"{}")
+                body = json.loads(raw or b"{}")
                 if not isinstance(body, dict):
                     raise BadRequest("an action's body is a JSON object")
                 if console.act is None:
