@@ -63,6 +63,7 @@ from millwheel.nodes import is_injector
 from millwheel.record import Record
 from millwheel.topology import Topology
 from services.client import ControllerClient, inject_messages
+from services.inject_writer import InjectWriter
 from services.rpc.convert import spec_to_proto
 
 STORES = ("sqlite", "redis", "redis-aof")
@@ -89,6 +90,9 @@ class Plan:
     capacity_records: int = 30_000
     tracemalloc_s: float | None = None
     out: str = str(RESULTS)
+    #: how records go in: "inject" (the controller's Inject, a message of ``batch`` records
+    #: at a time) or "writer" (InjectWriter: straight to the worker owning the range)
+    feed: str = "inject"
 
 
 def topology(plan: Plan) -> Topology:
@@ -382,8 +386,23 @@ def run(plan: Plan) -> dict[str, Any]:
             until = started + duration_s
             errors: list[BaseException] = []
 
+            writer: InjectWriter | None = None
+
             def inject() -> None:
+                nonlocal writer
                 try:
+                    if plan.feed == "writer":  # parallel ingestion: no controller on the data path
+                        writer = InjectWriter(svc.new_client(), INJECTOR, stream=INJECTOR, writer="soak")
+                        chunk: list[Record] = []
+                        for record in feed.records(until, plan.batch):
+                            chunk.append(record)
+                            if len(chunk) >= plan.batch:  # as Inject's messages: its largest time - disorder
+                                writer.write(chunk)
+                                writer.advance(max(r.timestamp for r in chunk) - DISORDER_US)
+                                chunk = []
+                        writer.write(chunk)
+                        writer.flush()
+                        return
                     svc.new_client().inject(inject_messages(INJECTOR, INJECTOR, feed.records(until, plan.batch),
                                                             plan.batch, DISORDER_US))
                 except BaseException as exc:  # noqa: BLE001 - reported with the result
@@ -416,7 +435,11 @@ def run(plan: Plan) -> dict[str, Any]:
                 if time.monotonic() - started - sampler.samples[-1]["t_min"] * 60 > plan.sample_s / 2:
                     sampler.sample(started)  # the end of the run, before done
                 log("  done: closing the injector, waiting for every window ...")
-                svc.client.inject(inject_messages(INJECTOR, INJECTOR, [], done=True))
+                if writer is not None:
+                    writer.done()
+                    writer.close()
+                else:
+                    svc.client.inject(inject_messages(INJECTOR, INJECTOR, [], done=True))
                 complete = reader.wait_rows(len(feed.expected), 300)
                 time.sleep(1.0)  # a duplicate row would arrive after the last expected one
                 correct = compare(feed.expected, reader.counts)
@@ -522,6 +545,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--turnover-s", type=float, default=300.0,
                     help="the user population is replaced over this many seconds (default 300)")
     ap.add_argument("--batch", type=int, default=100, help="records per Inject message (default 100)")
+    ap.add_argument("--feed", choices=("inject", "writer"), default="inject",
+                    help="inject: the controller's Inject (default); writer: InjectWriter, straight to "
+                         "the workers (parallel ingestion), which keeps up with today's capacity")
     ap.add_argument("--capacity-records", type=int, default=30_000,
                     help="records of the backlog run that measures capacity (default 30,000)")
     ap.add_argument("--tracemalloc-s", type=float,
@@ -536,7 +562,7 @@ def main(argv: list[str] | None = None) -> int:
     plan = Plan(minutes=a.minutes, rate=a.rate, load_pct=a.load_pct, store=a.store, sample_s=a.sample_s,
                 state_ttl_s=a.state_ttl_s,
                 id_retention_s=a.id_retention_s, log_retention_s=a.log_retention_s, users=a.users,
-                turnover_s=a.turnover_s, batch=a.batch,
+                turnover_s=a.turnover_s, batch=a.batch, feed=a.feed,
                 capacity_records=a.capacity_records, tracemalloc_s=a.tracemalloc_s, out=a.out)
     result = run(plan)
     print("\n".join(table(result)))
