@@ -222,16 +222,22 @@ class RedisStore(RedisLease, RedisLog):
         except (ValueError, TypeError) as exc:
             raise self._corrupt(key, field, f"outbox entry unreadable: {exc}") from None
 
+    @staticmethod
+    def _base(rk: Any) -> str:
+        """The range's key prefix (``mw:r:{C:R}:``), for the keys named from it: window
+        buffers, consumed-ID generation sets, the pre-generation ID ZSET."""
+        return str(rk.state)[: -len("state")]
+
     def _legacy_ids(self, rk: Any) -> str:
         """The ZSET of consumed IDs written before generations (read and expired only)."""
-        return str(rk.state)[: -len("state")] + "ids"
+        return self._base(rk) + "ids"
 
     def contains_ids(self, computation: str, range_id: int, ids: Sequence[str]) -> set[str]:
         """Two round trips: the live generations, then one SMISMEMBER per generation and
         chunk (and the pre-generation ZSET) pipelined. Runs for Bloom filter hits only."""
         rk = self._range(computation, range_id)
         gens = self._call("contains_ids", [rk.ids], partial(self._r.zrange, rk.ids, 0, -1))
-        base = rk.ids[: -len("idgens")] + "ids:"
+        base = self._base(rk) + "ids:"
         chunks = [list(ids[s : s + _CHUNK]) for s in range(0, len(ids), _CHUNK)]
         calls: list[tuple[str, str, tuple[Any, ...]]] = [
             (self._legacy_ids(rk), "zmscore", (c,)) for c in chunks
@@ -250,7 +256,7 @@ class RedisStore(RedisLease, RedisLog):
         # rank. An ID consumed in two generations comes once per generation.
         rk = self._range(computation, range_id)
         gens = self._call("iter_ids", [rk.ids], partial(self._r.zrange, rk.ids, 0, -1))
-        base = rk.ids[: -len("idgens")] + "ids:"
+        base = self._base(rk) + "ids:"
         for g in gens:
             key = base + g.decode()
             cursor = 0
@@ -289,7 +295,7 @@ class RedisStore(RedisLease, RedisLog):
 
     # -- window buffers (written by checkpoints, see redis_lua) ----------------------
     def _buffer_base(self, computation: str, range_id: int) -> str:
-        return self._range(computation, range_id).state[: -len("state")]
+        return self._base(self._range(computation, range_id))
 
     def read_buffer(self, computation: str, range_id: int, name: str) -> list[bytes]:
         """The list's entries, :data:`_CHUNK` per LRANGE (the range's owner is the only

@@ -54,6 +54,18 @@ def _timed(items: Any) -> list[dict[str, Any]]:
     return [{"time": when(int(t)), "value": v} for t, v in items]
 
 
+def _accumulated(agg: str, fields: dict[str, Any], count: Any, total: Any, lo: Any, hi: Any,
+                 fired: Any) -> dict[str, Any]:
+    """``fields`` plus what window_aggregate and session_window both accumulate: sum, min
+    and max (and mean) unless the aggregation is a count, which keeps 0.0 there; fired."""
+    if agg != "count":
+        fields.update({"sum": total, "min": lo, "max": hi})
+        if agg == "mean" and count:
+            fields["mean"] = total / count
+    fields["fired"] = bool(fired)
+    return fields
+
+
 def _aggregate(spec: ComputationSpec, state: dict[str, Any]) -> list[Entry]:
     size = int(spec.code.params.get("size_us", 0))
     agg = spec.code.params.get("aggregation", "count")
@@ -61,12 +73,7 @@ def _aggregate(spec: ComputationSpec, state: dict[str, Any]) -> list[Entry]:
     for start_s, acc in state.items():
         count, total, lo, hi, fired = acc
         start = int(start_s)
-        fields: dict[str, Any] = {"count": count}
-        if agg != "count":  # a count keeps 0.0 there: no sum, min or max to show
-            fields.update({"sum": total, "min": lo, "max": hi})
-            if agg == "mean" and count:
-                fields["mean"] = total / count
-        fields["fired"] = bool(fired)
+        fields = _accumulated(agg, {"count": count}, count, total, lo, hi, fired)
         out.append({"label": f"window {span(start, start + size) if size else when(start)}", "fields": fields})
     return out
 
@@ -76,12 +83,7 @@ def _session(spec: ComputationSpec, state: dict[str, Any]) -> list[Entry]:
     out = []
     for start_s, acc in state.items():
         end, count, total, lo, hi, fired = acc
-        fields: dict[str, Any] = {"end": when(int(end)), "count": count}
-        if agg != "count":
-            fields.update({"sum": total, "min": lo, "max": hi})
-            if agg == "mean" and count:
-                fields["mean"] = total / count
-        fields["fired"] = bool(fired)
+        fields = _accumulated(agg, {"end": when(int(end)), "count": count}, count, total, lo, hi, fired)
         out.append({"label": f"session {span(int(start_s), int(end))}", "fields": fields})
     return out
 
