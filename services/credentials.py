@@ -80,13 +80,17 @@ def check_name(name: str) -> str:
 
 def create(store: StateStore, name: str, role: Role, now_us: int) -> str:
     """Issue credential ``name`` with ``role``; returns its token (shown once: only its
-    hash is kept). ALREADY_EXISTS if the name is taken (revoke it first to rotate)."""
+    hash is kept). ALREADY_EXISTS if the name is taken (revoke it first to rotate).
+
+    The entry is written only if the name holds none, in one atomic step of the store
+    (:meth:`~millwheel.state.protocol.StateStore.insert_meta`): of two creates of one
+    name racing, from any processes, exactly one wins and the other is refused, so no
+    token handed out is silently overwritten by another."""
     check_name(name)
-    if store.get_meta(PREFIX + name) is not None:
-        raise AlreadyExistsError(f"a credential named {name!r} exists; `millwheel credentials revoke "
-                                 f"{name}` first to issue a new token under that name")
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
-    store.put_meta(PREFIX + name, Credential(name, role, digest(token), now_us).to_json())
+    if not store.insert_meta(PREFIX + name, Credential(name, role, digest(token), now_us).to_json()):
+        raise AlreadyExistsError(f"credential {name!r} already exists: `millwheel credentials revoke "
+                                 f"{name}` first to issue a new token under that name")
     return token
 
 

@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterator
 from millwheel.state.protocol import StateStore
 
 WRITES = frozenset({
-    "acquire", "checkpoint", "ack", "append_log", "trim_log", "report_watermark", "put_meta",
+    "acquire", "checkpoint", "ack", "append_log", "trim_log", "report_watermark", "put_meta", "insert_meta",
     "claim_lease", "renew_lease", "release_lease",
 })
 

@@ -263,6 +263,15 @@ class StateStore(Protocol):
         epoch is current (checked in the same atomic write). ``lease/`` names are reserved."""
         ...
 
+    def insert_meta(self, name: str, value: bytes) -> bool:
+        """Write one metadata entry only if ``name`` holds none, in one atomic step:
+        True if this call wrote it, False if an entry was there (left unchanged), so of
+        any number of concurrent inserts of one name exactly one wins. An entry already
+        holding exactly ``value`` counts as this call's: a call retried after its reply
+        was lost still answers True (callers make ``value`` unique to the call, such as
+        a fresh token's hash). ``lease/`` names are reserved."""
+        ...
+
     def get_meta(self, name: str) -> bytes | None: ...
 
     def list_meta(self, prefix: str) -> dict[str, bytes]: ...

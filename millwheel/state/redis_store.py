@@ -353,6 +353,14 @@ class RedisStore(RedisLease, RedisLog):
         else:
             self._call("put_meta", [key], lambda: self._write(key, "HSET", key, name, value))
 
+    def insert_meta(self, name: str, value: bytes) -> bool:
+        check_meta_name(name)
+        key = self._meta()
+        if int(self._call("insert_meta", [key], lambda: self._write(key, "HSETNX", key, name, value))):
+            return True
+        # taken: by another caller, or by this very call whose reply was lost and retried
+        return self.get_meta(name) == value
+
     def get_meta(self, name: str) -> bytes | None:
         key = self._meta()
         raw = self._call("get_meta", [key], lambda: self._r.hget(key, name))

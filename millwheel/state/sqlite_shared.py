@@ -140,6 +140,18 @@ class SQLiteShared:
 
         self._write(txn)
 
+    def insert_meta(self, name: str, value: bytes) -> bool:
+        check_meta_name(name)
+
+        def txn() -> bool:
+            cur = self._db.execute("INSERT INTO meta VALUES (?, ?) ON CONFLICT (name) DO NOTHING", (name, value))
+            if cur.rowcount == 1:
+                return True
+            row = self._db.execute("SELECT value FROM meta WHERE name=?", (name,)).fetchone()
+            return row is not None and bytes(row[0]) == value
+
+        return self._write(txn)
+
     def get_meta(self, name: str) -> bytes | None:
         with self._lock:
             row = self._db.execute("SELECT value FROM meta WHERE name=?", (name,)).fetchone()

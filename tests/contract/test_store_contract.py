@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from millwheel.clock import ManualClock
-from millwheel.errors import FencedError, LogTrimmedError
+from millwheel.errors import FencedError, InvalidSpecError, LogTrimmedError
 from millwheel.record import MAX_TIMESTAMP, MIN_TIMESTAMP, Record, TimeDomain, Timer
 from millwheel.runtime.retention import LogTrimmer, Retention, read_retained
 from millwheel.state import open_store
@@ -577,6 +577,18 @@ def test_meta_put_get_list_delete(store: StateStore) -> None:
     store.put_meta("never-there", None)
     assert store.get_meta("computations/a") is None
     assert store.list_meta("computations/") == {"computations/b": b"\x00\xff"}
+
+
+def test_insert_meta_writes_only_where_nothing_is(store: StateStore) -> None:
+    assert store.insert_meta("credentials/a", b"first") is True
+    assert store.insert_meta("credentials/a", b"second") is False  # taken: left unchanged
+    assert store.get_meta("credentials/a") == b"first"
+    assert store.insert_meta("credentials/a", b"first") is True  # the same bytes: a retried call's own
+    store.put_meta("credentials/a", None)
+    assert store.insert_meta("credentials/a", b"third") is True  # free again once deleted
+    assert store.list_meta("credentials/") == {"credentials/a": b"third"}
+    with pytest.raises(InvalidSpecError, match="reserved"):
+        store.insert_meta("lease/holder", b"x")
 
 
 # -- failing user code: attempt counts, error counters, recent errors ----------------
