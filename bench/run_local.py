@@ -147,8 +147,8 @@ def _wrap(worker: RangeWorker, committed: list[Sequence[Record]]) -> None:
     process, commit = worker.process_records, worker.commit
     pending: dict[int, Sequence[Record]] = {}
 
-    def process_records(records: Sequence[Record], input_watermark: int) -> Any:
-        txn = process(records, input_watermark)
+    def process_records(records: Sequence[Record], input_watermark: int, input: str = "") -> Any:
+        txn = process(records, input_watermark, input)
         pending[id(txn)] = records
         return txn
 

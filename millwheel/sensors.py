@@ -14,7 +14,11 @@ class Sensors(Protocol):
     def records_in(self, computation: str, count: int) -> None: ...
     def records_out(self, computation: str, count: int) -> None: ...
     def duplicates_dropped(self, computation: str, count: int) -> None: ...
-    def late_records(self, computation: str, count: int, action: str) -> None: ...
+    def late_records(self, computation: str, count: int, action: str, input: str = "") -> None:
+        """``count`` records behind the input watermark on input stream ``input`` ("" if
+        not known): ``action`` is what became of them, the late_policy's name (process,
+        drop, route; see :mod:`millwheel.late`)."""
+        ...
     def checkpoint(self, computation: str, seconds: float, records: int) -> None: ...
     def fenced(self, computation: str, range_id: int) -> None: ...
     def watermark(self, node: str, watermark: int, lag_us: int) -> None: ...
@@ -33,7 +37,7 @@ class NullSensors:
     def duplicates_dropped(self, computation: str, count: int) -> None:
         pass
 
-    def late_records(self, computation: str, count: int, action: str) -> None:
+    def late_records(self, computation: str, count: int, action: str, input: str = "") -> None:
         pass
 
     def checkpoint(self, computation: str, seconds: float, records: int) -> None:
@@ -54,6 +58,8 @@ class CountingSensors(NullSensors):
 
     def __init__(self) -> None:
         self.counts: Counter[str] = Counter()
+        #: (computation, input stream, action) -> late records
+        self.late: Counter[tuple[str, str, str]] = Counter()
         self.watermarks: dict[str, int] = {}
 
     def records_in(self, computation: str, count: int) -> None:
@@ -65,8 +71,9 @@ class CountingSensors(NullSensors):
     def duplicates_dropped(self, computation: str, count: int) -> None:
         self.counts[f"duplicates:{computation}"] += count
 
-    def late_records(self, computation: str, count: int, action: str) -> None:
+    def late_records(self, computation: str, count: int, action: str, input: str = "") -> None:
         self.counts[f"late_{action}:{computation}"] += count
+        self.late[(computation, input, action)] += count
 
     def checkpoint(self, computation: str, seconds: float, records: int) -> None:
         self.counts[f"checkpoints:{computation}"] += 1

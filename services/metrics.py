@@ -48,8 +48,11 @@ class PrometheusSensors:
         self._dups = Counter("millwheel_duplicates_dropped_total",
                              "Records dropped as duplicates (already consumed)", ["computation"],
                              registry=r)
-        self._late = Counter("millwheel_late_records_total", "Records behind the input watermark",
-                             ["computation", "action"], registry=r)
+        # action: the late_policy applied (process: handed to user code, also within
+        # allowed_lateness_us; drop; route); input: the stream they came on ("" not known)
+        self._late = Counter("millwheel_late_records_total", "Records behind the input watermark, "
+                             "by what became of them and the input stream they came on",
+                             ["computation", "action", "input"], registry=r)
         self._cp = Histogram("millwheel_checkpoint_seconds", "Checkpoint latency in seconds",
                              ["computation"], registry=r,
                              buckets=(.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5))
@@ -117,8 +120,8 @@ class PrometheusSensors:
     def duplicates_dropped(self, computation: str, count: int) -> None:
         self._dups.labels(computation).inc(count)
 
-    def late_records(self, computation: str, count: int, action: str) -> None:
-        self._late.labels(computation, action).inc(count)
+    def late_records(self, computation: str, count: int, action: str, input: str = "") -> None:
+        self._late.labels(computation, action, input).inc(count)
 
     def checkpoint(self, computation: str, seconds: float, records: int) -> None:
         self._cp.labels(computation).observe(seconds)

@@ -183,14 +183,16 @@ class LocalRunner:
                 self.store.append_log(consumer[len(LOG_PREFIX) :], [p.record for p in items])
             else:
                 workers = self.workers[consumer]
-                by_range: dict[int, list[Record]] = defaultdict(list)
+                # one batch per range and input stream: late records are counted per input
+                by_range: dict[tuple[int, str], list[Record]] = defaultdict(list)
                 for p in items:
-                    by_range[key_range(p.record.key, len(workers))].append(p.record)
+                    by_range[(key_range(p.record.key, len(workers)), p.stream)].append(p.record)
                 input_wm = self.watermarks.input_watermark(consumer)
-                for range_id, records in by_range.items():
+                for (range_id, stream), records in by_range.items():
                     worker = workers[range_id]
                     poison.process_batch(worker, records, input_wm,
-                                         lambda txn, w=worker: self._commit(w, txn))  # type: ignore[misc]
+                                         lambda txn, w=worker: self._commit(w, txn),  # type: ignore[misc]
+                                         stream)
                     self.processed += len(records)
 
     def _commit(self, worker: RangeWorker, txn: RangeTransaction) -> None:

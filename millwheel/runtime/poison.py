@@ -73,18 +73,21 @@ def record_failure(
 
 
 # -- the policy ------------------------------------------------------------------------
-def process_batch(rw: RangeWorker, records: Sequence[Record], input_watermark: int, commit: Commit) -> None:
+def process_batch(rw: RangeWorker, records: Sequence[Record], input_watermark: int, commit: Commit,
+                  input: str = "") -> None:
     """Steps 1-3 for a batch under the computation's error policy. On return every
     record is consumed (processed, dead-lettered or skipped) and checkpointed; under
-    ``fail`` a failing batch raises :class:`UserCodeError` with nothing checkpointed."""
+    ``fail`` a failing batch raises :class:`UserCodeError` with nothing checkpointed.
+    ``input``: the stream the records arrived on, what late ones are counted under
+    ("" if not known; :mod:`millwheel.late`)."""
     try:
-        txn = rw.process_records(records, input_watermark)
+        txn = rw.process_records(records, input_watermark, input)
     except UserCodeError as err:
         rw.rollback()
         if rw.spec.options.on_error is ErrorPolicy.FAIL:
             failures.count_attempt(rw, err, err.item_id, outcome="failing")
             raise
-        _Isolation(rw, records, input_watermark, commit).run(err)
+        _Isolation(rw, records, input_watermark, commit, input).run(err)
         return
     _commit(rw, txn, records, commit)
 
@@ -135,10 +138,11 @@ class _Isolation:
     """A failed batch, processed again without the records that fail (see module doc)."""
 
     def __init__(self, rw: RangeWorker, records: Sequence[Record], input_watermark: int,
-                 commit: Commit) -> None:
+                 commit: Commit, input: str = "") -> None:
         self.rw = rw
         self.records = records
         self.wm = input_watermark
+        self.input = input  # every run of (part of) the batch counts its late records under it
         self.commit = commit
         self.by_id = {r.record_id: r for r in records}
         self.max = rw.spec.options.max_attempts
@@ -160,7 +164,7 @@ class _Isolation:
                 retry.append(self.by_id[item])
             rest = [r for r in self.records if r.record_id not in excluded]
             try:
-                txn = self.rw.process_records(rest, self.wm)
+                txn = self.rw.process_records(rest, self.wm, self.input)
             except UserCodeError as again:
                 self.rw.rollback()
                 failed = again
@@ -189,7 +193,7 @@ class _Isolation:
         rw = self.rw
         while True:
             try:
-                txn = rw.process_records([record], self.wm)
+                txn = rw.process_records([record], self.wm, self.input)
             except UserCodeError as err:
                 rw.rollback()
                 n = failures.count_attempt(rw, err, record.record_id, outcome="")

@@ -26,6 +26,7 @@ import traceback
 from contextlib import AbstractContextManager, nullcontext
 from typing import Callable, Iterable, Sequence
 
+from millwheel import late as late_counts
 from millwheel.clock import Clock
 from millwheel.computation import Computation
 from millwheel.dedup import Deduplicator
@@ -159,8 +160,11 @@ class RangeWorker:
                 self._cache[key] = found.get(key)
 
     # -- steps 1 and 2 -------------------------------------------------------
-    def process_records(self, records: Sequence[Record], input_watermark: int) -> RangeTransaction:
-        """Steps 1-2 for a batch; nothing is durable until :meth:`commit`."""
+    def process_records(self, records: Sequence[Record], input_watermark: int,
+                        input: str = "") -> RangeTransaction:
+        """Steps 1-2 for a batch; nothing is durable until :meth:`commit`. ``input``: the
+        stream the records arrived on ("" if not known), what late records are counted
+        under (:mod:`millwheel.late`)."""
         txn = RangeTransaction(self)
         fresh, fresh_ids = self._dedup(records)  # 1
         self.crash("after_dedup")
@@ -169,7 +173,7 @@ class RangeWorker:
         if hook is None:
             self._prefetch(r.key for r in fresh)
         options = self.spec.options
-        late_dropped = late_routed = 0
+        late: dict[str, int] | None = None  # action -> count: made for the first late record
         if self.dedup is not None:  # at-least-once remembers no IDs
             txn.consumed_ids = fresh_ids
         txn.records_in = len(fresh)
@@ -182,14 +186,18 @@ class RangeWorker:
             ):
                 raise self._failed_without_running(record)
             is_late = record.timestamp < input_watermark
-            if is_late and record.timestamp + options.allowed_lateness_us < input_watermark:
-                if options.late_policy is LatePolicy.DROP:
-                    late_dropped += 1
-                    continue
-                if options.late_policy is LatePolicy.ROUTE:
-                    late_routed += 1
-                    self._route_late(txn, record)
-                    continue
+            if is_late:
+                if late is None:
+                    late = {}
+                if record.timestamp + options.allowed_lateness_us < input_watermark:
+                    if options.late_policy is LatePolicy.DROP:
+                        late["dropped"] = late.get("dropped", 0) + 1
+                        continue
+                    if options.late_policy is LatePolicy.ROUTE:
+                        late["routed"] = late.get("routed", 0) + 1
+                        self._route_late(txn, record)
+                        continue
+                late["processed"] = late.get("processed", 0) + 1
             if hook is not None:  # grouped per key, each key's records in arrival order
                 same_key = by_key.get(record.key)
                 if same_key is None:
@@ -212,13 +220,21 @@ class RangeWorker:
                     hook(ctx, KeyRecords(ctx, records_of_key))
                 except Exception as exc:
                     raise self._user_error(key, ctx.cause, exc) from exc
-        if late_dropped:
-            self.sensors.late_records(self.name, late_dropped, "drop")
-            txn.counters["late_dropped"] = late_dropped
-        if late_routed:
-            self.sensors.late_records(self.name, late_routed, "route")
+        if late is not None:
+            self._count_late(txn, late, input)
         self.crash("after_user_code")
         return txn
+
+    def _count_late(self, txn: RangeTransaction, late: dict[str, int], input: str) -> None:
+        """The batch's late records as durable counters of the range, per input and action
+        (``late_dropped``, the total dropped, as before), and to the sensors."""
+        counters = txn.counters
+        for action, n in late.items():
+            name = late_counts.counter(action, input)
+            counters[name] = counters.get(name, 0) + n
+            self.sensors.late_records(self.name, n, late_counts.SENSOR_ACTION[action], input)
+        if "dropped" in late:
+            counters["late_dropped"] = counters.get("late_dropped", 0) + late["dropped"]
 
     def _user_error(self, key: str, record_id: str, exc: Exception) -> UserCodeError:
         return UserCodeError(

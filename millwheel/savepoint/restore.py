@@ -15,6 +15,7 @@ import binascii
 from dataclasses import dataclass, field
 from typing import IO, Any, Callable
 
+from millwheel import late
 from millwheel.errors import CorruptDataError
 from millwheel.limits import MAX_NAME_CHARS
 from millwheel.record import MAX_TIMESTAMP, MIN_TIMESTAMP, Record, TimeDomain, Timer
@@ -26,7 +27,7 @@ from .logmap import LogMap, save
 MAX_TEXT = 64 * 1024  #: a key, tag or record ID in a savepoint
 MAX_ATTEMPTS = 10_000  #: a restored attempt count (bump_attempts is called that often)
 WRITE_CHUNK = 2000  #: items per checkpoint when writing
-COUNTERS = ("dead_lettered", "skipped", "late_dropped")
+COUNTERS = ("dead_lettered", "skipped", "late_dropped")  #: and the late counts per input (millwheel.late)
 
 
 @dataclass
@@ -95,8 +96,10 @@ def parse(obj: dict[str, Any], index: int, nodes: dict[str, int], streams: set[s
         if kind == "range":
             wm = obj.get("watermark")
             counters = obj.get("counters")
-            if not isinstance(counters, dict) or set(counters) - set(COUNTERS):
-                raise SavepointFileError(f"{where}: 'counters' must map some of {COUNTERS} to counts")
+            if not isinstance(counters, dict) or any(
+                    k not in COUNTERS and late.parse(k) is None for k in counters):
+                raise SavepointFileError(f"{where}: 'counters' must map some of {COUNTERS} and "
+                                         "late:ACTION:STREAM (millwheel.late) to counts")
             recent = [_bytes(e, f"{where} recent error") for e in _as_list(obj.get("recent"), where)]
             attempts = [(_text(a[0], f"{where} attempt id"), _int(a[1], f"{where} attempts", 1, MAX_ATTEMPTS),
                          _bytes(a[2], f"{where} attempt error"))

@@ -27,7 +27,7 @@ script touches one hash slot and the same code runs on Redis Cluster::
     mw:r:{C:R}:wm       STRING  the range's reported low watermark
     mw:r:{C:R}:attempts HASH    item (record ID / timer identity) -> failed attempts
     mw:r:{C:R}:atterr   HASH    item -> JSON of its last error
-    mw:r:{C:R}:errcount HASH    counter name -> count (dead_lettered, skipped, late_dropped)
+    mw:r:{C:R}:errcount HASH    counter name -> count (dead_lettered, skipped, late_dropped, late:ACTION:STREAM)
     mw:r:{C:R}:errlog   LIST    JSON of the last given-up errors, newest first
     mw:r:{C:R}:bufs     SET     names of the range's window buffers
     mw:r:{C:R}:buf:NAME LIST    window buffer NAME: appended chunks, oldest first

@@ -1,6 +1,7 @@
 """The error policy's tables in the SQLite store (see :mod:`millwheel.runtime.poison`):
 ``attempts`` (failed attempts per item, with the last error), ``error_counts``
-(durable counters: dead-lettered, skipped, late-dropped) and ``error_log`` (the last
+(durable counters: dead-lettered, skipped, late-dropped, late records per input stream:
+:mod:`millwheel.late`) and ``error_log`` (the last
 :data:`~millwheel.state.protocol.RECENT_ERRORS` given-up errors per range).
 
 They are written by the policy's part of a checkpoint (inside its transaction) and by

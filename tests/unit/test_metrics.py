@@ -11,7 +11,8 @@ def test_sensor_hooks_appear_on_the_metrics_endpoint() -> None:
     sensors = PrometheusSensors("worker-test")
     sensors.records_in("counts", 5)
     sensors.duplicates_dropped("counts", 2)
-    sensors.late_records("counts", 1, "drop")
+    sensors.late_records("counts", 1, "drop", "clicks")
+    sensors.late_records("counts", 2, "process", "views")
     sensors.checkpoint("counts", 0.003, 5)
     sensors.fenced("counts", 3)
     sensors.watermark("counts", 1_700_000_000_000_000, 1_500_000)
@@ -21,7 +22,8 @@ def test_sensor_hooks_appear_on_the_metrics_endpoint() -> None:
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     assert 'millwheel_records_in_total{computation="counts"} 5.0' in text
     assert 'millwheel_duplicates_dropped_total{computation="counts"} 2.0' in text
-    assert 'millwheel_late_records_total{action="drop",computation="counts"} 1.0' in text
+    assert 'millwheel_late_records_total{action="drop",computation="counts",input="clicks"} 1.0' in text
+    assert 'millwheel_late_records_total{action="process",computation="counts",input="views"} 2.0' in text
     assert 'millwheel_checkpoint_seconds_count{computation="counts"} 1.0' in text
     assert 'millwheel_fenced_writes_total{computation="counts"} 1.0' in text
     assert 'millwheel_watermark_lag_seconds{node="counts"} 1.5' in text

@@ -244,7 +244,7 @@ def test_late_records_dropped_by_the_late_policy_are_counted(tmp_path: Path) -> 
     source = ListSource([*records, *late], 0)
     store = SQLiteStore(tmp_path / "a.db")
     LocalRunner(topology(late_policy=LatePolicy.DROP), store, {"src": source}, batch_size=40).run()
-    assert errors(store)[1] == {"late_dropped": 3}
+    assert errors(store)[1] == {"late_dropped": 3, "late:dropped:in": 3}  # the total, and per input
 
 
 # -- key extraction ------------------------------------------------------------------------

@@ -132,7 +132,8 @@ def fill(store: StateStore) -> None:
             "c", r, token, 1_000, state_writes={k: f"s{k}".encode() for k in mine},
             timer_sets=[Timer(k, "end:1", 77, TimeDomain.EVENT, True) for k in mine[:3]],
             productions=[Production("log:out", "out", Record(k, b"v", 10, f"p{k}")) for k in mine[:2]],
-            consumed_ids=[f"id{r}-{j}" for j in range(25)], counters={"skipped": 2}, errors=[b'{"e":1}']))
+            consumed_ids=[f"id{r}-{j}" for j in range(25)], errors=[b'{"e":1}'],
+            counters={"skipped": 2, "late_dropped": 3, "late:dropped:in": 3, "late:processed:": 1}))
         store.checkpoint(Checkpoint("c", r, token, 1_000, buffer_appends=[  # window buffers
             ("0", b"x" * (600 * 1024)), ("60", b""), ("0", f"r{r}\n".encode())]))
         store.bump_attempts("c", r, token, "item", b'{"e":2}')
