@@ -6,7 +6,9 @@ watermark reports of workers), each write fenced by its epoch
 (:class:`services.controller.leader.LeaderStore`). A standby
 
 * answers reads itself from the store: watermarks, state, keys, the registry
-  (re-read when its version changes), Subscribe;
+  (re-read when its version changes: checked every STANDBY_REFRESH_S, and before each
+  DescribeComputation and ListComputations, so a client reads its own registration or
+  update made through any controller), Subscribe;
 * forwards public writes (register, unregister, Inject, dead-letter replay) and
   ClusterStatus (worker liveness is known to the leader alone) to the leader, with
   the cluster secret (else the process's client token), marked so a request is
@@ -94,6 +96,7 @@ class Leadership:
         self.plane = plane
         self._finish_interrupted = finish_interrupted
         self._view_at = 0.0
+        self._view_lock = threading.Lock()  # standby passes one at a time: the view kept is the last read
         self._leaderless_since: float | None = None
         self._leader_channels: dict[str, grpc.Channel] = {}
         self._forwards: dict[int, tuple[str, Any]] = {}  # forwarded calls in flight: (their leader, the call)
@@ -151,29 +154,45 @@ class Leadership:
         again); False on the leader, whose view is the truth."""
         if self.plane.leading():
             return False
-        self._view_at = 0.0
-        self.standby_pass()
+        self.standby_pass(force=True)
         return True
 
-    def standby_pass(self) -> None:
-        """A standby's view: the registry when its version changed, and the assignment
-        (read only, for status and the console), every STANDBY_REFRESH_S."""
+    def current_view(self) -> None:
+        """Before a read answered from the registry (DescribeComputation,
+        ListComputations): on a standby, the registry the store holds now rather than
+        the view of up to STANDBY_REFRESH_S ago, so a client that just registered or
+        updated through any controller reads its own write here (issue 34). One
+        metadata read compares the stored version with the view's; the view is re-read
+        only when it moved. The leader's view is the truth: nothing to do."""
         p = self.plane
-        now = time.monotonic()
-        if now - self._view_at < STANDBY_REFRESH_S:
+        if p.leading():
             return
-        self._view_at = now
-        raw = p.store.get_meta(REGISTRY_KEY)
-        version = int(json.loads(raw)["version"]) if raw is not None else 0
-        view = Assigner(p.store, p.timeouts.heartbeat_s, check_tokens=False)
-        with p.lock:
-            if p.elector.epoch is not None:  # elected meanwhile: the takeover loads its own
+        raw = p.store.get_meta(REGISTRY_KEY)  # None: a store of the older layout, left to the passes
+        if raw is not None and _stored_version(raw) != p.registry.version:
+            self.standby_pass(force=True)
+
+    def standby_pass(self, force: bool = False) -> None:
+        """A standby's view: the registry when its version changed, and the assignment
+        (read only, for status and the console), every STANDBY_REFRESH_S; ``force``:
+        now. Passes run one at a time, so a pass that read the store earlier never
+        replaces the view of one that read it later."""
+        p = self.plane
+        with self._view_lock:
+            now = time.monotonic()
+            if not force and now - self._view_at < STANDBY_REFRESH_S:
                 return
-            if version != p.registry.version:
-                p.registry = Registry(p.store, p.allow_code)
-            for w in view.workers.values():
-                w.alive = False  # unknown here: heartbeats go to the leader
-            p.assigner = view
+            self._view_at = now
+            version = _stored_version(p.store.get_meta(REGISTRY_KEY))
+            registry = Registry(p.store, p.allow_code) if version != p.registry.version else None
+            view = Assigner(p.store, p.timeouts.heartbeat_s, check_tokens=False)
+            with p.lock:
+                if p.elector.epoch is not None:  # elected meanwhile: the takeover loads its own
+                    return
+                if registry is not None:
+                    p.registry = registry
+                for w in view.workers.values():
+                    w.alive = False  # unknown here: heartbeats go to the leader
+                p.assigner = view
 
     # -- answering for the leader --------------------------------------------------------
     def _not_leader(self) -> str:
@@ -253,6 +272,11 @@ class Leadership:
         if code == grpc.StatusCode.UNAVAILABLE:
             details = f"leader {self.plane.elector.leader_address}: {details}"
         return RemoteError(details, code)
+
+
+def _stored_version(raw: bytes | None) -> int:
+    """The version of the registry entry as stored (0: none stored)."""
+    return int(json.loads(raw)["version"]) if raw is not None else 0
 
 
 def _forwarded(address: str, context: grpc.ServicerContext) -> tuple[tuple[str, str], ...]:

@@ -1,7 +1,8 @@
 """The controller's read-only RPCs: watermarks, state, keys, cluster status, Subscribe.
 
 Every controller answers these itself, leader or standby (a standby from the registry
-and assignment it re-reads from the store; services/controller/ha.py), except
+and assignment it re-reads from the store, the registry checked against the store's
+before each DescribeComputation and ListComputations; services/controller/ha.py), except
 ClusterStatus, which a standby forwards to the leader: only the leader hears the
 workers' heartbeats, so only it knows which are alive.
 
@@ -74,6 +75,7 @@ class Queries:
     # -- the registry ----------------------------------------------------------------
     def list_computations(self, request: Any, context: Ctx) -> pb.ListComputationsResponse:
         check(request)
+        self.leadership.current_view()
         p = self.plane
         with p.lock:
             topo = p.registry.topology
@@ -83,10 +85,13 @@ class Queries:
                 injectors=[convert.injector_to_proto(i) for i in topo.injectors])
 
     def describe_computation(self, request: Any, context: Ctx) -> pb.ComputationInfo:
-        """On a standby, a name its view lacks is looked up again in the store's view (as
-        the other reads: one just registered through this standby, which the leader
-        stored, must not be NOT_FOUND; issue 34)."""
+        """On a standby, the registry the store holds now (its version compared first,
+        the view re-read if it moved: a spec just updated through any controller is
+        never answered as it was; issue 34), and a name its view lacks looked up again
+        in the store's view (as the other reads: one just registered through this
+        standby, which the leader stored, must not be NOT_FOUND)."""
         check(request)
+        self.leadership.current_view()
 
         def answer() -> pb.ComputationInfo:
             with self.plane.lock:

@@ -302,6 +302,9 @@ def test_describe_on_a_standby_looks_again_after_not_found(monkeypatch: pytest.M
         def __init__(self, standby: bool) -> None:
             self.standby = standby
 
+        def current_view(self) -> None:  # the registry's version: unchanged here
+            pass
+
         def fresh_view(self) -> bool:
             registered["leader"] = True  # what the store's view holds
             return self.standby
