@@ -1,9 +1,10 @@
 """Record-ID deduplication for exactly-once (ARCHITECTURE.md step 1).
 
-A scalable Bloom filter answers most lookups in memory: a miss means "certainly new".
-A maybe-hit is confirmed against the store in one round trip for the whole batch.
-The filter is rebuilt from the store's retained IDs when a worker takes a range, and
-rebuilt again once half of what it holds has expired (see :class:`Deduplicator`).
+Bloom filters answer most lookups in memory: a miss means "certainly new". A maybe-hit
+is confirmed against the store in one round trip for the whole batch. The filters are
+built from the store's retained IDs when a worker takes a range, and follow the store
+from then on: one filter per span of the retention, dropped whole once the store has
+forgotten every generation of IDs in it (see :class:`Deduplicator`).
 
 The filter is rbloom's (Rust): adds and lookups were a quarter of the three-stage
 pipeline's CPU with pybloom-live (see docs/bench.md). It is never persisted, only
@@ -13,11 +14,11 @@ rebuilt from the store in the process that uses it, so rbloom's default hash
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 from rbloom import Bloom
 
-from millwheel.state.protocol import ID_PAGE, StateStore
+from millwheel.state.protocol import StateStore
 
 
 class ScalableBloom:
@@ -69,60 +70,130 @@ class ScalableBloom:
             start += len(chunk)
 
 
-class Deduplicator:
-    """A range's record-ID filter over the store's retained IDs.
+#: Filters per retention: a filter is dropped a quarter of the retention after the
+#: newest ID it holds could still be asked for, so memory holds the retained IDs and at
+#: most a quarter more; a lookup probes ~5 filters.
+ID_BUCKETS = 4
+#: Each filter's error rate (its first slice's is a tenth of it, ScalableBloom):
+#: ~5 live filters keep the overall false-positive rate near 0.001 (a store lookup).
+BUCKET_ERROR_RATE = 0.0015
 
-    Its memory is bounded twice over. A rebuild streams the store's IDs into a fresh
-    filter page by page (:data:`~millwheel.state.protocol.ID_PAGE` at a time), so it
-    never holds a range's IDs as Python objects at once: at the default retention of
-    an hour that was millions of strings, a transient of ~120 bytes per ID that the
-    allocator then kept (docs/service.md, "Memory"). And the filter is rebuilt only
-    once at least half of what it holds has expired from the store, so it holds at
-    most twice the retained IDs, and it is rebuilt about once per retention period
-    instead of after every expiry pass (every minute). IDs expired but still in the
-    filter cost nothing in correctness: a maybe-hit is confirmed against the store.
+
+class _Bucket:
+    """The filter of one span of generations, and which generations it holds."""
+
+    __slots__ = ("bloom", "generations", "count")
+
+    def __init__(self, capacity: int) -> None:
+        self.bloom = ScalableBloom(initial_capacity=capacity, error_rate=BUCKET_ERROR_RATE)
+        self.generations: set[int | None] = set()
+        self.count = 0
+
+    def add(self, generation: int | None, ids: Sequence[str]) -> None:
+        self.bloom.update(ids)
+        self.generations.add(generation)
+        self.count += len(ids)
+
+
+class Deduplicator:
+    """A range's record-ID filters over the store's retained IDs.
+
+    The store keeps consumed IDs in generations (``Checkpoint.ids_generation``, 1/16 of
+    the retention each) and forgets a generation whole. The filters follow it: one per
+    ``bucket_us`` of generations (a quarter of the retention), each dropped once none of
+    its generations is left in the store (:meth:`forget_expired`, after an expiry
+    pass). So memory is flat over a long run: the retained IDs and at most one bucket
+    more, with no rebuild while the range runs. Before this, one scalable filter held up
+    to twice the retained IDs and was rebuilt from the store whenever half of it had
+    expired: a worker's memory stepped up by the filter's doubling (issue 31's 20-minute
+    soak: +57 MB) and each rebuild re-read every retained ID.
+
+    A rebuild (when a worker takes the range) streams the store's IDs page by page
+    (:data:`~millwheel.state.protocol.ID_PAGE` at a time), so it never holds a range's
+    IDs as Python objects at once: at the default retention of an hour that was
+    millions of strings, a transient of ~120 bytes per ID that the allocator then kept
+    (docs/service.md, "Memory"). IDs written before generations existed (Redis) go into
+    a filter of their own, dropped once an expiry pass has passed the rebuild's time:
+    every one of them was consumed before it. Dropping a filter early would let a
+    duplicate through, so a filter goes only when the store says its generations are
+    gone; a filter kept late costs only memory (a maybe-hit is confirmed against the
+    store). ``remember`` and ``forget_expired`` are called by the range's owner, one at
+    a time (the range's lock), after the checkpoint they follow committed.
     """
 
-    def __init__(self, store: StateStore, computation: str, range_id: int) -> None:
+    def __init__(self, store: StateStore, computation: str, range_id: int,
+                 bucket_us: int = 15 * 60_000_000, now_us: Callable[[], int] | None = None) -> None:
         self._store = store
         self._computation = computation
         self._range_id = range_id
+        self._bucket_us = max(1, bucket_us)
+        self._now_us = now_us
         self.store_lookups = 0
         self.rebuilds = 0
-        self.held = 0  # IDs added to the filter since it was built (some may have expired since)
-        self._expired = 0  # of those, how many the store has forgotten
+        self._buckets: dict[int | None, _Bucket] = {}
+        self._legacy_before: int | None = None  # pre-generation IDs: all consumed before this
+        self._last_count = 0  # IDs in the newest bucket filled: the next one's first size
         self.rebuild()
 
+    @property
+    def held(self) -> int:
+        """IDs in the filters (some may have expired from the store since)."""
+        return sum(b.count for b in self._buckets.values())
+
+    @property
+    def filters(self) -> int:
+        return len(self._buckets)
+
+    def _bucket_of(self, generation: int | None) -> int | None:
+        return None if generation is None else generation - generation % self._bucket_us
+
+    def _add(self, generation: int | None, ids: Sequence[str]) -> None:
+        key = self._bucket_of(generation)
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            capacity = max(10_000, self._last_count + self._last_count // 4) if self._last_count else 100_000
+            bucket = self._buckets[key] = _Bucket(capacity)
+        bucket.add(generation, ids)
+        if key is not None and key >= max((k for k in self._buckets if k is not None), default=key):
+            self._last_count = max(self._last_count, bucket.count)
+
     def rebuild(self) -> None:
-        bloom = ScalableBloom(initial_capacity=100_000, error_rate=0.001)
-        held = 0
-        page: list[str] = []
-        for record_id in self._store.iter_ids(self._computation, self._range_id):
-            page.append(record_id)
-            if len(page) >= ID_PAGE:
-                bloom.update(page)
-                held += len(page)
-                page = []
-        bloom.update(page)
-        self._bloom, self.held, self._expired = bloom, held + len(page), 0
+        """Fresh filters from every ID the store retains, a page at a time."""
+        self._buckets, self._last_count, self._legacy_before = {}, 0, None
+        # Without a clock the pre-generation filter stays until the next rebuild.
+        started = self._now_us() if self._now_us is not None else None
+        for generation, page in self._store.iter_id_generations(self._computation, self._range_id):
+            if generation is None:
+                self._legacy_before = started
+            self._add(generation, page)
         self.rebuilds += 1
 
-    def expired(self, count: int) -> None:
-        """The store forgot ``count`` of this range's IDs (past the retention): rebuild
-        the filter once at least half of what it holds is gone."""
-        self._expired += count
-        if count and self._expired * 2 >= self.held:
-            self.rebuild()
+    def forget_expired(self, older_than_us: int) -> None:
+        """The store has just forgotten its generations older than ``older_than_us``:
+        drop each filter none of whose generations the store still holds."""
+        live: set[int | None] = set(self._store.id_generations(self._computation, self._range_id))
+        if self._legacy_before is None or older_than_us <= self._legacy_before:
+            live.add(None)  # pre-generation IDs may still be in the store
+        for key in [k for k, b in self._buckets.items() if not (b.generations & live)]:
+            del self._buckets[key]
 
     def seen(self, record_ids: Sequence[str]) -> set[str]:
         """The IDs of ``record_ids`` that were already consumed (checkpointed)."""
-        maybe = self._bloom.maybe_seen(record_ids)
+        buckets = list(self._buckets.values())
+        if len(buckets) == 1:
+            maybe = buckets[0].bloom.maybe_seen(record_ids)
+        else:
+            found: set[str] = set()
+            for b in buckets:
+                found.update(b.bloom.maybe_seen(record_ids))
+            maybe = list(found)
         if not maybe:
             return set()
         self.store_lookups += 1
         return self._store.contains_ids(self._computation, self._range_id, maybe)
 
-    def remember(self, record_ids: Sequence[str]) -> None:
-        """Add IDs to the filter; call only after their checkpoint committed."""
-        self._bloom.update(record_ids)
-        self.held += len(record_ids)
+    def remember(self, record_ids: Sequence[str], generation: int) -> None:
+        """Add IDs to the filter of ``generation`` (the checkpoint's
+        ``ids_generation``); call only after their checkpoint committed."""
+        if record_ids:
+            self._add(generation, record_ids)

@@ -29,7 +29,7 @@ from typing import Callable, Iterable, Sequence
 from millwheel import late as late_counts
 from millwheel.clock import Clock
 from millwheel.computation import Computation
-from millwheel.dedup import Deduplicator
+from millwheel.dedup import ID_BUCKETS, Deduplicator
 from millwheel.errors import UserCodeError
 from millwheel.input_tag import untag
 from millwheel.record import Record, Timer, derive_record_id, timer_cause
@@ -115,7 +115,9 @@ class RangeWorker:
         self.token = store.acquire(self.name, range_id) if token is None else token
         self.timers = TimerQueue(store.read_timers(self.name, range_id))
         self.outbox = Outbox(store, self.name, range_id)
-        self.dedup = Deduplicator(store, self.name, range_id) if spec.options.exactly_once else None
+        self.dedup = Deduplicator(
+            store, self.name, range_id, spec.options.record_id_retention_us // ID_BUCKETS, clock.now_us,
+        ) if spec.options.exactly_once else None
         self._records_hook = records_hook(code)
         self._cache: dict[str, bytes | None] = {}
         self._last_expiry = clock.now_us()
@@ -364,7 +366,7 @@ class RangeWorker:
         self.sensors.checkpoint(self.name, time.perf_counter() - started, txn.records_in)
         self.sensors.records_out(self.name, txn.records_out)
         if self.dedup is not None:
-            self.dedup.remember(txn.consumed_ids)
+            self.dedup.remember(txn.consumed_ids, cp.now_us if cp.ids_generation is None else cp.ids_generation)
         if include_productions:
             self.outbox.add(txn.productions)
         if len(self._cache) > self.max_cached_keys:
@@ -390,8 +392,8 @@ class RangeWorker:
         if self.dedup is None or now - self._last_expiry < every_us:
             return 0
         self._last_expiry = now
-        removed = self.store.expire_ids(
-            self.name, self.range_id, self.token, now - self.spec.options.record_id_retention_us
-        )
-        self.dedup.expired(removed)
+        older_than = now - self.spec.options.record_id_retention_us
+        removed = self.store.expire_ids(self.name, self.range_id, self.token, older_than)
+        if removed:
+            self.dedup.forget_expired(older_than)
         return removed

@@ -178,6 +178,17 @@ class StateStore(Protocol):
         IDs, and it does not while it iterates them."""
         ...
 
+    def iter_id_generations(self, computation: str, range_id: int) -> Iterator[tuple[int | None, list[str]]]:
+        """:meth:`iter_ids` a page at a time, each page with the generation its IDs were
+        remembered under (``None`` for IDs stored before generations existed), so a
+        rebuilt Bloom filter can be split by generation as a live one is."""
+        ...
+
+    def id_generations(self, computation: str, range_id: int) -> list[int]:
+        """The range's live generations of consumed IDs, oldest first: what
+        :meth:`expire_ids` has not forgotten yet."""
+        ...
+
     def expire_ids(self, computation: str, range_id: int, token: int, older_than_us: int) -> int:
         """Forget the consumed IDs of every generation (``Checkpoint.ids_generation``)
         whose newest ID was remembered before ``older_than_us``; returns how many. An ID

@@ -251,29 +251,39 @@ class RedisStore(RedisLease, RedisLog):
         return found
 
     def iter_ids(self, computation: str, range_id: int) -> Iterator[str]:
+        for _gen, page in self.iter_id_generations(computation, range_id):
+            yield from page
+
+    def iter_id_generations(self, computation: str, range_id: int) -> Iterator[tuple[int | None, list[str]]]:
         # Each generation's set by SSCAN, :data:`ID_PAGE` at a time (only the owner
         # changes the sets and not while it iterates), then the pre-generation ZSET by
-        # rank. An ID consumed in two generations comes once per generation.
+        # rank (generation None). An ID consumed in two generations comes once per generation.
         rk = self._range(computation, range_id)
-        gens = self._call("iter_ids", [rk.ids], partial(self._r.zrange, rk.ids, 0, -1))
         base = self._base(rk) + "ids:"
-        for g in gens:
-            key = base + g.decode()
+        for gen in self.id_generations(computation, range_id):
+            key = base + str(gen)
             cursor = 0
             while True:
                 cursor, page = self._call(
                     "iter_ids", [key], partial(self._r.sscan, key, cursor, count=ID_PAGE))
-                yield from (m.decode() for m in page)
+                if page:
+                    yield gen, [m.decode() for m in page]
                 if not cursor:
                     break
         legacy = self._legacy_ids(rk)
         start = 0
         while True:
             page = self._call("iter_ids", [legacy], partial(self._r.zrange, legacy, start, start + ID_PAGE - 1))
-            yield from (m.decode() for m in page)
+            if page:
+                yield None, [m.decode() for m in page]
             if len(page) < ID_PAGE:
                 return
             start += ID_PAGE
+
+    def id_generations(self, computation: str, range_id: int) -> list[int]:
+        rk = self._range(computation, range_id)
+        gens = self._call("id_generations", [rk.ids], partial(self._r.zrange, rk.ids, 0, -1))
+        return sorted(int(g) for g in gens)
 
     def expire_ids(self, computation: str, range_id: int, token: int, older_than_us: int) -> int:
         rk = self._range(computation, range_id)

@@ -259,9 +259,13 @@ class SQLiteStore(SQLiteLease, SQLiteErrors, SQLiteShared, SQLiteFile):
         return found
 
     def iter_ids(self, computation: str, range_id: int) -> Iterator[str]:
+        for _gen, page in self.iter_id_generations(computation, range_id):
+            yield from page
+
+    def iter_id_generations(self, computation: str, range_id: int) -> Iterator[tuple[int | None, list[str]]]:
         # Pages in primary-key order (a range scan of the table's b-tree), each read
-        # under the connection's lock and released between pages. An ID consumed in
-        # two generations (a rebuilt filter's input only) comes once per generation.
+        # under the connection's lock and released between pages, split where the
+        # generation changes. An ID consumed in two generations comes once per generation.
         sql = ("SELECT gen, record_id FROM consumed_ids WHERE computation=? AND range_id=? "
                "{}ORDER BY gen, record_id LIMIT ?")
         args: tuple[object, ...] = (computation, range_id, ID_PAGE)
@@ -270,10 +274,18 @@ class SQLiteStore(SQLiteLease, SQLiteErrors, SQLiteShared, SQLiteFile):
                 rows = self._db.execute(
                     sql.format("" if len(args) == 3 else "AND (gen, record_id) > (?, ?) "), args
                 ).fetchall()
-            yield from (row[1] for row in rows)
+            start = 0
+            for i in range(1, len(rows) + 1):
+                if i == len(rows) or rows[i][0] != rows[start][0]:
+                    yield int(rows[start][0]), [row[1] for row in rows[start:i]]
+                    start = i
             if len(rows) < ID_PAGE:
                 return
             args = (computation, range_id, rows[-1][0], rows[-1][1], ID_PAGE)
+
+    def id_generations(self, computation: str, range_id: int) -> list[int]:
+        with self._lock:
+            return self._generations(computation, range_id)
 
     def expire_ids(self, computation: str, range_id: int, token: int, older_than_us: int) -> int:
         """Forgets every generation whose newest ID is older than ``older_than_us``, in

@@ -655,3 +655,28 @@ def test_fenced_checkpoint_changes_no_error_counts(store: StateStore) -> None:
         store.checkpoint(cp(old, resolved=["rec-1"], counters={"skipped": 1}, errors=[b"x"]))
     report = store.read_errors(C, 0)
     assert (report.attempts, report.counters, report.recent) == ({"rec-1": (1, b"{}")}, {}, [])
+
+
+def test_ids_come_back_with_their_generation_and_live_generations_are_listed(store: StateStore) -> None:
+    """What a Bloom filter per span of generations is rebuilt from (millwheel.dedup):
+    every retained ID once per generation it was consumed in, with that generation,
+    across pages; and the generations an expiry pass has not forgotten."""
+    from millwheel.state.protocol import ID_PAGE
+
+    t = store.acquire(C, 0)
+    big = [f"g{i}" for i in range(ID_PAGE + 7)]
+    store.checkpoint(cp(t, now_us=1_000, consumed_ids=["a1", "a2"], ids_generation=0))
+    store.checkpoint(cp(t, now_us=2_100, consumed_ids=big[:6_000], ids_generation=2_000))
+    store.checkpoint(cp(t, now_us=2_200, consumed_ids=big[6_000:] + ["a1"], ids_generation=2_000))
+    assert store.id_generations(C, 0) == [0, 2_000]
+    got: dict[int | None, list[str]] = {}
+    for gen, page in store.iter_id_generations(C, 0):
+        assert 0 < len(page) <= 2 * ID_PAGE  # SSCAN's COUNT is a hint
+        got.setdefault(gen, []).extend(page)
+    assert sorted(got) == [0, 2_000]
+    assert sorted(got[0]) == ["a1", "a2"]
+    assert sorted(got[2_000]) == sorted(big + ["a1"])
+    assert store.expire_ids(C, 0, t, 1_500) == 2
+    assert store.id_generations(C, 0) == [2_000]
+    assert {g for g, _page in store.iter_id_generations(C, 0)} == {2_000}
+    assert store.id_generations(C, 1) == [] and list(store.iter_id_generations(C, 1)) == []

@@ -13,7 +13,7 @@ def test_new_ids_pass_and_consumed_ids_are_caught_by_filter_then_store(sqlite_st
     assert d.seen(["a", "b"]) == set()
     assert d.store_lookups == 0  # Bloom misses never touch the store
     consume(sqlite_store, token, ["a"])
-    d.remember(["a"])
+    d.remember(["a"], 0)
     assert d.seen(["a", "b"]) == {"a"}
     assert d.store_lookups == 1
 
@@ -55,36 +55,55 @@ def test_rebuilding_from_many_stored_ids_never_holds_them_all(sqlite_store: SQLi
     assert peak < 6 * 2**20, f"rebuild peaked at {peak / 2**20:.1f} MB of Python objects"
 
 
-def test_the_filter_is_rebuilt_once_half_of_what_it_holds_has_expired(sqlite_store: SQLiteStore) -> None:
+def test_a_filter_goes_once_the_store_has_forgotten_all_its_generations(sqlite_store: SQLiteStore) -> None:
     token = sqlite_store.acquire("c", 0)
     consume(sqlite_store, token, [f"a{i}" for i in range(10)], now=100)
     consume(sqlite_store, token, [f"b{i}" for i in range(100)], now=200)
-    d = Deduplicator(sqlite_store, "c", 0)
-    assert (d.held, d.rebuilds) == (110, 1)
-    d.expired(sqlite_store.expire_ids("c", 0, token, older_than_us=150))  # 10 of 110
-    assert (d.held, d.rebuilds) == (110, 1)  # kept: the store confirms every maybe-hit
+    d = Deduplicator(sqlite_store, "c", 0, bucket_us=100)
+    assert (d.held, d.filters, d.rebuilds) == (110, 2, 1)
+    assert sqlite_store.expire_ids("c", 0, token, older_than_us=150) == 10
+    d.forget_expired(150)
+    assert (d.held, d.filters) == (100, 1)  # the a's filter went with their generation
     assert d.seen(["a1", "b1"]) == {"b1"}
-    consume(sqlite_store, token, [f"c{i}" for i in range(20)], now=300)
-    d.remember([f"c{i}" for i in range(20)])
-    assert d.held == 130
-    d.expired(sqlite_store.expire_ids("c", 0, token, older_than_us=250))  # the 100 b's: 110 of 130
-    assert (d.held, d.rebuilds) == (20, 2)  # rebuilt from the 20 IDs the store keeps
-    assert d.seen(["a1", "b1", "c1", "new"]) == {"c1"}
+    consume(sqlite_store, token, [f"c{i}" for i in range(20)], now=250)  # b's bucket, later generation
+    d.remember([f"c{i}" for i in range(20)], 250)
+    assert (d.held, d.filters) == (120, 1)
+    assert sqlite_store.expire_ids("c", 0, token, older_than_us=240) == 100
+    d.forget_expired(240)
+    assert (d.held, d.filters) == (120, 1)  # kept: the c's generation is still in the store
+    assert d.seen(["a1", "b1", "c1", "new"]) == {"c1"}  # the store confirms every maybe-hit
+    assert sqlite_store.expire_ids("c", 0, token, older_than_us=300) == 20
+    d.forget_expired(300)
+    assert (d.held, d.filters, d.rebuilds) == (0, 0, 1)  # never rebuilt
+    assert d.seen(["c1", "new"]) == set()
 
 
-def test_the_filter_holds_at_most_twice_the_retained_ids(sqlite_store: SQLiteStore) -> None:
-    """Steady state: 600 IDs consumed each minute, kept 5 minutes, expired every minute.
-    The filter never holds more than twice what the store retains, and is rebuilt about
-    once per retention period rather than after every expiry."""
+def test_the_filters_hold_the_retained_ids_and_at_most_a_quarter_more(sqlite_store: SQLiteStore) -> None:
+    """Steady state: 600 IDs consumed each 10 s, kept 5 minutes in generations of 1/16
+    of it, expired every minute as a range worker does. The filters never hold more
+    than the retained IDs and a quarter of the retention more (plus the minute between
+    expiry passes), and are never rebuilt: memory is flat (issue 31: one scalable
+    filter held up to twice the retained IDs and stepped up as it doubled)."""
     token = sqlite_store.acquire("c", 0)
-    d = Deduplicator(sqlite_store, "c", 0)
-    minute = 60_000_000
-    for m in range(1, 61):
-        batch = [f"m{m}-{i}" for i in range(600)]
-        consume(sqlite_store, token, batch, now=m * minute)
-        d.remember(batch)
-        d.expired(sqlite_store.expire_ids("c", 0, token, older_than_us=(m - 5) * minute + 1))
+    second, retention = 1_000_000, 300_000_000
+    width = retention // 16
+    d = Deduplicator(sqlite_store, "c", 0, bucket_us=retention // 4)
+    held = []
+    for t in range(10, 3601, 10):
+        now = t * second
+        gen = now - now % width
+        batch = [f"t{t}-{i}" for i in range(600)]
+        sqlite_store.checkpoint(Checkpoint("c", 0, token, now, consumed_ids=batch, ids_generation=gen))
+        d.remember(batch, gen)
+        if t % 60 == 0 and sqlite_store.expire_ids("c", 0, token, now - retention):
+            d.forget_expired(now - retention)
         retained = sum(1 for _ in sqlite_store.iter_ids("c", 0))
-        assert retained == 600 * min(m, 5)
-        assert d.held <= 2 * retained, (m, d.held, retained)
-    assert 10 <= d.rebuilds <= 13  # one at start, then about every 5 minutes (was: 56)
+        assert d.held <= retained + 600 * (retention // 4 + 60 * second) // (10 * second), (t, d.held, retained)
+        assert d.filters <= 6
+        held.append(d.held)
+    assert d.rebuilds == 1
+    per_retention = 600 * retention // (10 * second)  # IDs consumed in one retention
+    middle, last = held[len(held) // 3: 2 * len(held) // 3], held[2 * len(held) // 3:]
+    assert max(middle + last) <= 1.5 * per_retention  # the scalable filter reached ~2x
+    assert max(last) <= max(middle)  # flat: no step up as the run ages
+    assert d.seen(["t3600-1", "t10-1", "new"]) == {"t3600-1"}
