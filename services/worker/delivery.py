@@ -4,15 +4,19 @@ sent before their checkpoint (:mod:`services.worker.receive`).
 
 A production goes to a stream log, or to the consumer range its key falls in
 (:func:`route`), as a :func:`batch` over the :class:`PeerLinks` link to that range's
-owner when another worker owns it.
+owner when another worker owns it. A batch names the input streams its records came on
+(:func:`inputs`; one stream, the usual case, costs nothing per record) and its receiver
+processes it in one part per stream (:class:`Inputs`), so late records are counted per
+input (:mod:`millwheel.late`).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Container, Iterable, Sequence
 
 from millwheel.keys import key_range
+from millwheel.record import Record
 from millwheel.runtime.routing import LOG_PREFIX
 from millwheel.state.protocol import Production
 from millwheel.topology import Topology
@@ -52,7 +56,57 @@ def batch(producer: str, consumer: str, range_id: int, items: list[Production], 
     message = pb.DeliverBatch(producer=producer, computation=consumer, range_id=range_id,
                               topology_version=version)
     convert.add_records(message.records, (p.record for p in items))
+    streams, stream_of = inputs(items)
+    message.streams.extend(streams)
+    if stream_of:
+        message.stream_of.extend(stream_of)
     return message
+
+
+def inputs(items: list[Production]) -> tuple[list[str], list[int]]:
+    """The streams ``items`` came on, each once, and, only when there are several, the
+    index of each item's among them (``DeliverBatch.streams`` and ``stream_of``)."""
+    if not items:
+        return [], []
+    first = items[0].stream
+    for p in items:
+        if p.stream != first:
+            break
+    else:
+        return [first], []
+    index: dict[str, int] = {}
+    stream_of = [index.setdefault(p.stream, len(index)) for p in items]
+    return list(index), stream_of
+
+
+class Inputs:
+    """Which input stream each record of a delivered batch came on (the receiver's side
+    of :func:`inputs`): a stream that is not one of ``known`` (the computation's inputs),
+    and every stream of a batch whose ``stream_of`` does not fit it, count as not known
+    (""), so what a sender names never becomes a counter or a metric label unchecked."""
+
+    def __init__(self, records: Sequence[Record], streams: Sequence[str], stream_of: Sequence[int],
+                 known: Container[str]) -> None:
+        names = [s if s in known else "" for s in streams]
+        if stream_of and (len(stream_of) != len(records) or max(stream_of) >= len(names)):
+            names, stream_of = [], []
+        self.only = names[0] if names and not stream_of else ""
+        self.of = {id(r): names[i] for r, i in zip(records, stream_of, strict=True)} if stream_of else None
+
+    def split(self, records: list[Record]) -> list[tuple[str, list[Record]]]:
+        """``records`` (some of the batch's) as one part per input stream, each in order."""
+        if self.of is None:
+            return [(self.only, records)]
+        of = self.of
+        parts: dict[str, list[Record]] = {}
+        for r in records:
+            stream = of.get(id(r), "")
+            part = parts.get(stream)
+            if part is None:
+                parts[stream] = [r]
+            else:
+                part.append(r)
+        return list(parts.items())
 
 
 class PeerLinks:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import grpc
 
@@ -173,7 +173,7 @@ class Receiver:
             if owner is None or not owner.worker_id:
                 slow += items
             elif owner.worker_id == self.shared.worker_id:
-                ack = self.process(consumer, range_id, [p.record for p in items])
+                ack = self.process(consumer, range_id, [p.record for p in items], *delivery.inputs(items))
                 if ack.status != pb.DeliverAck.OK:
                     slow += items
                 else:
@@ -204,8 +204,12 @@ class Receiver:
         tokens = [t for n, r, t in self.shared.fenced_tokens if (n, r) == unit]
         return f": fenced (its token {max(tokens)} was superseded: the range moved)" if tokens else ""
 
-    def process(self, computation: str, range_id: int, records: list[Record]) -> pb.DeliverAck:
-        """Steps 1-3 for a batch addressed to one of our ranges; the ack is step 4."""
+    def process(self, computation: str, range_id: int, records: list[Record],
+                streams: Sequence[str] = (), stream_of: Sequence[int] = ()) -> pb.DeliverAck:
+        """Steps 1-3 for a batch addressed to one of our ranges; the ack is step 4.
+        ``streams`` and ``stream_of``: the input streams the records came on, as
+        ``DeliverBatch`` carries them (:func:`services.worker.delivery.inputs`); the
+        batch is processed in one part per stream, its late records counted under it."""
         unit = (computation, range_id)
         owned = self.shared.units.get(unit)
         if owned is None or owned.worker is None:
@@ -241,10 +245,12 @@ class Receiver:
                     if not refused:  # they go in line with the rest; suspects still run alone
                         segments = overruns.plan(records, {i: v for i, v in seen.items() if not v["alone"]})[0]
                 wm = self.shared.input_wms.get(computation, MIN_TIMESTAMP)
+                inputs = delivery.Inputs(records, streams, stream_of, {i.stream for i in rw.spec.inputs})
                 for segment in segments:  # the error policy isolates failing records (fail: raises)
-                    with self.progress.batch(computation, range_id, owned.token,
-                                             rw.spec.options.max_batch_seconds, segment):
-                        poison.process_batch(rw, segment, wm, lambda txn: self.commit(owned, txn))
+                    for stream, part in inputs.split(segment):
+                        with self.progress.batch(computation, range_id, owned.token,
+                                                 rw.spec.options.max_batch_seconds, part):
+                            poison.process_batch(rw, part, wm, lambda txn: self.commit(owned, txn), stream)
                 if refused:  # on_error "fail": refused, visibly, never run again
                     raise overruns.exceeded(computation, range_id, refused[0], seen)
             except FencedError as exc:
@@ -310,6 +316,7 @@ class DeliverServicer:
                 if batch.inject_session and ack.status == pb.DeliverAck.OK:
                     self.receiver.injected_in_order(batch)
             else:
-                ack = self.receiver.process(batch.computation, batch.range_id, records)
+                ack = self.receiver.process(batch.computation, batch.range_id, records,
+                                            batch.streams, batch.stream_of)
             ack.batch_id = batch.batch_id
             yield ack

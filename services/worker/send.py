@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Callable
+from typing import Callable, Sequence
 
 from millwheel.errors import FencedError, UserCodeError
 from millwheel.record import MIN_TIMESTAMP, Record
@@ -47,7 +47,7 @@ class Sender:
         sensors: PrometheusSensors, crash: CrashHook, progress: ProgressBlock | NoProgress, watched: bool,
         stopped: threading.Event, batch_size: int, max_slices: int, max_injector_outbox: int,
         delivery_timeout_s: float,
-        process: Callable[[str, int, list[Record]], pb.DeliverAck],
+        process: Callable[[str, int, list[Record], Sequence[str], Sequence[int]], pb.DeliverAck],
         commit: Callable[[OwnedRange, RangeTransaction], None],
         rebuild: Callable[[OwnedRange], None],
         fenced: Callable[[OwnedRange, FencedError], None],
@@ -183,7 +183,7 @@ class Sender:
             s.done_now += [(p.consumer, p.record.record_id) for p in log_items]
             self.sensors.delivered(owned.node, log_items)  # the console's edge rates
         for consumer, range_id, items in local:
-            ack = self._process(consumer, range_id, [p.record for p in items])
+            ack = self._process(consumer, range_id, [p.record for p in items], *delivery.inputs(items))
             if ack.status == pb.DeliverAck.OK:
                 self.sensors.delivered(owned.node, items)
                 s.done_now += [(p.consumer, p.record.record_id) for p in items]

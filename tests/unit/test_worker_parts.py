@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import pytest
 
@@ -263,9 +263,12 @@ class Local:
 
     def __init__(self) -> None:
         self.batches: list[tuple[str, int, list[str]]] = []
+        self.streams: list[tuple[list[str], list[int]]] = []  # what each batch came on
 
-    def __call__(self, computation: str, range_id: int, batch: list[Record]) -> pb.DeliverAck:
+    def __call__(self, computation: str, range_id: int, batch: list[Record],
+                 streams: Sequence[str] = (), stream_of: Sequence[int] = ()) -> pb.DeliverAck:
         self.batches.append((computation, range_id, [r.key for r in batch]))
+        self.streams.append((list(streams), list(stream_of)))
         return pb.DeliverAck(status=pb.DeliverAck.OK)
 
 
@@ -310,6 +313,7 @@ def test_each_entry_goes_to_the_owner_of_its_key_range_and_is_deleted_once_acked
         assert (batch.producer, batch.computation, batch.range_id, batch.topology_version) == \
             ("injector:src", "count", range_id, shared.version)
         assert [r.key for r in convert.records_from_proto(batch.records)] == keys[range_id]
+        assert (list(batch.streams), list(batch.stream_of)) == (["events"], [])  # the input, once
     assert stored(store) == sorted(keys[0] + keys[1])  # sent is not delivered: still in the store
 
     peers.links["a:1"].ack_all()
@@ -331,6 +335,7 @@ def test_a_consumer_range_owned_here_is_processed_in_place(
 
     send._pump(owned)
     assert local.batches == [("count", 0, keys[0]), ("count", 1, keys[1])]
+    assert local.streams == [(["events"], []), (["events"], [])]
     assert peers.links == {}  # nothing went over a link
     send._pump(owned)  # finishes the slice
     assert stored(store) == []  # processed here: acked without a round trip
