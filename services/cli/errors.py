@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+from typing import Any, Sequence
 
-from ..client import ControllerClient
+from millwheel import late
+
 from ..generated import millwheel_pb2 as pb
 from .output import client_for, client_parser, fmt_ts, table
 
@@ -72,6 +73,7 @@ def errors_data(info: pb.ComputationInfo) -> dict[str, Any]:
             or f"{info.spec.name}.dead_letters",
             "dead_lettered": info.dead_lettered, "skipped": info.skipped,
             "late_dropped": info.late_dropped,
+            "late": late_data(info),
             "failing_ranges": [_failure_dict(f) for f in info.failing_ranges],
             "retrying": [_error_dict(e) for e in info.retrying],
             "recent_errors": [_error_dict(e) for e in info.recent_errors]}
@@ -84,6 +86,7 @@ def cmd_errors(args: argparse.Namespace) -> int:
     lines = [f"computation {data['computation']}: on_error {data['on_error']}, "
              f"{data['dead_lettered']} dead-lettered (stream {data['dead_letter_stream']}), "
              f"{data['skipped']} skipped, {data['late_dropped']} late records dropped"]
+    lines += [f"late records (behind the input watermark), per input: {late_text(info)}"]
     lines += ["", "failing ranges (cannot run at all; retried with backoff):",
               table(RANGE_HEADERS, _failure_rows(info.failing_ranges)) if info.failing_ranges else "  (none)"]
     lines += ["", "retrying now:", table(HEADERS, _rows(info.retrying)) if info.retrying else "  (none)"]
@@ -113,15 +116,30 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return 0
 
 
-def status_lines(client: ControllerClient) -> list[str]:
-    """The error summary ``millwheel status`` prints: computations with any errors."""
+def late_data(info: pb.ComputationInfo) -> list[dict[str, Any]]:
+    """A computation's late records per input stream and action, as ``--json`` shows them."""
+    return [{"input": c.input, "action": c.action, "count": c.count} for c in info.late]
+
+
+def late_text(info: pb.ComputationInfo) -> str:
+    """``clicks 120 dropped, 3 processed; views 0 late``: every input of the computation,
+    then any other counted (records whose stream was not known: replayed dead letters)."""
+    return "; ".join(late.describe({(c.input, c.action): c.count for c in info.late},
+                                   [i.stream for i in info.spec.inputs]))
+
+
+def status_lines(comps: Sequence[pb.ComputationInfo]) -> list[str]:
+    """The error summary ``millwheel status`` prints: computations with any errors, and
+    those that had late records, per input."""
+    late_lines = [f"  {c.spec.name}: {late_text(c)}" for c in comps if c.late]
+    lines = ["", "late records (behind the input watermark), per input:", *late_lines] if late_lines else []
     rows = [(c.spec.name, len(c.failing_ranges), c.dead_lettered, c.skipped, c.late_dropped, len(c.retrying),
              (c.failing_ranges[0].message if c.failing_ranges else
               c.recent_errors[0].message if c.recent_errors else "")[:60])
-            for c in client.computations().computations
+            for c in comps
             if c.failing_ranges or c.dead_lettered or c.skipped or c.late_dropped or c.retrying
             or (c.recent_errors and c.recent_errors[0].outcome == "reload_failed")]  # its newest: a failed --reload
     if not rows:
-        return []
+        return lines
     return ["", table(["COMPUTATION", "FAILING RANGES", "DEAD-LETTERED", "SKIPPED", "LATE DROPPED",
-                       "RETRYING", "LAST ERROR"], rows), "(details: millwheel errors COMPUTATION)"]
+                       "RETRYING", "LAST ERROR"], rows), "(details: millwheel errors COMPUTATION)", *lines]

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from millwheel import late
 from millwheel.errors import InvalidSpecError
 from millwheel.runtime.crash import crash_hook_from_env
 from millwheel.runtime.local_runner import LocalRunner, print_progress
@@ -18,8 +19,9 @@ from millwheel.runtime.writer_process import check_store_url
 from millwheel.sources import Source
 from millwheel.spec import load_spec_file, sources_from_dict, topology_from_dict
 from millwheel.state import open_store
+from millwheel.state.protocol import StateStore
 from millwheel.state.url_display import describe_store
-from millwheel.topology import Topology
+from millwheel.topology import ComputationSpec, Topology
 
 DEFAULT_STORE = "sqlite:///millwheel-data/local.db"
 #: ``millwheel run``'s exit status when it finished but dead-lettered records on the way
@@ -105,6 +107,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         dead_letters = {c.dead_letter_stream for c in topology.computations}
         dead_letters |= {inj.dead_letter_stream for inj in topology.injectors if inj.source is not None}
         before = {s: store.log_end(s)[1] for s in dead_letters}
+        late_before = {c.name: _late_counts(store, c) for c in topology.computations}
         runner = LocalRunner(topology, store, sources, crash=crash_hook_from_env(),
                              writer_process=args.writer_process, **extra)
         try:
@@ -115,6 +118,14 @@ def cmd_run(args: argparse.Namespace) -> int:
             count = len(store.read_log(stream, 0, 10**9))
             if count or stream not in dead_letters:  # a dead-letter stream only when it has any
                 print(f"{stream}: {count} records", file=sys.stderr)
+        for spec in topology.computations:  # late records this run counted, per input
+            counts = _late_counts(store, spec)
+            counts = {k: n - late_before[spec.name].get(k, 0) for k, n in counts.items()}
+            if any(counts.values()):
+                shown = "; ".join(late.describe({k: n for k, n in counts.items() if n},
+                                                [i.stream for i in spec.inputs]))
+                print(f"{spec.name}: late records (behind the input watermark), per input: {shown}",
+                      file=sys.stderr)
         for stream in args.print_streams:
             for _seq, rec in store.read_log(stream, 0, 10**9):
                 print(json.dumps(record_json(rec)))
@@ -128,6 +139,11 @@ def cmd_run(args: argparse.Namespace) -> int:
               "(--dead-letters-ok: 0)", file=sys.stderr)
         return EXIT_DEAD_LETTERS
     return 0
+
+
+def _late_counts(store: StateStore, spec: ComputationSpec) -> late.Counts:
+    """``spec``'s durable late counts (:mod:`millwheel.late`), summed over its ranges."""
+    return late.summed(store.read_errors(spec.name, r).counters for r in range(spec.options.key_ranges))
 
 
 def record_json(rec: Any) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from millwheel.sources import parse_json_record
 from millwheel.spec import load_spec_file, spec_parts
 
 from ..client import inject_messages
-from .errors import status_lines
+from .errors import late_data, status_lines
 from .output import client_for, client_parser, emit, fmt_event_time, fmt_lag, fmt_ts, json_ts, table, worker_state
 
 
@@ -338,7 +338,8 @@ def cmd_keys(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     with client_for(args) as client:
         s = client.status()
-        errors = status_lines(client)
+        comps = client.computations().computations
+        errors = status_lines(comps)
     data = {
         "store": s.store_url,
         "leader": s.leader, "leader_epoch": s.leader_epoch, "answered_by": s.answered_by,
@@ -353,6 +354,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                        for w in s.watermarks],
         "versions": [{"computation": v.name, "version": v.version, "has_previous": v.has_previous}
                      for v in s.versions],
+        "late": {c.spec.name: late_data(c) for c in comps if c.late},  # per input and action
     }
     leader = (f"leader: {s.leader} (epoch {s.leader_epoch})" if s.leader
               else "leader: none elected yet")

@@ -1,8 +1,9 @@
 """The controller's view of failing user code.
 
 :func:`error_info` fills ``ComputationInfo``'s error fields from what the error policy
-(:mod:`millwheel.runtime.poison`) keeps per range in the store: durable counts, the
-last given-up errors and the items being retried now; and the ranges failing as a
+(:mod:`millwheel.runtime.poison`) keeps per range in the store: durable counts (late
+records per input stream among them, :mod:`millwheel.late`), the last given-up errors
+and the items being retried now; and the ranges failing as a
 whole, as their owners report them. Handing dead letters back
 (``ReplayDeadLetters``) is :mod:`services.controller.replay`.
 """
@@ -13,6 +14,7 @@ import json
 from collections import defaultdict
 from typing import Any, Sequence
 
+from millwheel import late
 from millwheel.state.protocol import StateStore
 from millwheel.topology import ComputationSpec, ErrorPolicy
 
@@ -41,9 +43,10 @@ def _where(frames: Any) -> str:
 
 def error_info(store: StateStore, spec: ComputationSpec,
                failing_ranges: Sequence[pb.RangeFailure] = ()) -> dict[str, Any]:
-    """``ComputationInfo`` fields 5-10 for ``spec``, summed over its ranges; the ranges
+    """``ComputationInfo`` fields 5-11 for ``spec``, summed over its ranges; the ranges
     failing as a whole are what their owners report (services/controller/failing.py)."""
     counters: dict[str, int] = defaultdict(int)
+    reports: list[dict[str, int]] = []
     recent: list[pb.ErrorInfo] = []
     retrying: list[pb.ErrorInfo] = []
     failing = "failing" if spec.options.on_error is ErrorPolicy.FAIL else "retrying"
@@ -51,9 +54,12 @@ def error_info(store: StateStore, spec: ComputationSpec,
         report = store.read_errors(spec.name, r)
         for name, n in report.counters.items():
             counters[name] += n
+        reports.append(report.counters)
         recent += [_error_proto(e, r) for e in report.recent]
         retrying += [_error_proto(err, r, n, failing) for _item, (n, err) in sorted(report.attempts.items())]
     recent.sort(key=lambda e: -e.time)
     return {"dead_lettered": counters["dead_lettered"], "skipped": counters["skipped"],
             "late_dropped": counters["late_dropped"], "recent_errors": recent[:20], "retrying": retrying,
-            "failing_ranges": list(failing_ranges)}
+            "failing_ranges": list(failing_ranges),
+            "late": [pb.LateCount(input=stream, action=action, count=n)
+                     for (stream, action), n in sorted(late.summed(reports).items())]}

@@ -29,10 +29,11 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Any, Callable
 
+from millwheel import late
 from millwheel.nodes import injector_node, sink_node
 from millwheel.record import MAX_TIMESTAMP, MIN_TIMESTAMP
 from millwheel.state.url_display import redact
-from millwheel.topology import Topology
+from millwheel.topology import ComputationSpec, Topology
 
 from ..controller.errors import error_info
 from ..controller.held_by import LeastWriter
@@ -202,6 +203,7 @@ class Snapshotter:
                 "ranges": ranges,
                 "dead_lettered": errs["dead_lettered"], "skipped": errs["skipped"],
                 "late_dropped": errs["late_dropped"],
+                "late": _late(errs["late"], spec),
                 "recent_errors": [_err(e) for e in errs["recent_errors"][:10]],
                 "retrying": [_err(e) for e in errs["retrying"][:10]],
                 "failing_ranges": [_failure(f) for f in errs["failing_ranges"][:100]],
@@ -440,6 +442,16 @@ def _err(e: Any) -> dict[str, Any]:
     return {"range": e.range_id, "key": e.key[:200], "record_id": e.record_id[:200], "time": e.time,
             "attempts": e.attempts, "type": e.exception_type[:200], "message": e.message[:1000],
             "outcome": e.outcome}
+
+
+def _late(counts: list[Any], spec: ComputationSpec) -> list[dict[str, Any]]:
+    """Late records per input stream: every input of ``spec`` (zeros when none were
+    late), then any other counted (``""``: the stream was not known, e.g. a replayed
+    dead letter), each with its count per action and the name to show."""
+    rows = {i.stream: dict.fromkeys(late.ACTIONS, 0) for i in spec.inputs}
+    for c in counts:
+        rows.setdefault(c.input, dict.fromkeys(late.ACTIONS, 0))[c.action] = c.count
+    return [{"input": s, "label": late.show_input(s), **actions} for s, actions in rows.items()]
 
 
 def _failure(f: Any) -> dict[str, Any]:

@@ -236,6 +236,11 @@
     $("checkpoints").textContent = c.checkpoints_per_s === null ? "" : `${fmtRate(c.checkpoints_per_s)} checkpoints/s` + (c.checkpoint_ms === null ? "" : `, ${c.checkpoint_ms.toFixed(1)} ms each`) +
       (c.checkpoint_p50_ms === null ? "" : ` (p50 ≤ ${c.checkpoint_p50_ms} ms, p95 ≤ ${c.checkpoint_p95_ms} ms)`);
     $("err-counts").textContent = `${c.dead_lettered} · ${c.skipped} · ${c.late_dropped}`;
+    // late records per input stream: what became of them (docs/ui.md)
+    $("late-inputs").textContent = (c.late || []).map((l) => {
+      const parts = ["dropped", "routed", "processed"].filter((a) => l[a]).map((a) => `${l[a]} ${a}`);
+      return `${l.label}: ${parts.length ? parts.join(", ") : "0 late"}`;
+    }).join(" · ");
     $("backpressure").textContent = c.backpressure.map((b) => `injector ${b.injector}: outbox ${b.outbox}, waited ${b.backpressure_s_total.toFixed(1)} s`).join("; ");
     sparkline($("lag-spark"), c.history.lag, (v) => fmtSecs(v));
     sparkline($("rate-spark"), c.history.in, (v) => fmtRate(v) + "/s");
