@@ -294,3 +294,16 @@ def test_labels_clock_and_sparkline_values_read_whole(tab: Page, console: Consol
         for b in boxes[i + 1:]:
             apart = a[0] + a[2] <= b[0] or b[0] + b[2] <= a[0] or a[1] + a[3] <= b[1] or b[1] + b[3] <= a[1]
             assert apart, f"edge labels overlap: {a} and {b}"
+
+
+def test_late_records_show_per_input_stream(tab: Page, console: Console) -> None:
+    """A click far behind by_user's input watermark is counted late on its input,
+    ``clicks``, and handed to the code all the same (late_policy process)."""
+    behind = min(r.timestamp for r in console.injected)
+    console.inject([Record("late-click", json.dumps({"user": "ann"}).encode(), behind, "late-click-1")])
+    wait_for(lambda: console.cluster.client.describe("by_user").late, 30, "the late click counted")
+    tab.login(console, console.token)
+    tab.page.locator("#graph g.node.computation").first.wait_for()
+    tab.select("by_user")
+    tab.page.locator("#late-inputs").filter(has_text="clicks: 1 processed").wait_for(timeout=30_000)
+    assert tab.text("#late-inputs") == "clicks: 1 processed"
