@@ -16,7 +16,9 @@ directories its operator allowed (``--allow-source-path``,
 every listing (a directory swapped for a symbolic link after registration), a file
 that is a symbolic link or lies through a directory resolving elsewhere is refused
 (``PermissionDeniedError``: the source's failure, shown in status), and each file is
-opened with ``O_NOFOLLOW`` and checked once open by what the descriptor names. Local
+opened with ``O_NOFOLLOW`` and checked once open by what the descriptor names; a file
+with more than one hard link is refused too (``fstat`` of the open descriptor): a hard
+link made inside an allowed directory could name any file of the worker's user. Local
 mode (``millwheel run``) reads any path the user's own process may.
 """
 
@@ -34,7 +36,7 @@ from typing import IO, Any
 from millwheel.connectors import Entry
 from millwheel.connectors.envelope import json_entry
 from millwheel.connectors.spec import SourcePaths
-from millwheel.errors import ConnectorError
+from millwheel.errors import ConnectorError, PermissionDeniedError
 
 
 class FilesSource:
@@ -81,7 +83,10 @@ class FilesSource:
         """``name`` opened for reading; confined: with ``O_NOFOLLOW`` (a symbolic link
         put in its place is not followed), non-blocking (a FIFO put there does not hang
         the worker), then checked by what the descriptor itself names (a directory
-        swapped between the listing and the open is caught too)."""
+        swapped between the listing and the open is caught too) and refused if its inode
+        has more than one name (a hard link: a name inside an allowed directory for a
+        file that may lie anywhere), all judged on the open descriptor, so nothing can
+        change between the check and the read."""
         if self.allowed is None:
             return open(name, "rb")  # noqa: SIM115 - the caller closes it
         allowed = self.allowed
@@ -96,9 +101,14 @@ class FilesSource:
         try:
             proc = f"/proc/self/fd/{fd}"
             real = os.readlink(proc) if os.path.exists(proc) else os.path.realpath(name)
-            if not stat.S_ISREG(os.fstat(fd).st_mode) or not allowed.holds(real):
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or not allowed.holds(real):
                 raise allowed.refusal("files source file", name, "is not a regular file under a directory "
                                                                  "this service reads files from")
+            if st.st_nlink > 1:  # the same inode has a name elsewhere, which no path check can see
+                raise allowed.refusal("files source file", name, f"has {st.st_nlink} hard links: a file "
+                                      "reached by a hard link could be any file of the worker's user; "
+                                      "copy it instead")
         except BaseException:
             fh.close()
             raise
@@ -138,7 +148,11 @@ class FilesSource:
                     self.name, self.offset = later[0], 0
                     continue
                 break
-        except OSError as exc:
+        except (OSError, PermissionDeniedError) as exc:
+            if entries:  # what was read before it goes out first; the next call meets it again
+                return entries
+            if isinstance(exc, PermissionDeniedError):
+                raise
             raise ConnectorError(f"files source {self.pattern!r}: {exc.strerror}: {exc.filename}") from None
         if not entries and not self.finished():
             time.sleep(wait_s)

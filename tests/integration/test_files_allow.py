@@ -14,6 +14,7 @@ default):
 * a link put in a read file's place, or among the files its glob matches, after
   registration, is not read: that source is failing in ClusterStatus (with the flag in
   its message), the worker lives on, and a canary pipeline keeps flowing;
+* a hard link among its files to a file outside is not read either, the same way;
 * a worker whose list is narrower than the controller's refuses too (its own check);
 * ``millwheel register`` refuses an injector's ``file:`` and a source-less
   ``max_disorder_us`` by name (it used to drop them), carries ``max_disorder_us`` with a
@@ -179,6 +180,26 @@ def test_a_files_source_inside_reads_and_a_link_swapped_in_later_is_not_read(sit
     assert site.cluster.workers[0].poll() is None, "the worker died"
     assert b"the secret" not in b"".join(site.stream(names["feed"]) + site.stream(names["one"]))
     assert len(site.stream(names["feed"])) == 30 and len(site.stream(names["one"])) == 5
+
+
+def test_a_hard_link_to_a_file_outside_is_not_read(site: Site) -> None:
+    """A hard link in the allowed directory to the 0600 secret: the ordinary file beside
+    it is read, the link is refused (its source failing, as for a symbolic link) and
+    nothing of the secret reaches the stream."""
+    allowed, secret = site.allowed / fresh(), site.secret
+    allowed.mkdir()
+    (allowed / "a.jsonl").write_text(lines("h", 10))
+    os.link(secret, allowed / "b.jsonl")
+    name = f"hard-{allowed.name}"
+    site.register(files_injector(name, allowed / "*.jsonl"))
+    failure = wait_for(lambda: site.failure(name), 60, f"source {name} shown failing")
+    assert failure.stage == "source" and "b.jsonl" in failure.message and "hard links: a file" in failure.message \
+        and "copy it instead" in failure.message and "--allow-source-path" in failure.message, failure
+    assert str(secret) not in failure.message and "the secret" not in failure.message, failure
+    wait_for(lambda: len(site.stream(name)) == 10, 60, "the ordinary file read")
+    site.canary.round()  # the rest of the service flows
+    assert site.cluster.workers[0].poll() is None, "the worker died"
+    assert b"the secret" not in b"".join(site.stream(name))
 
 
 def test_a_worker_checks_again_where_its_list_is_narrower(site: Site) -> None:

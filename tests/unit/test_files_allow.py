@@ -171,6 +171,42 @@ def test_a_fifo_put_in_a_files_place_does_not_hang_the_reader(tree: tuple[Path, 
         src._read(10)
 
 
+def test_a_hard_link_to_a_file_outside_is_not_read(tree: tuple[Path, Path]) -> None:
+    """A hard link inside the allowed directory names the secret's own inode: no path
+    check can tell, so a file with more than one link is refused, judged on the open
+    descriptor, before a byte is read; the ordinary files beside it are read."""
+    allowed, secret = tree
+    src = source(str(allowed / "*.jsonl"), allowed)
+    assert [e.fields["key"] for e in src.read_batch(10, 0)] == [b"k0", b"k1"]  # a normal file: read
+    os.link(secret, allowed / "zz.jsonl")
+    with pytest.raises(PermissionDeniedError) as err:
+        src.read_batch(10, 0)
+    text = str(err.value)
+    assert "zz.jsonl'" in text and "has 2 hard links" in text and "copy it instead" in text, text
+    assert "--allow-source-path" in text and str(secret) not in text and "secret" not in text, text
+    assert src.name.endswith("zz.jsonl") and src.offset == 0  # nothing of it consumed
+    # From the start: the files before it in one batch are read, then it is refused (a
+    # refused file does not hold back what precedes it); alone, and as the `until: end`
+    # source's last file: refused the same.
+    fresh = source(str(allowed / "*.jsonl"), allowed)
+    assert [e.fields["key"] for e in fresh.read_batch(10, 0)] == [b"k0", b"k1"]
+    with pytest.raises(PermissionDeniedError, match="has 2 hard links"):
+        fresh.read_batch(10, 0)
+    with pytest.raises(PermissionDeniedError, match="has 2 hard links"):
+        source(str(allowed / "zz.jsonl"), allowed).read_batch(10, 0)
+    until_end = FilesSource({"path": str(allowed / "*.jsonl"), "until": "end"}, "/")
+    until_end.confine(SourcePaths.parse([str(allowed)]))
+    with pytest.raises(PermissionDeniedError, match="has 2 hard links"):
+        until_end.open(None)
+    # A copy is read; unconfined (`millwheel run`) the link is read as the user's own file.
+    os.remove(allowed / "zz.jsonl")
+    (allowed / "zz.jsonl").write_bytes(b'{"key": "copy", "value": 1, "timestamp": 1}\n')
+    assert [e.fields["key"] for e in src.read_batch(10, 0)] == [b"copy"]
+    os.link(secret, allowed / "zzz.jsonl")
+    entries = source(str(allowed / "zzz.jsonl"), None).read_batch(10, 0)
+    assert [e.fields["value"] for e in entries] == [b"the secret"]
+
+
 def test_run_unconfined_reads_any_path_the_user_may(tree: tuple[Path, Path]) -> None:
     allowed, secret = tree
     (allowed / "link.jsonl").symlink_to(secret)
