@@ -40,6 +40,7 @@ from typing import Callable, Mapping
 
 from millwheel.clock import Clock
 from millwheel.errors import LogTrimmedError
+from millwheel.nodes import is_injector
 from millwheel.record import Record
 from millwheel.state.protocol import StateStore
 from millwheel.topology import DEFAULT_LOG_RETENTION_BYTES, DEFAULT_LOG_RETENTION_US, Topology
@@ -72,8 +73,8 @@ def retention_of(topology: Topology) -> dict[str, Retention]:
     written by several computations keeps what the most demanding of them asks for);
     a stream only injectors write has the defaults."""
     out: dict[str, Retention] = {}
-    for stream in topology.logged_streams():
-        writers = [c.options for c in topology.computations if stream in c.written_streams()]
+    for stream in topology.logged_streams():  # writers looked up, not scanned for: O(registry), not O(n^2)
+        writers = [topology.computation(n).options for n in topology.producers(stream) if not is_injector(n)]
         out[stream] = Retention(_widest([o.log_retention_us for o in writers]),
                                 _widest([o.log_retention_bytes for o in writers])) if writers else Retention()
     return out

@@ -4,9 +4,12 @@
 Only the leading controller trims (its trim calls carry the leader check of
 :class:`services.controller.leader.LeaderStore`, and its marks are saved under its
 epoch); a standby's thread idles. A new leader starts from the marks the previous
-one saved. The controller's lock is held only to read the registry's topology, never
+one saved. The controller's lock is held only to read which topology is current, never
 across a store call, so a pass never delays heartbeats or registrations; each store
-call is one small batch (millwheel.runtime.retention.BATCH_ROWS entries).
+call is one small batch (millwheel.runtime.retention.BATCH_ROWS entries). The streams'
+policies are worked out once per topology, off the lock: at 1,000 computations, worked
+out under the lock at every pass (once a second) they held it, and the GIL, for about
+a second each time (issue 34 item 9: the leader's lease renewals starved).
 """
 
 from __future__ import annotations
@@ -16,8 +19,9 @@ import threading
 
 from millwheel.clock import Clock
 from millwheel.errors import MillWheelError
-from millwheel.runtime.retention import LogTrimmer, retention_of
+from millwheel.runtime.retention import LogTrimmer, Retention, retention_of
 from millwheel.state.lease import LeadershipLostError
+from millwheel.topology import Topology
 
 from .plane import ControlPlane
 
@@ -37,6 +41,7 @@ class RetentionThread:
         self.interval_s = interval_s
         self.trimmer: LogTrimmer | None = None
         self._epoch: int | None = None
+        self._policies: tuple[Topology, dict[str, Retention]] | None = None  # per topology
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="log-retention", daemon=True)
 
@@ -64,7 +69,11 @@ class RetentionThread:
         if self.trimmer is None or epoch != self._epoch:  # (newly) elected: the saved marks
             self.trimmer, self._epoch = LogTrimmer(host.store, self.clock), epoch
         with host.lock:
-            policies = retention_of(host.registry.topology)
+            topology = host.registry.topology
+        cached = self._policies
+        if cached is None or cached[0] is not topology:  # a topology is never changed, only replaced
+            cached = self._policies = (topology, retention_of(topology))
+        policies = cached[1]
         try:
             return self.trimmer.run(policies, self._stop.is_set)
         except LeadershipLostError as exc:
