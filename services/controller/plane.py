@@ -145,7 +145,7 @@ class ControlPlane:
         if self.sensors is None:
             return
         self.sensors.controller_role(self.leading(), self.elector.leader_epoch)
-        out, _ = self.watermarks()
+        out = {node: self.wms.node(node, count) for node, count in self.registry.nodes().items()}
         now = self.clock.now_us()
         self.sensors.keep_nodes(set(out))  # no series for what is no longer registered
         for node, wm in out.items():
