@@ -75,6 +75,7 @@ class Elector:
         self.leader_address: str | None = None  # whoever leads, as last read
         self.leader_epoch = 0
         self._valid_until = 0.0
+        self._sent_at = 0.0  # when the last round began (its renewal or claim sent)
         self._stop = threading.Event()
         self._step_lock = threading.Lock()
         self._thread = threading.Thread(target=self._loop, name="elector", daemon=True)
@@ -104,11 +105,21 @@ class Elector:
                 log.warning("could not release the controller lease: %s", exc)
 
     def _loop(self) -> None:
-        while not self._stop.wait(self.ttl_s / 4):
+        """A round every quarter of the TTL, counted from when the last one SENT its
+        renewal (not from when its answer came back): a renewal answered late (the
+        store's one writer busy, the process starved of CPU on a loaded machine) is
+        followed by the next one at once, rather than a quarter of the TTL after it,
+        while the last renewal still counts (issue 34 item 9: two late rounds in a row,
+        each waiting its own quarter, ran past ``SAFETY``)."""
+        while not self._stop.wait(self._due_in()):
             try:
                 self.step()
             except Exception:
                 log.exception("leader election step failed")
+
+    def _due_in(self) -> float:
+        """Seconds until the next round: a quarter of the TTL after the last was sent."""
+        return max(0.0, self._sent_at + self.ttl_s / 4 - time.monotonic())
 
     def step(self, inline: bool = False) -> None:
         """One round: renew (leader) or try to claim (standby), then learn the leader.
@@ -141,7 +152,7 @@ class Elector:
         """The round itself; returns the epoch just won, if any."""
         won = None
         ttl_ms = max(1, int(self.ttl_s * 1000))
-        sent = time.monotonic()
+        sent = self._sent_at = time.monotonic()
         if self.epoch is not None:
             try:
                 renewed: bool | None = self.store.renew_lease(self.holder, self.epoch, ttl_ms)
