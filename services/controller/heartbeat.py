@@ -16,7 +16,8 @@ Now a worker that sends ``incremental`` gets:
   when it holds none or one too old;
 * input watermarks only of the computations assigned to it;
 * the registry's JSON when its version differs, serialized once per registry version
-  (:class:`TopologyJson`), never under the controller's lock.
+  (:class:`TopologyJson`), never under the controller's lock, each computation encoded
+  once (:class:`~millwheel.spec.ComputationTexts`: a registration encodes what it adds).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Callable
 
 from millwheel.errors import InvalidSpecError
 from millwheel.record import MIN_TIMESTAMP
+from millwheel.spec import ComputationTexts
 from millwheel.topology import Topology
 
 from ..generated import millwheel_pb2 as pb
@@ -43,6 +45,7 @@ class TopologyJson:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._cached: tuple[int, str] | None = None
+        self._texts = ComputationTexts()  # each computation encoded once (under _lock)
 
     def get(self, registry: Registry) -> tuple[int, str]:
         """(version, JSON) of the registry now. The version is read before the topology:
@@ -54,14 +57,13 @@ class TopologyJson:
             cached = self._cached
             if cached is not None and cached[0] == version:
                 return cached
-            cached = self._cached = (version, convert.topology_to_json(topology))
+            cached = self._cached = (version, convert.topology_to_json(topology, self._texts))
             return cached
 
     def prime(self, version: int, topology: Topology) -> None:
         """Serialize a registry version now (at registration, on the registering thread)."""
-        text = convert.topology_to_json(topology)
         with self._lock:
-            self._cached = (version, text)
+            self._cached = (version, convert.topology_to_json(topology, self._texts))
 
 
 class OwnerTables:

@@ -22,7 +22,7 @@ from millwheel.importing import AllowList
 from millwheel.limits import MAX_LOG_STREAMS, MAX_NAME_CHARS, MAX_TOTAL_KEY_RANGES
 from millwheel.nodes import injector_node, sink_node
 from millwheel.operators.schema import check_allowed, validate_spec
-from millwheel.spec import computation_from_dict, computation_to_dict, injector_to_dict, spec_parts
+from millwheel.spec import ComputationTexts, computation_from_dict, injector_to_dict, json_object, spec_parts
 from millwheel.state.protocol import StateStore
 from millwheel.topology import ComputationSpec, InjectorSpec, Topology
 
@@ -44,6 +44,7 @@ class Registry:
         # Changes one at a time: validated and stored under this lock alone, never the
         # controller's (heartbeats take that one), however large the registration.
         self.changing = threading.RLock()
+        self._texts = ComputationTexts()  # the stored JSON of each spec, encoded once (under changing)
         whole = store.get_meta(REGISTRY_KEY)
         if whole is not None:
             data = json.loads(whole)
@@ -213,16 +214,21 @@ class Registry:
         previous = self.previous if previous is None else previous
         names = {c.name for c in topology.computations}  # an unregistered one's record goes with it
         keyed = {k: v for k, v in (self.keyed if keyed is None else keyed).items() if k in names}
-        self.store.put_meta(REGISTRY_KEY, json.dumps({
+        # Each computation encoded once (ComputationTexts): a change encodes what it adds.
+        texts = self._texts.of((*topology.computations, *previous.values()))
+        specs, prev = texts[:len(topology.computations)], texts[len(topology.computations):]
+        self.store.put_meta(REGISTRY_KEY, json_object({
             "version": version,
-            "computations": [computation_to_dict(c) for c in topology.computations],
+            "computations": None,
             "injectors": [injector_to_dict(i) for i in topology.injectors],
             "log_streams": list(topology.log_streams),
             "versions": versions,
-            "previous": {name: computation_to_dict(c) for name, c in previous.items()},
+            "previous": None,
             "sinks": [sink_to_dict(s) for s in topology.sinks],
             "keyed": keyed,
-        }).encode())
+        }, {"computations": "[" + ", ".join(specs) + "]",
+            "previous": "{" + ", ".join(f"{json.dumps(n)}: {t}" for n, t in zip(previous, prev, strict=True)) + "}",
+            }).encode())
         self.topology = topology
         self.version = version
         self.versions = versions

@@ -17,8 +17,10 @@ from millwheel.queries import KeyState, NodeWatermark
 from millwheel.record import Record, TimeDomain, Timer
 from millwheel.runtime.routing import record_of
 from millwheel.spec import (
+    ComputationTexts,
     computation_from_dict,
     computation_to_dict,
+    json_object,
     spec_parts,
     topology_from_dict,
     topology_parts_to_dict,
@@ -169,12 +171,12 @@ def unlogged_stream_message(topology: Topology, stream: str) -> str:
 
 
 # -- the topology workers receive ------------------------------------------------------
-def topology_to_json(topology: Topology) -> str:
-    return json.dumps({
-        "log_streams": list(topology.log_streams),
-        "computations": [computation_to_dict(c) for c in topology.computations],
-        **topology_parts_to_dict(topology),
-    })
+def topology_to_json(topology: Topology, texts: ComputationTexts | None = None) -> str:
+    """The topology as workers read it (:func:`topology_from_json`); with ``texts``, the
+    computations' JSON is taken from (and kept in) that cache: encoded once per spec."""
+    specs = (texts or ComputationTexts()).of(topology.computations)
+    return json_object({"log_streams": list(topology.log_streams), "computations": None,
+                        **topology_parts_to_dict(topology)}, {"computations": "[" + ", ".join(specs) + "]"})
 
 
 def topology_from_json(text: str) -> Topology:
