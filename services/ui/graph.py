@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from millwheel.nodes import injector_node
+from millwheel.nodes import injector_node, sink_node
 from millwheel.topology import Topology
 
 
@@ -28,12 +28,21 @@ def quantile_ms(d: dict[str, float], q: float) -> float | None:
 EdgeRates = dict[tuple[str, str, str], float]  # (producer node, stream, consumer) -> records/s
 
 
+def sink_edge(sink: str, stream: str) -> tuple[str, str, str]:
+    """The edge a connector sink takes its stream on, as :data:`EdgeRates` keys it: from
+    the stream's log (``log:STREAM``) to the sink's node (``sink:NAME``). Its rate is
+    what the sink wrote (``millwheel_sink_records_total{sink}``), not an ack."""
+    return "log:" + stream, stream, sink_node(sink)
+
+
 def edge_rates(rates: EdgeRates | None) -> tuple[dict[tuple[str, str], float], dict[tuple[str, str], float]]:
     """From the records/s each consumer acknowledged per (producer, stream, consumer):
     what goes out of a producer into a stream (the most any consumer of it took: each
     consumer gets every record, and a failing consumer must not hide the others'
     traffic) and what comes out of a stream into a consumer (summed over the stream's
-    producers: an injector and a computation may write one stream)."""
+    producers: an injector and a computation may write one stream). A connector sink's
+    edge (:func:`sink_edge`) comes out of the stream's log: only its stream-to-sink rate
+    counts (the producers' edges into a logged stream count their ``log:`` appends)."""
     out: dict[tuple[str, str], float] = {}
     into: dict[tuple[str, str], float] = {}
     for (producer, stream, consumer), r in (rates or {}).items():
@@ -54,7 +63,10 @@ def graph(topo: Topology, comps: dict[str, Any], injectors: dict[str, Any],
     An edge's rate is its own (issue 33: they were the consumer's whole input rate,
     retries counted, on every edge of it): what the consumer acknowledged on that edge
     (:func:`edge_rates`), 0 for an edge nothing crossed, None before the workers'
-    counters were read once (``rates`` None)."""
+    counters were read once (``rates`` None). A connector sink's edge: the records it
+    wrote out per second (:func:`sink_edge`), 0 while it is down (it writes nothing; the
+    node shows ``failing``); the edge into a logged stream no computation reads: what
+    its producers appended to the stream's log."""
     out_rate, in_rate = edge_rates(rates)
     known = rates is not None
 
@@ -108,7 +120,9 @@ def graph(topo: Topology, comps: dict[str, Any], injectors: dict[str, Any],
     for name, info in (connectors or {}).items():
         nodes.append({"id": "k:" + name, "kind": "sink", "name": name, "layer": layer.get("s:" + info["stream"], 1) + 1,
                       "health": "ok" if info["down_s"] is None else "failing"})
-        edges.append({"from": "s:" + info["stream"], "to": "k:" + name, "per_s": None})
+        _log, stream, node = sink_edge(name, info["stream"])
+        written = 0.0 if info["down_s"] is not None else rate(in_rate, (stream, node))
+        edges.append({"from": "s:" + info["stream"], "to": "k:" + name, "per_s": written})
     return {"nodes": nodes, "edges": edges}
 
 

@@ -39,7 +39,7 @@ from ..controller.errors import error_info
 from ..controller.held_by import LeastWriter
 from ..controller.held_by import held_by as _held_by
 from ..metrics import ControllerView, Samples, scrape
-from .graph import EdgeRates, edge_rates
+from .graph import EdgeRates, edge_rates, sink_edge
 from .graph import graph as _graph
 from .graph import quantile_ms as _quantile_ms
 from .history import History
@@ -112,7 +112,7 @@ class Snapshotter:
         self._dead_seen: dict[str, tuple[int, float]] = {}
         self._wm_moved: dict[str, tuple[int, float]] = {}
         self._tails: dict[str, tuple[int, deque[dict[str, Any]]]] = {}
-        self._edge_prev: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+        self._edge_prev: dict[tuple[str, str, tuple[tuple[str, str], ...]], float] = {}
         self._edge_total: dict[tuple[str, str, str], float] = {}
         self._edge_hist: dict[tuple[str, str, str], deque[tuple[float, float]]] = {}
         self.least_writer = least_writer
@@ -171,7 +171,8 @@ class Snapshotter:
         addr = {w[0]: w[1] for w in workers}
         samples = self._scrape([(w[0], w[2]) for w in workers if (w[3] or not leading) and w[2]])
         rates = self._rates(samples, t)
-        edges = self._edges(samples, t) if samples or self._edge_hist else None
+        edges = (self._edges(samples, t, {s.name: s.stream for s in topo.sinks})
+                 if samples or self._edge_hist else None)
         usage = self._usage(samples, t)
         comps: dict[str, Any] = {}
         producers: dict[str, set[str]] = {}  # stream -> the nodes writing it
@@ -260,8 +261,9 @@ class Snapshotter:
         self._tail(logged)
         self.history.keep([*comps, *(injector_node(i) for i in injectors)])
         nodes = {*comps, *(injector_node(i) for i in injectors)}
-        for edge in [e for e in self._edge_total if e[0] not in nodes
-                     or not (e[2] in nodes or e[2].startswith("log:"))]:  # unregistered: forgotten
+        sink_edges = {sink_edge(s.name, s.stream) for s in topo.sinks}
+        for edge in [e for e in self._edge_total if e not in sink_edges and (
+                e[0] not in nodes or not (e[2] in nodes or e[2].startswith("log:")))]:  # unregistered: forgotten
             del self._edge_total[edge]
             self._edge_hist.pop(edge, None)
         self.snapshot = {
@@ -363,20 +365,30 @@ class Snapshotter:
                 records_in_total=int(total["in"]), records_out_total=int(total["out"]))
         return out
 
-    def _edges(self, samples: dict[str, Samples], t: float) -> EdgeRates:
+    def _edges(self, samples: dict[str, Samples], t: float, sinks: dict[str, str]) -> EdgeRates:
         """Records/s per stream edge (producer node, stream, consumer) over the last
         ``EDGE_WINDOW_S``: what consumers acknowledged (``millwheel_edge_records_total``,
         counted by the producer's worker once per record acked, so a retried or resent
-        batch counts once). Summed over workers; a worker restarted since (its counter
-        went down) counts from its new value; a series first seen counts from there."""
+        batch counts once), and per connector sink of ``sinks`` (name -> its stream) what
+        it wrote out (``millwheel_sink_records_total``, counted by the worker running it
+        once its external system committed them), on the edge from its stream's log
+        (:func:`~services.ui.graph.sink_edge`). Summed over workers; a worker restarted
+        since (its counter went down) counts from its new value; a series first seen
+        counts from there."""
         prev, self._edge_prev = self._edge_prev, {}
         for wid, got in samples.items():
             for (name, labels), value in got.items():
-                if name != "millwheel_edge_records_total":
+                if name == "millwheel_edge_records_total":
+                    d = dict(labels)
+                    edge = (d.get("producer", ""), d.get("stream", ""), d.get("consumer", ""))
+                elif name == "millwheel_sink_records_total":
+                    sink = dict(labels).get("sink", "")
+                    if sink not in sinks:  # not registered (any more)
+                        continue
+                    edge = sink_edge(sink, sinks[sink])
+                else:
                     continue
-                d = dict(labels)
-                edge = (d.get("producer", ""), d.get("stream", ""), d.get("consumer", ""))
-                key = (wid, labels)
+                key = (wid, name, labels)
                 self._edge_prev[key] = value
                 before = prev.get(key)
                 grown = 0.0 if before is None else value - before if value >= before else value

@@ -11,7 +11,12 @@ service on loopback (headless Debian Chromium via Playwright):
   clipped: every node lies inside the graph's scrollable area and can be scrolled to;
 * the console opens on the failing computation, and shows what holds its watermark;
 * a key's state of a built-in operator is shown with field names and readable times
-  (no bare arrays, no raw microseconds).
+  (no bare arrays, no raw microseconds);
+* a connector sink's edge shows the rows its sink wrote per second (a Redis stream sink
+  on a redis-server of the test's own): 0 before anything is injected, the rows counted
+  in Redis per second while records flow, 0 again once they stop, and 0 while the sink
+  is down (named in the summary); the edge into its stream (a log no computation reads)
+  shows what was appended.
 """
 
 from __future__ import annotations
@@ -27,9 +32,10 @@ from typing import Any
 
 import pytest
 
+from millwheel.connectors.spec import sinks_from_list
 from millwheel.record import Record
 from services.generated import millwheel_pb2 as pb
-from tests.support.redis_server import free_port
+from tests.support.redis_server import RedisServer, free_port
 from tests.support.service_cluster import Cluster, wait_for
 
 CHROMIUM = "/usr/bin/chromium"
@@ -314,3 +320,111 @@ def test_state_is_shown_with_field_names_and_readable_times(page: Any, service: 
     assert re.search(r"window \d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.000 – \d\d:\d\d:\d\d\.000 UTC\n\s+count: \d+", text), text
     assert "sum:" not in text  # a count keeps no sum worth showing
     assert not re.search(r"\d{13,}", text), text
+
+
+SINK = "passed.redis"
+SINK_EDGE = f"s:passed -> k:{SINK}"
+EDGE_WINDOW_S = 5.0  # services/ui/snapshot.py: an edge's records/s is averaged over this long
+
+
+class Orders:
+    """Inject ``orders`` at RATE records/s (two every 0.1 s, on a fixed schedule) from a
+    thread until stopped; ``injected`` counts what was sent."""
+
+    def __init__(self, service: Service, first: int = 0) -> None:
+        self.service, self.injected, self.first = service, 0, first
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        start, i = time.monotonic(), 0
+        while not self._stop.is_set():
+            due = start + i / RATE
+            if due > time.monotonic():
+                time.sleep(due - time.monotonic())
+            n = self.first + i
+            self.service.cluster.inject("orders", "orders", [
+                Record(f"o{k % 5}", json.dumps({"n": k}).encode(), T0 + k * 50_000, f"order-{k}")
+                for k in (n, n + 1)])
+            i += 2
+            self.injected = i
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+
+def test_a_sink_edge_shows_the_rows_its_sink_wrote_per_second(page: Any, service: Service) -> None:
+    import redis
+
+    with RedisServer() as target:
+        out = redis.Redis.from_url(target.url)
+        service.cluster.client.register_topology(
+            [comp("orders_pass", ["orders"], "filter", ["passed"], {"expr": "True"})], [("orders", "orders")],
+            sinks=sinks_from_list([{"stream": "passed", "name": SINK, "type": "redis-stream",
+                                    "url": target.url, "redis_stream": "out"}]))
+        service.cluster.wait_balanced()
+        page.goto(service.url)
+        page.locator(f"#graph g.node[data-name='{SINK}']").wait_for(state="attached", timeout=30_000)
+
+        def label(edge: str) -> str | None:
+            return page.evaluate(EDGE_LABELS_JS).get(edge)  # type: ignore[no-any-return]
+
+        # Nothing injected yet: nothing written, the edge says so (or has no figure yet).
+        for _ in range(3):
+            assert label(SINK_EDGE) in (None, "0.0/s"), label(SINK_EDGE)
+            assert out.xlen("out") == 0
+            page.wait_for_timeout(1000)
+        assert label(SINK_EDGE) == "0.0/s"
+
+        # Records flow: the edge shows what the sink wrote, as Redis counts it, per second
+        # over the console's window (the Redis side sampled here over the same span).
+        orders = Orders(service)
+        counted: list[tuple[float, int]] = []
+        seen: dict[str, str] = {}
+
+        def written_per_s() -> float | None:
+            now = time.monotonic()
+            counted.append((now, int(out.xlen("out"))))
+            old = [c for c in counted if c[0] <= now - EDGE_WINDOW_S]
+            if not old:
+                return None
+            t0, n0 = old[-1]
+            return (counted[-1][1] - n0) / (now - t0)
+
+        def close_enough() -> bool:
+            nonlocal seen
+            written = written_per_s()
+            seen = page.evaluate(EDGE_LABELS_JS)
+            shown, into_log = rate_of(seen.get(SINK_EDGE, "")), rate_of(seen.get("c:orders_pass -> s:passed", ""))
+            if written is None or shown is None or into_log is None or written < 0.5 * RATE:
+                return False
+            return abs(shown - written) <= 0.25 * written + 0.5 and abs(into_log - written) <= 0.25 * written + 0.5
+
+        try:
+            time.sleep(EDGE_WINDOW_S + 1)  # a full averaging window of steady traffic
+            wait_for(close_enough, 60, "the sink's edge to show the rows it wrote per second")
+        except AssertionError:
+            raise AssertionError(f"edge labels {seen}, rows in Redis {counted[-8:]}, "
+                                 f"injected {orders.injected}") from None
+        finally:
+            orders.stop()
+        shown = rate_of(seen[SINK_EDGE])
+        assert shown is not None and abs(shown - RATE) <= 0.25 * RATE + 0.5, (shown, RATE)
+        # Every record written once; then nothing more is, and the edge falls back to 0.
+        wait_for(lambda: out.xlen("out") == orders.injected, 60, "every order in Redis")
+        wait_for(lambda: label(SINK_EDGE) == "0.0/s", 30, "the sink's edge back to 0/s once nothing flows")
+        rows: Any = out.xrange("out")
+        assert sorted(json.loads(f[b"value"])["n"] for _i, f in rows) == list(range(orders.injected))
+
+        # The sink down (its Redis gone): the summary names it, the node is failing and
+        # its edge shows 0, whatever the window still holds.
+        target.kill()
+        more = Orders(service, first=orders.injected)
+        try:
+            page.locator("#summary").filter(has_text=f"sink down: {SINK}").wait_for(timeout=30_000)
+            assert label(SINK_EDGE) == "0.0/s"
+            assert page.locator(f"#graph g.node.failing[data-name='{SINK}']").count() == 1
+        finally:
+            more.stop()

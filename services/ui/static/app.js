@@ -144,7 +144,9 @@
         const label = svg("text", { class: "rate" + (blocked ? " backpressure" : ""), x: mx, y: y, "text-anchor": "middle",
           "data-from": e.from, "data-to": e.to }, text);
         const group = svg("g", { class: "edge-label" });  // its title says which edge, on hover
-        group.appendChild(svg("title", {}, `${e.from.slice(2)} → ${e.to.slice(2)}: ${text}`));
+        // Into a connector sink ("k:"): what the sink wrote out to its system.
+        const what = e.to.startsWith("k:") ? " written" : "";
+        group.appendChild(svg("title", {}, `${e.from.slice(2)} → ${e.to.slice(2)}: ${text}${what}`));
         group.appendChild(label);
         root.appendChild(group);
       }
