@@ -45,6 +45,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -182,6 +183,22 @@ class _Lines:
         self._thread.join(timeout_s)
 
 
+#: ``--profile DIR``: py-spy samples each service process during the timed part.
+PROFILE_DIR: Path | None = None
+
+
+def _profile(pids: dict[str, int], out: Path) -> list[subprocess.Popen[bytes]]:
+    """One ``py-spy record`` per process (controller, workers, watchdogs), writing
+    ``ROLE.txt`` in collapsed-stack form (``--nonblocking``: the processes run on at
+    their own pace; ``--idle`` left out: only samples on the CPU count)."""
+    spy = Path(sys.executable).with_name("py-spy")
+    out.mkdir(parents=True, exist_ok=True)
+    return [subprocess.Popen([str(spy), "record", "--pid", str(pid), "--rate", "200", "--nonblocking",
+                              "--format", "raw", "--output", str(out / f"{role}.txt")],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            for role, pid in pids.items() if role != "up"]
+
+
 def service_round(tmp: Path, spec: Path, w: workload.Workload, workers: int, label: str,
                   batch: int | None, timeout_s: float) -> dict[str, Any]:
     """``millwheel up`` + ``register`` (untimed), then ``inject --done`` and ``subscribe``
@@ -210,6 +227,7 @@ def service_round(tmp: Path, spec: Path, w: workload.Workload, workers: int, lab
         inject_cmd = _cli("inject", str(tmp / "events.jsonl"), "--injector", INJECTOR,
                           "--max-disorder-us", str(DISORDER_US), "--done", "--controller", svc.address,
                           *(["--batch", str(batch)] if batch else []))
+        spies = _profile(pids, PROFILE_DIR / label) if PROFILE_DIR is not None else []
         svc_cpu0 = {role: process_cpu_s(pid) for role, pid in pids.items()}
         cli_cpu0 = _children_cpu_s()
         started = time.monotonic()
@@ -228,6 +246,8 @@ def service_round(tmp: Path, spec: Path, w: workload.Workload, workers: int, lab
             complete = reader.wait(expected_rows, max(1.0, timeout_s - injected_s))
             elapsed = time.monotonic() - started
             svc_cpu = {role: round(process_cpu_s(pid) - svc_cpu0[role], 3) for role, pid in pids.items()}
+            for spy in spies:  # py-spy writes its profile on SIGINT
+                spy.send_signal(signal.SIGINT)
             time.sleep(0.3)  # a duplicate row would arrive after the last expected one
             sub.terminate()
             try:
@@ -373,7 +393,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, help="millwheel inject --batch (default: inject's own)")
     ap.add_argument("--timeout", type=float, default=600, help="seconds a run may take (default 600)")
     ap.add_argument("--json-out", metavar="PATH", help="also write the whole result as JSON to PATH")
+    ap.add_argument("--profile", metavar="DIR", type=Path,
+                    help="py-spy record every service process during the timed part, one "
+                         "collapsed-stack file per process under DIR/service-ROUND/ (CPU samples only)")
     args = ap.parse_args(argv)
+    global PROFILE_DIR
+    PROFILE_DIR = args.profile
     if args.records < 1 or args.rounds < 1 or args.workers < 1 or (args.batch is not None and args.batch < 1):
         ap.error("--records, --rounds, --workers and --batch must be at least 1")
     res = case(args.records, args.rounds, args.workers, args.batch, args.timeout,
