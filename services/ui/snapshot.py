@@ -173,6 +173,7 @@ class Snapshotter:
         rates = self._rates(samples, t)
         edges = (self._edges(samples, t, {s.name: s.stream for s in topo.sinks})
                  if samples or self._edge_hist else None)
+        into = edge_rates(edges)[1] if edges is not None else None  # (stream, consumer) -> records/s
         usage = self._usage(samples, t)
         comps: dict[str, Any] = {}
         producers: dict[str, set[str]] = {}  # stream -> the nodes writing it
@@ -210,8 +211,7 @@ class Snapshotter:
                 "failing_ranges": [_failure(f) for f in errs["failing_ranges"][:100]],
                 **rates.get(spec.name, _no_rates()),
             }
-            if edges is not None:  # what its consumers acknowledged, not what it ran (retries counted)
-                _, into = edge_rates(edges)
+            if into is not None:  # what its consumers acknowledged, not what it ran (retries counted)
                 info["in_per_s"] = round(sum(into.get((i, spec.name), 0.0) for i in info["inputs"]), 2)
             info["held_by"] = held.get(spec.name, "")
             # records its producers checkpointed and it (or a sibling consumer) has not acked
