@@ -20,9 +20,10 @@ from bench.report.tables import markdown
 from bench.report.targets import ratios_and_targets
 
 SECTIONS = ("limits", "throughput", "latency", "recovery", "service", "ha", "growth", "ttl", "peer", "cli",
-            "scale", "subscribe", "registry", "soak", "nexmark")
-#: registry (~10 minutes), the soak (30) and nexmark (~15, PyFlink's JVMs): run only when asked for
-DEFAULT_SECTIONS = tuple(s for s in SECTIONS if s not in ("registry", "soak", "nexmark"))
+            "scale", "subscribe", "registry", "soak", "nexmark", "nexmark-latency")
+#: registry (~10 minutes), the soak (30), nexmark (~15, PyFlink's JVMs) and nexmark-latency
+#: (~15): run only when asked for
+DEFAULT_SECTIONS = tuple(s for s in SECTIONS if s not in ("registry", "soak", "nexmark", "nexmark-latency"))
 RESULTS = Path(__file__).resolve().parent / "results"
 
 DESCRIPTION = """\
@@ -81,6 +82,12 @@ Sections (all but soak by default, in this order; latency uses throughput's figu
               the service), 2 interleaved rounds (quick: 20k, 1): events/s per
               core, every output checked against Flink's (~15 minutes on 2 cores;
               alone: python -m bench.cases.nexmark --help)
+  nexmark-latency
+              opt-in (--only nexmark-latency): issue 32, p50/p95/max latency of
+              the same queries in the service fed at 50% of each one's measured
+              capacity, 40 s each (quick: q0 and q5, 15 s), output checked
+              against local mode's (~15 minutes on 2 cores; alone:
+              python -m bench.cases.nexmark --latency --help)
 
 --quick takes under 3 minutes (20k-record cases, a reduced matrix); the full run
 takes 20-30 minutes on 2 cores (growth's 10M run alone ~4-5;
@@ -112,8 +119,8 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="the short suite (< 3 minutes)")
     parser.add_argument("--only", nargs="+", choices=SECTIONS, metavar="SECTION",
-                        help=f"run only these sections ({', '.join(SECTIONS)}; registry, soak and nexmark only "
-                             "when named)")
+                        help=f"run only these sections ({', '.join(SECTIONS)}; registry, soak, nexmark and "
+                             "nexmark-latency only when named)")
     parser.add_argument("--soak-minutes", type=float, help="minutes of the soak section (default 30, quick 6)")
     parser.add_argument("--soak-load", type=float, metavar="PCT",
                         help="the soak's share of its measured capacity, in %% (default 50; issue 31's "
@@ -149,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     print(md)
     print(f"wrote {args.out / stem}.json and .md in {meta['duration_s']:.0f} s", file=sys.stderr)
     wrong = [e for sec in ("throughput", "latency", "recovery", "service", "ha", "long", "soak", "cli", "scale",
-                           "subscribe", "nexmark")
+                           "subscribe", "nexmark", "nexmark_latency")
              for e in results.get(sec, [])
              if "result" in e and not e["result"]["correct"]["ok"]]
     return 1 if wrong else 0

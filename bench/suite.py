@@ -20,6 +20,7 @@ from bench.harness import Stores, log, run_case
 from bench.peers import peer_bytewax, peer_flink, peer_pathway
 from bench.run_local import WorkloadArgs, backlog_case, paced_case
 from bench.workload import generate
+from millwheel.nexmark.queries import QUERIES
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,8 @@ SCALE_RECORDS = {"quick": 20_000, "full": 200_000}
 SUBSCRIBE_PLAN = {"quick": (100_000, 1), "full": (1_000_000, 3)}
 # issue 32's opt-in section: (events, rounds) of the Nexmark case (bench/cases/nexmark.py)
 NEXMARK_PLAN = {"quick": (20_000, 1), "full": (200_000, 2)}
+# and its latency section: (queries, seconds of feed per query) (bench/cases/nexmark_latency.py)
+NEXMARK_LATENCY_PLAN = {"quick": (("q0", "q5"), 15.0), "full": (QUERIES, 40.0)}
 QUICK = Mode("quick", 20_000, 3.0, 1.0, (3.0, 3.0), False)
 FULL = Mode("full", 100_000, 8.0, 3.0, (6.0, 6.0), True)
 
@@ -68,7 +71,7 @@ def run(mode: Mode, sections: set[str], soak_minutes: float | None = None,
         out_dir: Path | None = None, soak_load_pct: float | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {"throughput": [], "latency": [], "recovery": [], "limits": [], "peer": [],
                            "service": [], "ha": [], "long": [], "soak": [], "registry": [], "cli": [],
-                           "scale": [], "subscribe": [], "nexmark": [], "notes": []}
+                           "scale": [], "subscribe": [], "nexmark": [], "nexmark_latency": [], "notes": []}
     stores = Stores()
     uniform1k = WorkloadArgs(mode.n, 1_000, "uniform")
     try:
@@ -147,6 +150,13 @@ def run(mode: Mode, sections: set[str], soak_minutes: float | None = None,
             from bench.cases import nexmark
 
             nexmark.section(events, rounds, out["nexmark"], run_case)
+        if "nexmark-latency" in sections:
+            queries, feed_s = NEXMARK_LATENCY_PLAN[mode.name]
+            log(f"== nexmark latency: {', '.join(queries)} in the service at 50% of each one's capacity, "
+                f"{feed_s:g} s of feed each")
+            from bench.cases import nexmark_latency
+
+            nexmark_latency.section(queries, feed_s, out["nexmark_latency"], run_case)
         if stores.redis_error:
             out["notes"].append(f"Redis not available: {stores.redis_error}")
     finally:

@@ -59,33 +59,39 @@ marked wrong in the table and its figures are not reported.
 README (8 cores per TaskManager, RocksDB incremental checkpoints, 100M events), shown
 beside ours for reference only.
 
-**Not measured**: latency at 50% of each query's capacity (issue 32 asks for it; this
-case does not pace its input).
+**Latency** at 50% of each query's capacity is the other mode, ``--latency``
+(bench/cases/nexmark_latency.py: the service fed at a fixed rate, event time = wall time);
+this one does not pace its input.
 """
 
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
-import platform
-import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from datetime import date
 from pathlib import Path
 from typing import Any, Callable
 
-from bench.harness import ROOT, log, process_cpu_s
+from bench.cases.nexmark_runs import (
+    FLINK_PARALLELISM,
+    SERVICE_SPEC_CHANGE,
+    SERVICE_WORKERS,
+    become_subreaper,
+    commit,
+    flink_run,
+    local_run,
+    machine,
+    service_run,
+    write_data,
+)
+from bench.harness import ROOT, log
 from bench.peers import nexmark_compare as nc
-from millwheel.nexmark.generate import write
-from millwheel.nexmark.generator import GeneratorConfig
 from millwheel.nexmark.meta import read_meta
-from millwheel.nexmark.queries import QUERIES, write_specs
+from millwheel.nexmark.queries import QUERIES
 
 #: Flink 1.13's published throughput per core (events/s), nexmark/nexmark README:
 #: exactly-once checkpoints, RocksDB incremental. Published, not measured here.
@@ -97,223 +103,7 @@ PUBLISHED_TARGET_QUERIES = ("q5", "q7", "q8")
 SERVICE_QUERIES = ("q5", "q8")
 TARGET_PYFLINK_RATIO = 1.0
 TARGET_SERVICE_CPU_RATIO = 1.5
-FLINK_PARALLELISM = 2
-SERVICE_WORKERS = 2
-PR_SET_CHILD_SUBREAPER = 36
 RESULTS = ROOT / "bench" / "results"
-
-
-# -- CPU of every process ----------------------------------------------------------------------
-
-_reaping = False  # this process became a subreaper for the Flink runs (reap_orphans acts only then)
-
-
-def become_subreaper() -> bool:
-    """Make this process the reaper of its orphaned descendants (Linux), so a JVM that
-    outlives its PyFlink parent is re-parented here and its CPU reaches RUSAGE_CHILDREN.
-    Only for runs with Flink: a process that embeds the case (a test session) must not
-    inherit every orphan of everything it runs afterwards."""
-    global _reaping
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        _reaping = bool(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
-    except (OSError, AttributeError):
-        _reaping = False
-    return _reaping
-
-
-def reap_orphans(timeout_s: float = 60.0) -> int:
-    """Wait for every re-parented descendant to exit and reap it (its CPU then counts in
-    RUSAGE_CHILDREN); returns how many. Only called while this process has no child of
-    its own running (a Popen's child would be reaped behind its back)."""
-    if not _reaping:  # not a subreaper: no orphans come here, and other children are not ours to reap
-        return 0
-    reaped = 0
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return reaped
-        if pid:
-            reaped += 1
-        elif time.monotonic() > deadline:
-            log(f"  warning: descendants still running after {timeout_s:g} s; their CPU is not counted")
-            return reaped
-        else:
-            time.sleep(0.05)
-
-
-def children_cpu_s() -> float:
-    t = os.times()
-    return t.children_user + t.children_system
-
-
-def _env() -> dict[str, str]:
-    """The CLI's environment: this checkout importable, no MILLWHEEL_* settings of the caller."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MILLWHEEL_")}
-    env["PYTHONPATH"] = str(ROOT)
-    return env
-
-
-# -- the data ----------------------------------------------------------------------------------
-
-def write_data(where: Path, events: int, rate: int, seed: int, disorder: int) -> Path:
-    """Generate ``events`` events and every query's spec rendered for them into ``where``."""
-    config = GeneratorConfig(events=events, rate=rate, seed=seed, out_of_order_group_size=disorder)
-    write(config, where)
-    write_specs(where, where)
-    return where
-
-
-# -- one run of each system ------------------------------------------------------------------
-
-def local_run(data: Path, query: str, work: Path, label: str, timeout_s: float) -> dict[str, Any]:
-    """``millwheel run`` of the rendered spec on a fresh SQLite file: wall, CPU, the rows."""
-    store = work / f"local-{query}-{label}.db"
-    out_path = work / f"local-{query}-{label}.jsonl"
-    reap_orphans()
-    cpu0 = children_cpu_s()
-    with open(out_path, "wb") as out:
-        started = time.monotonic()
-        done = subprocess.run(nc.run_command(data / f"{query}.yaml", query, f"sqlite:///{store}"), cwd=ROOT,
-                              env=_env(), stdout=out, stderr=subprocess.PIPE, timeout=timeout_s)
-        wall = time.monotonic() - started
-    reap_orphans()
-    cpu = children_cpu_s() - cpu0
-    run: dict[str, Any] = {"system": "local", "query": query, "wall_s": round(wall, 3), "cpu_s": round(cpu, 3)}
-    if done.returncode != 0:
-        run["error"] = f"millwheel run exited {done.returncode}: {done.stderr.decode(errors='replace')[-1500:]}"
-        run["values"] = []
-    else:
-        run["values"] = nc.values(out_path.read_text().splitlines())
-    out_path.unlink(missing_ok=True)
-    for leftover in work.glob(f"local-{query}-{label}.db*"):
-        leftover.unlink(missing_ok=True)
-    return run
-
-
-def flink_run(data: Path, query: str, work: Path, label: str, timeout_s: float) -> dict[str, Any]:
-    """The Flink job for one query in a fresh JVM: wall, CPU of Python and the JVM, the rows."""
-    out = work / f"flink-{query}-{label}"
-    cmd, env = nc.flink_command(data, out, [query], FLINK_PARALLELISM)
-    reap_orphans()
-    cpu0 = children_cpu_s()
-    started = time.monotonic()
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=work, timeout=timeout_s)
-    wall = time.monotonic() - started
-    reaped = reap_orphans()
-    cpu = children_cpu_s() - cpu0
-    run: dict[str, Any] = {"system": "flink", "query": query, "wall_s": round(wall, 3), "cpu_s": round(cpu, 3),
-                           "orphans_reaped": reaped}
-    if done.returncode != 0:
-        run["error"] = f"the Flink job exited {done.returncode}: {done.stderr[-1500:]}"
-        run["rows"] = []
-    else:
-        report = json.loads(done.stdout.strip().splitlines()[-1])
-        run["jvm_start_s"] = round(report["jvm_start_s"], 3)
-        run["query_s"] = round(report["queries"][query]["seconds"], 3)
-        run["rows"] = nc.read_flink(out, query)
-    shutil.rmtree(out, ignore_errors=True)
-    return run
-
-
-def service_run(data: Path, query: str, work: Path, label: str, expected_rows: int,
-                timeout_s: float) -> dict[str, Any]:
-    """``millwheel up`` + ``register`` (untimed), then every table's ``inject --done``
-    (concurrently) and ``subscribe`` until ``expected_rows`` rows came (timed)."""
-    from bench.cases.cli_vs_local import _Lines
-    from bench.cases.service import Service
-
-    meta = read_meta(data)
-    spec, tables = service_spec(data, query)
-    svc_dir = work / f"service-{query}-{label}"
-    svc_dir.mkdir()
-    env = _env()
-    run: dict[str, Any] = {"system": "service", "query": query, "workers": SERVICE_WORKERS, "values": []}
-    svc: Service | None = None
-    cli = [sys.executable, "-m", "services.cli"]
-    try:
-        reap_orphans()
-        svc = Service(f"sqlite:///{svc_dir}/service.db", SERVICE_WORKERS, svc_dir)
-        reg = subprocess.run([*cli, "register", str(spec), "--controller", svc.address], cwd=ROOT, env=env,
-                             capture_output=True, timeout=120)
-        if reg.returncode != 0:
-            raise RuntimeError(f"millwheel register exited {reg.returncode}: "
-                               f"{reg.stderr.decode(errors='replace')[-1500:]}")
-        svc.wait_balanced(timeout_s=120)
-        pids = {**svc.pids(), "up": svc.proc.pid}
-        svc_cpu0 = {role: process_cpu_s(pid) for role, pid in pids.items()}
-        cli_cpu0 = children_cpu_s()
-        started = time.monotonic()
-        injects = [subprocess.Popen([*cli, "inject", str(data / meta["files"][table]), "--injector", name,
-                                     "--max-disorder-us", str(meta["max_disorder_us"]), "--done",
-                                     "--controller", svc.address],
-                                    cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-                   for name, table in tables]
-        for p in injects:
-            _, err = p.communicate(timeout=timeout_s)
-            if p.returncode != 0:
-                raise RuntimeError(f"millwheel inject exited {p.returncode}: {err.decode(errors='replace')[-1500:]}")
-        injected_s = time.monotonic() - started
-        cli_cpu1 = children_cpu_s()
-        with open(svc_dir / "subscribe.err", "w+b") as err_file:
-            sub = subprocess.Popen([*cli, "subscribe", query, "--json", "--follow", "--controller", svc.address],
-                                   cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=err_file)
-            assert sub.stdout is not None
-            reader = _Lines(sub.stdout)
-            complete = reader.wait(expected_rows, max(1.0, timeout_s - injected_s))
-            elapsed = time.monotonic() - started
-            svc_cpu = {role: round(process_cpu_s(pid) - svc_cpu0[role], 3) for role, pid in pids.items()}
-            time.sleep(0.3)  # a duplicate row would arrive after the last expected one
-            sub.terminate()
-            try:
-                sub.wait(30)
-            except subprocess.TimeoutExpired:
-                sub.kill()
-                sub.wait()
-            reader.join(10)
-            sub.stdout.close()
-            if not complete:
-                err_file.seek(0)
-                run["error"] = (f"subscribe printed {len(reader.lines)} of {expected_rows} rows in time: "
-                                f"{err_file.read().decode(errors='replace')[-800:]}")
-        cpu = {**svc_cpu, "inject": round(cli_cpu1 - cli_cpu0, 3),
-               "subscribe": round(children_cpu_s() - cli_cpu1, 3)}
-        run.update(wall_s=round(elapsed, 3), inject_s=round(injected_s, 3), cpu_by_process=cpu,
-                   cpu_s=round(sum(cpu.values()), 3), values=nc.values(reader.lines))
-    except Exception as exc:  # noqa: BLE001 - the run fails, the case goes on
-        run["error"] = f"{exc.__class__.__name__}: {exc}"
-    finally:
-        if svc is not None:
-            svc.stop()
-            if run.get("error") and svc.log_path.exists():
-                run["up_log_tail"] = svc.log_path.read_text(errors="replace")[-1500:]
-        shutil.rmtree(svc_dir, ignore_errors=True)
-    return run
-
-
-#: Why a query's spec is not registered in the service exactly as ``millwheel run`` takes it.
-SERVICE_SPEC_CHANGE = ("registered with its injectors' 'file' and 'max_disorder_us' removed: the service "
-                       "reads no file of the client's (`millwheel register` refuses both, by name), so "
-                       "`millwheel inject FILE --injector T --max-disorder-us N --done` sends each table; the "
-                       "computations are the spec's, unchanged")
-
-
-def service_spec(data: Path, query: str) -> tuple[Path, list[tuple[str, str]]]:
-    """The rendered spec as the service registers it (``qN.service.yaml``: see
-    :data:`SERVICE_SPEC_CHANGE`), and (injector name, table) of each of its injectors."""
-    import yaml
-
-    spec = yaml.safe_load((data / f"{query}.yaml").read_text())
-    tables = []
-    for injector in spec.get("injectors", []):
-        injector.pop("file", None)
-        injector.pop("max_disorder_us", None)
-        tables.append((injector["name"], injector["stream"]))
-    path = data / f"{query}.service.yaml"
-    path.write_text(yaml.safe_dump(spec, sort_keys=False, width=200))
-    return path, tables
 
 
 # -- the case ----------------------------------------------------------------------------------
@@ -437,7 +227,7 @@ def case(events: int = 1_000_000, rate: int = 10_000, seed: int = 32, queries: t
         "subreaper": subreaper, "cpus": os.cpu_count(), "machine": machine(),
         "load_before": [round(x, 2) for x in load_before], "load_after": [round(x, 2) for x in os.getloadavg()],
         "service_spec": SERVICE_SPEC_CHANGE if service_queries else None,
-        "latency": "not measured (issue 32's p50/p95 at 50% of capacity: this case does not pace its input)",
+        "latency": "not measured by this mode (it does not pace its input): python -m bench.cases.nexmark --latency",
         "runs": runs, "queries": {},
     }
     for q in queries:
@@ -479,18 +269,6 @@ def summarize(query: str, runs: list[dict[str, Any]], empty: dict[tuple[str, str
     return s
 
 
-def machine() -> dict[str, Any]:
-    """What the figures were measured on."""
-    model = ""
-    try:
-        model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                      if line.startswith("model name")), "")
-    except OSError:
-        pass
-    return {"cpus": os.cpu_count(), "cpu_model": model, "platform": platform.platform(),
-            "python": platform.python_version()}
-
-
 # -- the report --------------------------------------------------------------------------------
 
 def _k(x: float | None) -> str:
@@ -523,7 +301,7 @@ def table_lines(res: dict[str, Any]) -> list[str]:
                      f"{_k(s['published_per_core'])} | {_x(s['local_over_published'])} | {check} |")
     lines += ["", "\\* published by nexmark/nexmark (Flink 1.13, 8-core TaskManagers, RocksDB incremental "
               "checkpoints, 100M events), **not measured here**. Latency (p50/p95 at 50% of capacity): "
-              "not measured.", "",
+              "`python -m bench.cases.nexmark --latency`.", "",
               "Raw (start-up included) events/s per core and wall time, medians:", "",
               "| query | local raw | local wall s | PyFlink raw | PyFlink wall s | local empty-run CPU s | "
               "PyFlink empty-run CPU s |", "|---|---|---|---|---|---|---|"]
@@ -571,13 +349,6 @@ def chart(res: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def commit() -> str:
-    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", "millwheel", "services",
-                            "bench"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    return done.stdout.strip() + ("-dirty" if dirty else "")
-
-
 def markdown(entries: list[dict[str, Any]]) -> list[str]:
     """The ``nexmark`` section of a bench run's markdown."""
     lines = ["", "## Nexmark per core: local mode, the service, PyFlink SQL (bench/cases/nexmark.py)", ""]
@@ -607,6 +378,11 @@ def case_checked(events: int, rounds: int) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args_in = sys.argv[1:] if argv is None else argv
+    if "--latency" in args_in:  # issue 32's latency at 50% of capacity: bench/cases/nexmark_latency.py
+        from bench.cases import nexmark_latency
+
+        return nexmark_latency.main([a for a in args_in if a != "--latency"])
     ap = argparse.ArgumentParser(prog="python -m bench.cases.nexmark",
                                  formatter_class=argparse.RawDescriptionHelpFormatter, description=__doc__,
                                  epilog="Prints one JSON line per run (stdout), progress on stderr, then the "
@@ -628,6 +404,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--chart", metavar="PATH", help="write a PNG chart of events/s per core to PATH")
     ap.add_argument("--save", action="store_true",
                     help="write JSON, markdown and chart as bench/results/DATE-COMMIT-nexmark.*")
+    ap.add_argument("--latency", action="store_true",
+                    help="p50/p95/max latency at 50%% of each query's capacity in the service instead "
+                         "(its options: python -m bench.cases.nexmark --latency --help)")
     args = ap.parse_args(argv)
     queries = tuple(q.strip() for q in args.queries.split(",") if q.strip())
     service_queries = tuple(q.strip() for q in args.service_queries.split(",") if q.strip())

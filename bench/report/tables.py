@@ -102,6 +102,10 @@ def markdown(doc: dict[str, Any]) -> str:
         from bench.cases import nexmark
 
         lines += nexmark.markdown(res["nexmark"])
+    if res.get("nexmark_latency"):
+        from bench.cases import nexmark_latency
+
+        lines += nexmark_latency.markdown(res["nexmark_latency"])
     lines += ["", "## Physical limits (same machine, same run, same record sizes)", "",
               "| limit | setting | records/s (or ops/s) |", "|---|---|---|"]
     for e in res["limits"]:
