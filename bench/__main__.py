@@ -85,7 +85,7 @@ Sections (all but soak by default, in this order; latency uses throughput's figu
   nexmark-latency
               opt-in (--only nexmark-latency): issue 32, p50/p95/max latency of
               the same queries in the service fed at 50% of each one's measured
-              capacity, 40 s each (quick: q0 and q5, 15 s), output checked
+              capacity, 30 s each (quick: q0 and q5, 15 s), output checked
               against local mode's (~15 minutes on 2 cores; alone:
               python -m bench.cases.nexmark --latency --help)
 

@@ -44,7 +44,7 @@ SUBSCRIBE_PLAN = {"quick": (100_000, 1), "full": (1_000_000, 3)}
 # issue 32's opt-in section: (events, rounds) of the Nexmark case (bench/cases/nexmark.py)
 NEXMARK_PLAN = {"quick": (20_000, 1), "full": (200_000, 2)}
 # and its latency section: (queries, seconds of feed per query) (bench/cases/nexmark_latency.py)
-NEXMARK_LATENCY_PLAN = {"quick": (("q0", "q5"), 15.0), "full": (QUERIES, 40.0)}
+NEXMARK_LATENCY_PLAN = {"quick": (("q0", "q5"), 15.0), "full": (QUERIES, 30.0)}
 QUICK = Mode("quick", 20_000, 3.0, 1.0, (3.0, 3.0), False)
 FULL = Mode("full", 100_000, 8.0, 3.0, (6.0, 6.0), True)
 

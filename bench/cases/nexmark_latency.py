@@ -7,14 +7,14 @@ inputs were all sent to the moment the output reached a reader, in the service.
     python -m bench.cases.nexmark_latency ...          # the same
 
 **Capacity first.** Unless given (``--capacity 20000`` for every query, or
-``--capacity q0=20000,q5=31000``), each query's capacity is measured in the same run:
-``--events`` events (default 100,000, at ``--rate`` events/s of event time) through the
-service as bench/cases/nexmark.py's service run sends them (``millwheel up --workers 2``,
-``register``, ``millwheel inject FILE --done`` of each table the query reads, then
-``millwheel subscribe`` until every row local mode gives has come): capacity = all the
-events generated / that wall time (events of every table, as the per-core figures count
-them, so it is a rate of event time). The inject and subscribe processes' start is in that
-wall time, so a capacity is a little low and the rate fed a little under its share.
+``--capacity q0=20000,q5=31000``), each query's capacity is measured in the same run, in
+the same service set-up as its latency: ``--events`` events (default 100,000, at ``--rate``
+events/s of event time) of the tables the query reads, loaded by the feeder process below
+before the clock starts, then written all at once by its writers from ``t0`` (``done``
+after the last), and capacity = all the events generated / (the last row read - ``t0``):
+events of every table, as the per-core figures count them, so it is a rate of event time
+(q3 and q8 read persons and auctions alone, 8% of the events: their capacities are high
+for that reason). No process start is in that time; the rows must equal local mode's.
 
 **Paced so that event time is wall time.** The events fed are generated afresh at the rate
 fed, ``R = --load-pct`` (default 50) % of the capacity, ``R x --feed-s`` of them (the
@@ -57,11 +57,16 @@ Outputs whose inputs were complete in the first ``--warmup-s`` (default 5) secon
 the feed are not measured (links opened, first windows partial), nor those that depend on
 the final ``done`` (windows the feed never closed): the table counts the outputs
 measured, and for windowed queries the distinct windows (moments) they come from
-(q7 and q8 give one moment per 10 s window, so a 40 s feed gives 3 of them).
+(q7 and q8 give one moment per 10 s window, so a 30 s feed gives 3 of them).
 
 **Output checked.** The same data is run by ``millwheel run`` first (untimed); the rows the
 service gave must equal them (q4: the final mean per category, its running means
 interleaving differently), and the reader waits for that many rows after ``done``.
+
+**q4** is paced like the others: its spec is rendered for the data fed (the interval
+join's ``upper_us`` is that data's longest auction, which grows as the rate falls: at
+400 events/s an auction lasts up to ~8.3 s of event time), and its latency counts from
+the auction's ``expires``, not from its bids.
 
 **Local mode is not measured**: ``millwheel run`` can follow a paced input (a ``files``
 source without ``until: end`` reads lines appended to its files), but prints its output
@@ -107,7 +112,7 @@ OUTPUT_TIME = {
     "q11": "end - 1 of the session (endtime - 1)",
 }
 LOAD_PCT = 50.0
-FEED_S = 40.0
+FEED_S = 30.0
 WARMUP_S = 5.0
 WATERMARK_EVERY_S = 0.2  #: InjectWriter's default
 CAPACITY_EVENTS = 100_000
