@@ -85,7 +85,8 @@ Ctx = grpc.ServicerContext
 
 DEFAULT_MAX_VALUE_BYTES = 1024 * 1024
 #: How often the reaper hands every node's watermark to the sensors (a pass over the
-#: registry under the lock: at 1,000 computations, ten times a second was a core's tenth)
+#: registry under the lock: at 1,000 computations, ten times a second it was 15% of the
+#: controller's GIL samples while registering; issue 34 item 9)
 PUBLISH_S = 1.0
 
 
