@@ -150,13 +150,14 @@ def _result(**per_query: dict[str, Any]) -> dict[str, Any]:
 def _query(p50: float, p95: float, ok: bool = True, kind: str = "window") -> dict[str, Any]:
     return {"ok": ok, "capacity_events_per_s": 6000.0, "capacity_measured": True, "output_time": "end - 1",
             "kind": kind, "rate_fed": 3000, "records_per_s": 2760.0, "outputs": 12, "moments": 4,
-            "p50_ms": p50, "p95_ms": p95, "max_ms": p95 + 1, **({} if ok else {"error": "rows differ"})}
+            "p50_ms": p50, "p95_ms": p95, "max_ms": p95 + 1, "feeder_behind_max_ms": 30.0,
+            **({} if ok else {"error": "rows differ"})}
 
 
 def test_the_table_and_issue_32s_latency_rows_report_without_judging() -> None:
     res = _result(q0=_query(80.0, 200.0, kind="event"), q5=_query(600.0, 1800.0), q8=_query(1.0, 2.0, ok=False))
     table = "\n".join(nexmark_latency.table_lines(res))
-    assert "| q0 | 6,000 | 3,000 | 2,760 | 12 | - | 80 | 200 | 201 |" in table
+    assert "| q0 | 6,000 | 3,000 | 2,760 | 12 | - | 80 | 200 | 201 | 30 |" in table
     assert "| q5 | 6,000 | 3,000 | 2,760 | 12 | 4 | 600 | 1,800 | 1,801 |" in table and "**FAILED**" in table
     p50, p95 = nexmark_latency_rows(res)
     assert (p50["value"], p95["value"]) == (600.0, 1800.0)
