@@ -54,10 +54,12 @@ tick log from the output's timestamp ``ts`` (:func:`complete_at_us`):
   the writer's watermark cadence included, is.
 
 Outputs whose inputs were complete in the first ``--warmup-s`` (default 5) seconds of
-the feed are not measured (links opening, q5's first sliding windows partial), nor those that depend on
-the final ``done`` (windows the feed never closed): the table counts the outputs
-measured, and for windowed queries the distinct windows (moments) they come from
-(q7 and q8 give one moment per 10 s window, so a 30 s feed gives 3 of them).
+the feed are not measured (links opening, q5's first sliding windows partial), nor
+those that depend on the final ``done`` (windows the feed never closed): the table
+counts the outputs measured, and for windowed queries the distinct windows (moments)
+they come from (q7 and q8 give one moment per 10 s window, so a 30 s feed gives 3).
+The table also shows how late the feeder was at worst (*feeder late*: a tick's records
+sent after they were due, the writers' flush having waited), which latency leaves out.
 
 **Output checked.** The same data is run by ``millwheel run`` first (untimed); the rows the
 service gave must equal them (q4: the final mean per category, its running means
