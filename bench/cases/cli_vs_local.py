@@ -182,6 +182,19 @@ class _Lines:
     def join(self, timeout_s: float) -> None:
         self._thread.join(timeout_s)
 
+    def stop(self, proc: subprocess.Popen[bytes]) -> None:
+        """End the subscribe process it reads (SIGTERM, then SIGKILL after 30 s), let the
+        reading thread see the end of its output, and close the pipe."""
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        self.join(10)
+        if proc.stdout is not None:
+            proc.stdout.close()
+
 
 #: ``--profile DIR``: py-spy samples each service process during the timed part.
 PROFILE_DIR: Path | None = None
@@ -249,14 +262,7 @@ def service_round(tmp: Path, spec: Path, w: workload.Workload, workers: int, lab
             for spy in spies:  # py-spy writes its profile on SIGINT
                 spy.send_signal(signal.SIGINT)
             time.sleep(0.3)  # a duplicate row would arrive after the last expected one
-            sub.terminate()
-            try:
-                sub.wait(30)
-            except subprocess.TimeoutExpired:
-                sub.kill()
-                sub.wait()
-            reader.join(10)
-            sub.stdout.close()
+            reader.stop(sub)
             subscribe_cpu = _children_cpu_s() - cli_cpu1
             lines = list(reader.lines)
             if not complete:

@@ -332,14 +332,7 @@ def latency_run(query: str, data: Path, expected: list[dict[str, Any]], work: Pa
                     f"{time.monotonic() - fed['done_at']:.1f} s after done")
                 time.sleep(0.3)  # a duplicate row would arrive after the last expected one
             finally:
-                sub.terminate()
-                try:
-                    sub.wait(30)
-                except subprocess.TimeoutExpired:
-                    sub.kill()
-                    sub.wait()
-                reader.join(10)
-                sub.stdout.close()
+                reader.stop(sub)
             if not complete:
                 err_file.seek(0)
                 run["error"] = (f"subscribe printed {len(reader.lines)} of {len(expected)} rows in time: "

@@ -187,14 +187,7 @@ def service_run(data: Path, query: str, work: Path, label: str, expected_rows: i
             elapsed = time.monotonic() - started
             svc_cpu = {role: round(process_cpu_s(pid) - svc_cpu0[role], 3) for role, pid in pids.items()}
             time.sleep(0.3)  # a duplicate row would arrive after the last expected one
-            sub.terminate()
-            try:
-                sub.wait(30)
-            except subprocess.TimeoutExpired:
-                sub.kill()
-                sub.wait()
-            reader.join(10)
-            sub.stdout.close()
+            reader.stop(sub)
             if not complete:
                 err_file.seek(0)
                 run["error"] = (f"subscribe printed {len(reader.lines)} of {expected_rows} rows in time: "
