@@ -117,6 +117,21 @@ def commit() -> str:
         return "unknown"
 
 
+def wait_until(pred: Callable[[], Any], what: str, timeout_s: float, poll_s: float = 0.5) -> None:
+    """Poll ``pred`` until it is true (an exception counts as not yet: the service may
+    not be up); RuntimeError naming ``what`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if pred():
+                return
+        except Exception:  # noqa: BLE001 - not up yet
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out after {timeout_s:g} s waiting for {what}")
+        time.sleep(poll_s)
+
+
 def process_cpu_s(pid: int) -> float:
     """User + system CPU seconds of a running process so far (/proc/PID/stat; 0 if gone)."""
     try:

@@ -37,7 +37,7 @@ from typing import Any, Iterator
 
 import grpc
 
-from bench.harness import ROOT, free_port, private_store
+from bench.harness import ROOT, free_port, private_store, wait_until
 from millwheel.record import MAX_TIMESTAMP, Record
 from millwheel.topology import CodeRef, ComputationSpec, InputSpec, Options
 from services.client import ControllerClient, inject_messages
@@ -176,16 +176,7 @@ def admission(runs: int = 3, store: str = "sqlite", records: int = 20_000, held:
 
 
 def _wait(pred: Any, what: str, timeout_s: float = 30) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            if pred():
-                return
-        except Exception:  # noqa: BLE001 - not up yet
-            pass
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"timed out waiting for {what}")
-        time.sleep(0.05)
+    wait_until(pred, what, timeout_s, poll_s=0.05)
 
 
 if __name__ == "__main__":

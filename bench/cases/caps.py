@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from bench.cases.registry_scale import CODE, Probe, _pct
-from bench.harness import ROOT, free_port, private_store
+from bench.harness import ROOT, free_port, private_store, wait_until
 from millwheel.limits import MAX_COMPUTATIONS, MAX_KEY_RANGES, MAX_PARAMS_BYTES, MAX_TOTAL_KEY_RANGES
 from millwheel.topology import CodeRef, ComputationSpec, InputSpec, Options
 from services.client import ControllerClient
@@ -152,16 +152,7 @@ class LeaseWatch:
 
 
 def _wait(pred: Callable[[], bool], what: str, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            if pred():
-                return
-        except Exception:  # noqa: BLE001 - not up yet
-            pass
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"timed out after {timeout_s:g} s waiting for {what}")
-        time.sleep(0.5)
+    wait_until(pred, what, timeout_s)
 
 
 #: What the service's log says when leadership or liveness fails, counted per phase.

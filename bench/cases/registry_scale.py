@@ -43,7 +43,7 @@ from typing import Any, Callable
 
 import grpc
 
-from bench.harness import ROOT, free_port, private_store
+from bench.harness import ROOT, free_port, private_store, wait_until
 from millwheel.topology import CodeRef, ComputationSpec, InputSpec, Options
 from services.client import ControllerClient
 from services.generated import millwheel_pb2 as pb
@@ -244,16 +244,7 @@ def _summary(r: dict[str, Any]) -> str:
 
 
 def _wait(pred: Callable[[], bool], what: str, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            if pred():
-                return
-        except Exception:  # noqa: BLE001 - not up yet
-            pass
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"timed out after {timeout_s:g} s waiting for {what}")
-        time.sleep(0.5)
+    wait_until(pred, what, timeout_s)
 
 
 def main() -> None:
