@@ -94,7 +94,16 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import IO, Any, Callable, cast
 
-from bench.cases.nexmark_runs import cli_env, commit, local_run, machine, registered_service, service_spec, write_data
+from bench.cases.nexmark_runs import (
+    cli_env,
+    commit,
+    end_service,
+    local_run,
+    machine,
+    registered_service,
+    service_spec,
+    write_data,
+)
 from bench.harness import ROOT, log
 from bench.peers import nexmark_compare as nc
 from millwheel.nexmark.meta import read_meta
@@ -357,11 +366,7 @@ def latency_run(query: str, data: Path, expected: list[dict[str, Any]], work: Pa
     except Exception as exc:  # noqa: BLE001 - the run fails, the case goes on
         run["error"] = f"{exc.__class__.__name__}: {exc}"
     finally:
-        if svc is not None:
-            svc.stop()
-            if run.get("error") and svc.log_path.exists():
-                run["up_log_tail"] = svc.log_path.read_text(errors="replace")[-1500:]
-        shutil.rmtree(svc_dir, ignore_errors=True)
+        end_service(svc, svc_dir, run)
     return run
 
 

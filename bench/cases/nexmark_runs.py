@@ -199,12 +199,18 @@ def service_run(data: Path, query: str, work: Path, label: str, expected_rows: i
     except Exception as exc:  # noqa: BLE001 - the run fails, the case goes on
         run["error"] = f"{exc.__class__.__name__}: {exc}"
     finally:
-        if svc is not None:
-            svc.stop()
-            if run.get("error") and svc.log_path.exists():
-                run["up_log_tail"] = svc.log_path.read_text(errors="replace")[-1500:]
-        shutil.rmtree(svc_dir, ignore_errors=True)
+        end_service(svc, svc_dir, run)
     return run
+
+
+def end_service(svc: Service | None, svc_dir: Path, run: dict[str, Any]) -> None:
+    """Stop a run's service, keep the tail of its log in ``run`` when the run failed,
+    and remove its directory."""
+    if svc is not None:
+        svc.stop()
+        if run.get("error") and svc.log_path.exists():
+            run["up_log_tail"] = svc.log_path.read_text(errors="replace")[-1500:]
+    shutil.rmtree(svc_dir, ignore_errors=True)
 
 
 #: What the service's workers may run beside the built-in operators: the bench's pipelines
