@@ -23,7 +23,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
-from millwheel.nodes import is_injector
+from millwheel.nodes import is_injector, sink_node
 
 if TYPE_CHECKING:
     from millwheel.state.protocol import Production
@@ -180,7 +180,7 @@ class PrometheusSensors:
 
     def keep_nodes(self, nodes: set[str]) -> None:
         """Drop every series labelled with a computation or node not in ``nodes`` (the
-        registered ones): a label exists only while its name is registered, so neither
+        registered ones; a sink's series go with its node ``sink:NAME``): a label exists only while its name is registered, so neither
         an unregistered name nor a refused request leaves series behind."""
         for metric in (self._in, self._out, self._dups, self._late, self._cp, self._fenced,
                        self._wm, self._lag, self._spark_jobs, self._spark_seconds,
@@ -191,6 +191,10 @@ class PrometheusSensors:
         for labels in list(getattr(self._delivered, "_metrics", {})):  # (producer, stream, consumer)
             if labels[0] not in nodes or not (labels[2] in nodes or labels[2].startswith("log:")):
                 self._delivered.remove(*labels)
+        for metric in (self._sink_down, self._sink_written):  # a sink's name, kept while "sink:NAME" is
+            for labels in list(getattr(metric, "_metrics", {})):
+                if sink_node(labels[0]) not in nodes:
+                    metric.remove(*labels)
         for metric in (self._backpressure, self._inflight, self._retries):  # a node, or an address
             for labels in list(getattr(metric, "_metrics", {})):
                 if is_injector(labels[0]) and labels[0] not in nodes:

@@ -44,7 +44,7 @@ from millwheel.clock import SystemClock
 from millwheel.connectors.spec import SourcePaths
 from millwheel.errors import FencedError, MissingDependencyError, PermissionDeniedError
 from millwheel.importing import AllowList, CodeReloadError
-from millwheel.nodes import injector_node, is_injector, is_sink
+from millwheel.nodes import injector_node, is_injector, is_sink, sink_node
 from millwheel.operators import build_computation
 from millwheel.record import MIN_TIMESTAMP
 from millwheel.runtime.crash import crash_hook_from_env
@@ -340,7 +340,8 @@ class WorkerProcess:
         shared.router = Router(topology, self.allow_code)
         old, shared.unit_of = shared.unit_of, UnitOf(topology)
         self.sensors.keep_nodes({c.name for c in topology.computations}
-                                | {injector_node(i.name) for i in topology.injectors})
+                                | {injector_node(i.name) for i in topology.injectors}
+                                | {sink_node(s.name) for s in topology.sinks})
         for owned in list(shared.units.values()):
             if owned.worker is not None:
                 owned.worker.router = shared.router

@@ -29,3 +29,17 @@ def test_sensor_hooks_appear_on_the_metrics_endpoint() -> None:
     assert 'millwheel_watermark_lag_seconds{node="counts"} 1.5' in text
     assert 'millwheel_spark_jobs_total{computation="spark_counts",outcome="retry"} 1.0' in text
     assert 'millwheel_spark_windows_total{computation="spark_counts"} 12.0' in text
+
+
+def test_a_sink_series_goes_when_its_sink_is_unregistered() -> None:
+    """A worker keeps a sink's series only while ``sink:NAME`` is registered (before, the
+    rows-written and down-seconds series of a removed sink stayed on /metrics for good)."""
+    sensors = PrometheusSensors("worker-test")
+    sensors.sink("orders.pg", 0.0, 7)
+    sensors.sink("gone.redis", 3.5, 2)
+    sensors.keep_nodes({"counts", "sink:orders.pg"})
+    port = sensors.serve("127.0.0.1", 0)
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    assert 'millwheel_sink_records_total{sink="orders.pg"} 7.0' in text
+    assert 'millwheel_sink_down_seconds{sink="orders.pg"} 0.0' in text
+    assert "gone.redis" not in text
