@@ -27,8 +27,8 @@ from typing import Any, Callable, Iterator
 from millwheel.state.protocol import StateStore
 
 WRITES = frozenset({
-    "acquire", "checkpoint", "ack", "append_log", "trim_log", "report_watermark", "put_meta", "insert_meta",
-    "claim_lease", "renew_lease", "release_lease",
+    "acquire", "checkpoint", "ack", "append_log", "trim_log", "report_watermark", "put_meta", "put_metas",
+    "insert_meta", "claim_lease", "renew_lease", "release_lease",
 })
 
 

@@ -20,7 +20,7 @@ in ``tests/contract`` runs unchanged against every backend.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator, Protocol, Sequence
+from typing import Iterable, Iterator, Mapping, Protocol, Sequence
 
 from millwheel.record import Record, Timer
 from millwheel.state.lease import Lease
@@ -272,6 +272,16 @@ class StateStore(Protocol):
     def put_meta(self, name: str, value: bytes | None, epoch: int | None = None) -> None:
         """Set (None: delete) one metadata entry; with ``epoch``, only while that leader
         epoch is current (checked in the same atomic write). ``lease/`` names are reserved."""
+        ...
+
+    def put_metas(self, entries: Mapping[str, bytes | None], epoch: int | None = None) -> None:
+        """Set (None: delete) several metadata entries in ONE atomic write: all of them
+        or, on any error, none; with ``epoch``, only while that leader epoch is current,
+        checked in that same atomic step (as :meth:`put_meta`). ``lease/`` names are
+        reserved (the whole call is refused, nothing written). No entries: nothing is
+        written, but a stale ``epoch`` is still refused. What lets a large record (the
+        controller's registry) be kept as many entries and a change write only those it
+        changes, still as one write (services/controller/registry.py)."""
         ...
 
     def insert_meta(self, name: str, value: bytes) -> bool:

@@ -18,7 +18,7 @@ redis-py import here.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence, TypeVar
+from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 from millwheel.state.lease import EPOCH, HOLDER, UNTIL, LeadershipLostError, Lease, check_ttl
 
@@ -74,6 +74,17 @@ else redis.call('HSET', KEYS[1], ARGV[2], ARGV[3]) end
 return {1, epoch}
 """
 
+# ARGV: epoch ('' for none: unfenced), then per entry: name, '1' delete or '0' set, value
+# -> {1, epoch} or {0, current}. Every entry or, with a stale epoch, none (put_metas).
+PUT_METAS = _NOW + """
+if ARGV[1] ~= '' and epoch ~= tonumber(ARGV[1]) then return {0, epoch} end
+for i = 2, #ARGV, 3 do
+  if ARGV[i + 1] == '1' then redis.call('HDEL', KEYS[1], ARGV[i])
+  else redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 2]) end
+end
+return {1, epoch}
+"""
+
 # KEYS: token, lepoch[, meta]; ARGV: epoch -> {1, token} or {0, current epoch}
 ACQUIRE = """
 local e = tonumber(ARGV[1])
@@ -124,6 +135,18 @@ class RedisLease:
         ok, current = self._lease_script("put_meta", PUT_META, args)
         if not int(ok):
             raise LeadershipLostError(f"put_meta {name[:100]!r}", epoch, int(current))
+
+    def _put_metas(self, entries: Mapping[str, bytes | None], epoch: int | None) -> None:
+        """Several entries of the ``meta`` hash in one script: atomic on a single node and
+        on a cluster alike (one key, which holds the lease too), fenced when ``epoch``
+        is given. A retry after a lost reply writes the same values again."""
+        args: list[bytes | str | int] = ["" if epoch is None else epoch]
+        for name, value in entries.items():
+            args += [name, "1" if value is None else "0", value or b""]
+        ok, current = self._lease_script("put_metas", PUT_METAS, args)
+        if not int(ok):
+            assert epoch is not None
+            raise LeadershipLostError(f"put_metas of {len(entries)} entries", epoch, int(current))
 
     def _acquire_fenced(self, token_key: str, computation: str, range_id: int, epoch: int) -> int:
         _ = self._r  # decides single node or cluster on first use

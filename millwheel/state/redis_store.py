@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 from functools import partial
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from millwheel.record import Record, TimeDomain, Timer
 from millwheel.state.lease import check_meta_name
@@ -362,6 +362,13 @@ class RedisStore(RedisLease, RedisLog):
             self._call("put_meta", [key], lambda: self._write(key, "HDEL", key, name))
         else:
             self._call("put_meta", [key], lambda: self._write(key, "HSET", key, name, value))
+
+    def put_metas(self, entries: Mapping[str, bytes | None], epoch: int | None = None) -> None:
+        """One script on the ``meta`` hash (millwheel.state.redis_lease): all or nothing."""
+        for name in entries:
+            check_meta_name(name)
+        if entries or epoch is not None:
+            self._put_metas(entries, epoch)
 
     def insert_meta(self, name: str, value: bytes) -> bool:
         check_meta_name(name)

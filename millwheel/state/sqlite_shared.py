@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-from typing import Callable, Sequence, TypeVar
+from typing import Callable, Mapping, Sequence, TypeVar
 
 from millwheel.record import Record
 from millwheel.state.lease import check_meta_name
@@ -137,6 +137,22 @@ class SQLiteShared:
                 self._db.execute("DELETE FROM meta WHERE name=?", (name,))
             else:
                 self._db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (name, value))
+
+        self._write(txn)
+
+    def put_metas(self, entries: Mapping[str, bytes | None], epoch: int | None = None) -> None:
+        items = list(entries.items())
+        for name, _value in items:
+            check_meta_name(name)
+        deletes = [(name,) for name, value in items if value is None]
+        sets = [(name, value) for name, value in items if value is not None]
+
+        def txn() -> None:
+            self._check_epoch(f"put_metas of {len(items)} entries", epoch)
+            if deletes:
+                self._db.executemany("DELETE FROM meta WHERE name=?", deletes)
+            if sets:
+                self._db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", sets)
 
         self._write(txn)
 

@@ -20,7 +20,7 @@ import os
 import secrets
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from millwheel.errors import InvalidSpecError, MillWheelError
@@ -194,7 +194,7 @@ class Elector:
 
 
 class LeaderStore:
-    """The store as the leader writes it: ``acquire`` and ``put_meta`` carry the
+    """The store as the leader writes it: ``acquire``, ``put_meta`` and ``put_metas`` carry the
     leader epoch (checked by the store atomically with the write); every write is
     refused at once, before reaching the store, when this controller no longer
     believes it leads. Reads pass through."""
@@ -215,6 +215,9 @@ class LeaderStore:
 
     def put_meta(self, name: str, value: bytes | None) -> None:
         self._store.put_meta(name, value, epoch=self._epoch(f"put_meta {name[:100]!r}"))
+
+    def put_metas(self, entries: Mapping[str, bytes | None]) -> None:
+        self._store.put_metas(entries, epoch=self._epoch(f"put_metas of {len(entries)} entries"))
 
     def report_watermark(self, node: str, range_id: int, token: int, watermark: int) -> int:
         """Fenced by the range's token in the store (the owner's report is true whoever

@@ -84,6 +84,34 @@ def test_put_meta_with_a_stale_epoch_writes_nothing(store: StateStore) -> None:
     assert store.get_meta("unfenced") == b"ok"
 
 
+def test_put_metas_with_a_stale_epoch_writes_none_of_its_entries(store: StateStore, store_url: str) -> None:
+    assert store.claim_lease("a", 60_000) == 1
+    store.put_metas({"registry/head": b"1", "registry/c/a": b"spec a", "registry/c/b": b"spec b"}, epoch=1)
+    before = store.list_meta("registry/")
+    store.release_lease("a", 1)
+    assert store.claim_lease("b", 60_000) == 2
+    with pytest.raises(LeadershipLostError, match="epoch 1 is not current"):
+        store.put_metas({"registry/head": b"2", "registry/c/a": None, "registry/c/new": b"x"}, epoch=1)
+    with pytest.raises(LeadershipLostError):
+        store.put_metas({}, epoch=1)  # nothing to write, and still refused
+    assert store.list_meta("registry/") == before
+    other = open_store(store_url)  # as another connection reads it
+    try:
+        assert other.list_meta("registry/") == before
+        with pytest.raises(LeadershipLostError):
+            other.put_metas({"registry/head": b"3"}, epoch=3)  # an epoch from the future: refused too
+    finally:
+        other.close()
+    store.put_metas({"registry/head": b"2", "registry/c/a": None, "registry/c/new": b"x"}, epoch=2)
+    assert store.list_meta("registry/") == {"registry/c/b": b"spec b", "registry/c/new": b"x",
+                                            "registry/head": b"2"}
+    with pytest.raises(InvalidSpecError, match="reserved"):
+        store.put_metas({"registry/head": b"4", "lease/epoch": b"99"}, epoch=2)
+    assert store.get_meta("registry/head") == b"2"
+    lease = store.read_lease()
+    assert lease is not None and (lease.holder, lease.epoch) == ("b", 2)
+
+
 def test_acquire_with_a_stale_epoch_bumps_no_token(store: StateStore) -> None:
     assert store.claim_lease("a", 60_000) == 1
     assert store.acquire("c", 0, epoch=1) == 1

@@ -591,6 +591,29 @@ def test_insert_meta_writes_only_where_nothing_is(store: StateStore) -> None:
         store.insert_meta("lease/holder", b"x")
 
 
+def test_put_metas_sets_and_deletes_in_one_write(store: StateStore) -> None:
+    store.put_meta("registry/x/old", b"gone soon")
+    store.put_meta("registry/x/kept", b"kept")
+    big = bytes(range(256)) * 1024  # binary, 256 KiB
+    store.put_metas({"registry/x/head": b"\x00head", "registry/x/old": None, "registry/x/big": big,
+                     "registry/x/empty": b"", "registry/x/never-there": None, "c*[?]\\": b"glob"})
+    assert store.list_meta("registry/x/") == {"registry/x/big": big, "registry/x/empty": b"",
+                                              "registry/x/head": b"\x00head", "registry/x/kept": b"kept"}
+    assert store.get_meta("c*[?]\\") == b"glob"
+    store.put_metas({})  # nothing to write: nothing changes
+    store.put_metas({"registry/x/head": None, "registry/x/big": b"small"})
+    assert store.list_meta("registry/x/") == {"registry/x/big": b"small", "registry/x/empty": b"",
+                                              "registry/x/kept": b"kept"}
+
+
+def test_put_metas_naming_a_lease_entry_writes_nothing(store: StateStore) -> None:
+    store.put_meta("registry/y", b"before")
+    with pytest.raises(InvalidSpecError, match="reserved"):
+        store.put_metas({"registry/y": b"after", "registry/z": b"new", "lease/epoch": b"99"})
+    assert store.list_meta("registry/") == {"registry/y": b"before"}
+    assert store.read_lease() is None
+
+
 # -- failing user code: attempt counts, error counters, recent errors ----------------
 
 def test_bump_attempts_counts_per_item_and_keeps_the_last_error(store: StateStore) -> None:
