@@ -80,5 +80,13 @@ class TimerQueue:
             heapq.heappop(heap)
         return heap[0][0] if heap else MAX_TIMESTAMP
 
+    def holding(self) -> Timer | None:
+        """The pending timer at :meth:`hold` (the earliest that holds the watermark,
+        the least key and tag among equals); None when none holds it."""
+        if self.hold() == MAX_TIMESTAMP:
+            return None
+        _time, key, tag = self._holds[0]
+        return self._timers[(key, tag)]
+
     def pending(self) -> list[Timer]:
         return sorted(self._timers.values(), key=lambda t: (t.time, t.key, t.tag))

@@ -69,6 +69,7 @@ class Outbox:
         self._front: deque[tuple[int, Entry]] = deque()
         self._taken: dict[Entry, int] = {}
         self._hold: int | None = None
+        self._oldest: Production | None = None  # an entry at ``_hold`` (:meth:`oldest`)
         self._parked: dict[Unit, Parked] = {}
         self._stored = 0  # sum of the parked units' ``stored``
         self._unit_of: UnitOf | None = None
@@ -219,6 +220,20 @@ class Outbox:
         if not self._parked:
             return self._hold
         return min(self._hold, min(share.low for share in self._parked.values()))
+
+    def oldest(self) -> Production | None:
+        """An entry in memory at :meth:`hold`, to name what holds the watermark; None
+        when the outbox is empty or a parked unit's entries in the store hold it. Found
+        by a walk in checkpoint order that stops at the first entry with that timestamp
+        (the oldest timestamp is usually near the front), kept until acked or passed."""
+        hold = self.hold()
+        if hold == MAX_TIMESTAMP or hold != self._hold:
+            return None
+        p = self._oldest
+        if p is None or p.record.timestamp != hold or (p.consumer, p.record.record_id) not in self._entries:
+            p = next((e for e in self._entries.values() if e.record.timestamp == hold), None)
+            self._oldest = p
+        return p
 
     # -- parking ------------------------------------------------------------------------
     def park(self, units: Collection[Unit], unit_of: UnitOf, keep: int) -> int:

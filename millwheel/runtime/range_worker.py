@@ -24,6 +24,7 @@ import sys
 import time
 import traceback
 from contextlib import AbstractContextManager, nullcontext
+from datetime import UTC, datetime
 from typing import Callable, Iterable, Sequence
 
 from millwheel import late as late_counts
@@ -32,7 +33,7 @@ from millwheel.computation import Computation
 from millwheel.dedup import ID_BUCKETS, Deduplicator
 from millwheel.errors import UserCodeError
 from millwheel.input_tag import untag
-from millwheel.record import Record, Timer, derive_record_id, timer_cause
+from millwheel.record import MAX_TIMESTAMP, Record, Timer, derive_record_id, timer_cause
 from millwheel.runtime import ttl
 from millwheel.runtime.context import KeyContext, KeyRecords, RangeTransaction
 from millwheel.runtime.outbox import Outbox
@@ -46,6 +47,20 @@ CrashHook = Callable[[str], None]
 Watch = Callable[[Sequence[str]], AbstractContextManager[None]]
 MAX_TIMERS_PER_BATCH = 10_000
 TRACEBACK_FRAMES = 5  # the last frames of a user-code traceback kept with its error
+HELD_REASON_CHARS = 300  # WatermarkReport.held's bound
+
+
+def event_time(us: int) -> str:
+    """An event time for people: UTC ISO to the millisecond."""
+    try:
+        return datetime.fromtimestamp(us / 1e6, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+    except (OverflowError, ValueError, OSError):
+        return f"{us} µs"
+
+
+def _shown(text: str, limit: int = 60) -> str:
+    """A key, tag or name quoted, cut to ``limit`` characters (a reason stays one short line)."""
+    return repr(text if len(text) <= limit else text[:limit] + "…")
 
 
 def no_crash(point: str) -> None:
@@ -377,6 +392,26 @@ class RangeWorker:
     def hold(self) -> int:
         """Oldest pending work: unacked productions and holding event-time timers."""
         return min(self.outbox.hold(), self.timers.hold())
+
+    def held_reason(self) -> str:
+        """What :meth:`hold` is, for people (``millwheel watermark --why``): the earliest
+        timer holding the watermark, else the oldest production not yet acked; "" when
+        nothing is pending. From the timer heap's top and the outbox's oldest entry: no
+        store read. At most :data:`HELD_REASON_CHARS` characters."""
+        timer, out = self.timers.holding(), self.outbox.hold()
+        if timer is not None and timer.time <= out:
+            text = (f"timer at {event_time(timer.time)} for key {_shown(timer.key)} "
+                    f"(tag {_shown(timer.tag)}) not yet fired")
+        elif out < MAX_TIMESTAMP:
+            p = self.outbox.oldest()
+            if p is None:  # parked: its consumer keeps refusing (millwheel/runtime/outbox.py)
+                text = f"productions at {event_time(out)} not yet acked (parked: their consumer refuses them)"
+            else:
+                text = (f"production at {event_time(out)} for key {_shown(p.record.key)} on stream "
+                        f"{_shown(p.stream)} not yet acked by {_shown(p.consumer)}")
+        else:
+            return ""
+        return text[:HELD_REASON_CHARS]
 
     def ids_generation(self, now_us: int) -> int:
         """The generation a checkpoint at ``now_us`` remembers its consumed IDs under:

@@ -71,6 +71,7 @@ class Heartbeats:
                     fenced.append(rep)
                     continue
                 p.pending[unit] = rep.pending
+                p.wms.note_reason(rep.node, rep.range_id, rep.held)  # held_by's rule 5
                 writes.append((rep, p.work.busy(("wm", *unit))))
         # The writes, outside the lock, each range on its own (a slow shard holds back its
         # own ranges); waited for a moment unless the range's previous write is still under way.

@@ -13,8 +13,10 @@ writers, the writers' watermarks (services/controller/writers.py). The rule, in 
 3. otherwise the least range holds it; if that range is failing, that is the reason;
 4. a computation range at its input watermark is held by its input: the upstream node
    with the least watermark (``millwheel watermark --why`` follows the chain);
-5. a computation range below its input is held by its own pending work: timers not yet
-   fired, productions not yet acked downstream;
+5. a computation range below its input is held by its own pending work, as its owner
+   names it (``WatermarkReport.held``, kept in memory by services/controller/watermarks.py):
+   its earliest timer (time, key, tag) not yet fired, else its oldest production not yet
+   acked downstream (time, key, stream, consumer); else the pending count;
 6. an injector: its least live writer (parallel ingestion), else the records still in
    its least range's outbox, else its watermark as set (nothing has advanced it yet).
 
@@ -82,6 +84,9 @@ def held_by(plane: ControlPlane, node: str, out: dict[str, int], inputs: dict[st
     if stored[r] >= input_wm and upstream:
         least = min(upstream, key=lambda u: out.get(u, MIN_TIMESTAMP))
         return f"input: {least}"
+    said = plane.wms.reason(node, r)
+    if said:
+        return f"range {r}: {said}" + (f" ({pending} productions pending)" if pending else "")
     what = f"{pending} pending" if pending else "timers not yet fired or productions not yet acked"
     return f"range {r}: its own pending work ({what})"
 

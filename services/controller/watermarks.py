@@ -36,6 +36,7 @@ REFRESH_S = 0.2  #: between reads of the nodes' stored watermarks
 #: The leader's own reports enter the copy as they are written, whatever this pace.
 READS_PER_REFRESH = 128
 Unit = tuple[str, int]
+REASON_CHARS = 300  #: WatermarkReport.held's bound, kept by the controller
 
 
 class Watermarks:
@@ -51,6 +52,9 @@ class Watermarks:
         # value it counts as, its owner's own reports (not the stored value, which never
         # goes below what the range held before the keys moved in) until one reaches it.
         self.held: dict[str, dict[int, int]] = {}
+        # What its owner last said holds each range below its input (WatermarkReport.held,
+        # for ``held_by``'s rule 5): in memory only, one short string per range.
+        self.reasons: dict[str, dict[int, str]] = {}
 
     # -- answers (under the controller's lock; no store call) --------------------------
     def of(self, node: str) -> dict[int, int]:
@@ -67,6 +71,17 @@ class Watermarks:
         served = max(self._served.get(node, MIN_TIMESTAMP), value)
         self._served[node] = served
         return served
+
+    def reason(self, node: str, range_id: int) -> str:
+        """What the range's owner last said holds it below its input ("" if nothing)."""
+        return self.reasons.get(node, {}).get(range_id, "")
+
+    def note_reason(self, node: str, range_id: int, text: str) -> None:
+        """An owner's report's ``held`` (under the lock): kept, cut to REASON_CHARS, until the next."""
+        if text:
+            self.reasons.setdefault(node, {})[range_id] = text[:REASON_CHARS]
+        elif range_id in self.reasons.get(node, {}):
+            del self.reasons[node][range_id]
 
     def hold(self, node: str, floor: int, ranges: int) -> None:
         """After a rescale (under the lock): count every range of ``node`` as ``floor``
@@ -107,6 +122,8 @@ class Watermarks:
                 del self.known[gone]
             for gone in [n for n in self.held if n not in nodes]:
                 del self.held[gone]
+            for gone in [n for n in self.reasons if n not in nodes]:
+                del self.reasons[gone]
         names = list(nodes)
         if len(names) > READS_PER_REFRESH:
             start = self._next_read % len(names)

@@ -262,7 +262,8 @@ class WorkerProcess:
                 continue
             sent[unit] = (wm, pending, now)
             reports.append(pb.WatermarkReport(node=owned.node, range_id=owned.range_id,
-                                              token=owned.token, watermark=wm, pending=pending))
+                                              token=owned.token, watermark=wm, pending=pending,
+                                              held=owned.held if wm < owned.input_wm else ""))
         for node, range_id, token, wm in self.connectors.watermarks():  # connector sinks
             unit = (node, range_id, token)
             if report_due(self._reported.get(unit), wm, 0, now, refresh):

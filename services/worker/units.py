@@ -125,6 +125,8 @@ class OwnedRange:
     dropped: bool = False
     published: int | None = None  # hold() snapshot taken under the lock; None once changed
     wanted: bool = False  # the heartbeat found the lock busy and no valid snapshot
+    held: str = ""  # what holds ``published`` below the input watermark, for people (WatermarkReport.held)
+    input_wm: int = MIN_TIMESTAMP  # the input watermark of the last report
     overruns: Overruns = field(default_factory=dict)  # records that overran their deadline
     taken_at: float = field(default_factory=time.monotonic)
     _overruns_read: float = 0.0
@@ -190,16 +192,29 @@ class OwnedRange:
         """After a change to pending work (caller holds the lock): the snapshot is stale;
         take a fresh one now if the heartbeat is waiting for one."""
         self.published = self.hold() if self.wanted else None
+        if self.published is not None:
+            self.held = self.held_reason(self.published)
         self.wanted = False
+
+    def held_reason(self, hold: int) -> str:
+        """What holds this computation range below its input watermark (its earliest
+        timer, its oldest production not yet acked); "" at its input, or for an
+        injector. Only worked out while below (caller holds the lock)."""
+        if self.worker is None or hold >= self.input_wm:
+            return ""
+        return self.worker.held_reason()
 
     def report_nowait(self, input_wm: int) -> int | None:
         """This range's low watermark, min(input watermark, oldest pending work), without
         waiting for the lock; None (report nothing this time) if a batch holds the lock
         and pending work changed since the last snapshot. A snapshot is a valid bound
-        while a batch runs: the batch's own records are still held by its sender."""
+        while a batch runs: the batch's own records are still held by its sender.
+        :attr:`held` says what holds the snapshot, as of when it was taken."""
+        self.input_wm = input_wm
         if self.lock.acquire(blocking=False):
             try:
                 self.published = self.hold()
+                self.held = self.held_reason(self.published)
                 self.wanted = False
             finally:
                 self.lock.release()
