@@ -176,6 +176,19 @@ def _pipeline_py_totals(out: subprocess.CompletedProcess[str], home: Path) -> No
     assert {t["key"] for t in totals} == {"ann", "bob", "cy"}, out.stdout
 
 
+def _idle_alerts(out: subprocess.CompletedProcess[str], home: Path) -> None:
+    """The user class of "Your own computation class": one alert per user, stamped its
+    timer's time (the user's last click + gap_us), saying that last click."""
+    last: dict[str, int] = {}
+    for line in (home / "clicks.jsonl").read_text().splitlines():
+        click = json.loads(line)
+        last[click["value"]["user"]] = max(last.get(click["value"]["user"], 0), click["timestamp"])
+    alerts = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    assert {a["key"]: (json.loads(a["value"])["last_click"], a["timestamp"]) for a in alerts} == \
+        {user: (t, t + 5_000_000) for user, t in last.items()}, out.stdout
+    assert len(alerts) == len(last), out.stdout
+
+
 def _quickstart(out: subprocess.CompletedProcess[str], home: Path) -> None:
     """The last steps: every window closed, and the sink holds exactly the busy windows
     (3 or more clicks of one user in 10 s) of the clicks the block injected."""
@@ -202,6 +215,7 @@ def _tracker(out: subprocess.CompletedProcess[str], home: Path) -> None:
 #: (page, a line of the block) -> the check of its output.
 CHECKS: dict[tuple[str, str], Callable[[subprocess.CompletedProcess[str], Path], None]] = {
     ("README.md", "# pipeline.py — run with:"): _pipeline_py_totals,
+    ("README.md", "# idle.py — run with:"): _idle_alerts,
     ("README.md", "millwheel subscribe busy"): _quickstart,
     ("service.md", "millwheel subscribe busy"): _quickstart,
     ("README.md", "with ControllerClient() as mw:"): _python_client,
