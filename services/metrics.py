@@ -180,8 +180,9 @@ class PrometheusSensors:
 
     def keep_nodes(self, nodes: set[str]) -> None:
         """Drop every series labelled with a computation or node not in ``nodes`` (the
-        registered ones; a sink's series go with its node ``sink:NAME``): a label exists only while its name is registered, so neither
-        an unregistered name nor a refused request leaves series behind."""
+        registered ones; a sink's series go with its node ``sink:NAME``): a label exists
+        only while its name is registered, so neither an unregistered name nor a refused
+        request leaves series behind."""
         for metric in (self._in, self._out, self._dups, self._late, self._cp, self._fenced,
                        self._wm, self._lag, self._spark_jobs, self._spark_seconds,
                        self._spark_windows):

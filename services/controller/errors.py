@@ -41,16 +41,39 @@ def _where(frames: Any) -> str:
     return str(frames[-1]).split(" in ", 1)[0][-200:]
 
 
+#: ``errors/ranges/NAME`` -> the most key ranges the computation has had (a rescale notes it)
+RANGES_EVER = "errors/ranges/"
+
+
+def note_ranges(store: StateStore, name: str, ranges: int) -> None:
+    """Note that ``name`` has had ``ranges`` key ranges (a rescale, before its data moves).
+    Error counts and recent errors stay in the range that counted them (they only rise,
+    and a rescale moves neither): a range a shrink left behind still holds its counts,
+    and a later grow finds them again, so the totals are the sum over every range the
+    computation ever had. Idempotent (a redone rescale notes the same)."""
+    if ranges > ranges_ever(store, name):
+        store.put_meta(RANGES_EVER + name, str(ranges).encode())
+
+
+def ranges_ever(store: StateStore, name: str) -> int:
+    raw = store.get_meta(RANGES_EVER + name)
+    try:
+        return int(raw or 0)
+    except ValueError:
+        return 0
+
+
 def error_info(store: StateStore, spec: ComputationSpec,
                failing_ranges: Sequence[pb.RangeFailure] = ()) -> dict[str, Any]:
-    """``ComputationInfo`` fields 5-11 for ``spec``, summed over its ranges; the ranges
-    failing as a whole are what their owners report (services/controller/failing.py)."""
+    """``ComputationInfo`` fields 5-11 for ``spec``, summed over every range it ever had
+    (:func:`note_ranges`: counts survive a rescale); the ranges failing as a whole are
+    what their owners report (services/controller/failing.py)."""
     counters: dict[str, int] = defaultdict(int)
     reports: list[dict[str, int]] = []
     recent: list[pb.ErrorInfo] = []
     retrying: list[pb.ErrorInfo] = []
     failing = "failing" if spec.options.on_error is ErrorPolicy.FAIL else "retrying"
-    for r in range(spec.options.key_ranges):
+    for r in range(max(spec.options.key_ranges, ranges_ever(store, spec.name))):
         report = store.read_errors(spec.name, r)
         for name, n in report.counters.items():
             counters[name] += n

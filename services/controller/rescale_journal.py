@@ -26,6 +26,7 @@ from millwheel.topology import ComputationSpec
 
 from ..rpc.status import PreconditionError
 from .assign import Assigner
+from .errors import note_ranges
 from .registry import Registry
 from .watermarks import Watermarks
 
@@ -116,6 +117,7 @@ def apply_data(store: StateStore, name: str, entry: dict[str, Any], token: Calla
     numbers) cleared, the staged data copied in, new range numbers given the old
     ranges' least watermark. Returns the consumed IDs written."""
     old, n, at_us = int(entry["from"]), int(entry["to"]), int(entry["at_us"])
+    note_ranges(store, name, max(old, n))  # error counts stay where they were counted
     repartition.clear(store, name, range(max(old, n)), (old, n), token, at_us)
     once = entry.get("ids") == "once"
     moved = repartition.copy(store, STAGE + name, n, name, n, token, at_us, ids="none" if once else "same")
