@@ -167,8 +167,8 @@ class Leadership:
         p = self.plane
         if p.leading():
             return
-        raw = p.store.get_meta(REGISTRY_KEY)  # None: a store of the older layout, left to the passes
-        if raw is not None and _stored_version(raw) != p.registry.version:
+        raw = p.store.get_meta(REGISTRY_KEY)  # None: a store of an older layout, left to the passes
+        if raw is not None and _stored_version(raw, p.registry) != p.registry.version:
             self.standby_pass(force=True)
 
     def standby_pass(self, force: bool = False) -> None:
@@ -182,7 +182,7 @@ class Leadership:
             if not force and now - self._view_at < STANDBY_REFRESH_S:
                 return
             self._view_at = now
-            version = _stored_version(p.store.get_meta(REGISTRY_KEY))
+            version = _stored_version(p.store.get_meta(REGISTRY_KEY), p.registry)
             registry = Registry(p.store, p.allow_code) if version != p.registry.version else None
             view = Assigner(p.store, p.timeouts.heartbeat_s, check_tokens=False)
             with p.lock:
@@ -274,9 +274,13 @@ class Leadership:
         return RemoteError(details, code)
 
 
-def _stored_version(raw: bytes | None) -> int:
-    """The version of the registry entry as stored (0: none stored)."""
-    return int(json.loads(raw)["version"]) if raw is not None else 0
+def _stored_version(raw: bytes | None, registry: Registry) -> int:
+    """The version of the registry as stored, from its head entry ``raw`` (0: none
+    stored). With no head, a view read from an older layout is what the store holds:
+    only a change writes the head (services/controller/registry.py)."""
+    if raw is None:
+        return registry.version if registry.older_layout else 0
+    return int(json.loads(raw)["version"])
 
 
 def _forwarded(address: str, context: grpc.ServicerContext) -> tuple[tuple[str, str], ...]:

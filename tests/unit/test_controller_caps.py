@@ -23,7 +23,7 @@ from millwheel.state.sqlite_store import SQLiteStore
 from millwheel.topology import ComputationSpec, InjectorSpec, Topology
 from services.controller import leader, retention
 from services.controller.heartbeat import TopologyJson
-from services.controller.registry import REGISTRY_KEY, Registry
+from services.controller.registry import COMPUTATION_PREFIX, HEAD_KEY, PREVIOUS_PREFIX, Registry
 from services.controller.watermarks import READS_PER_REFRESH, Watermarks
 from services.rpc import convert
 
@@ -53,11 +53,13 @@ def test_a_registration_encodes_only_the_computations_it_adds(tmp_path: Path, en
     encoded.clear()
     reg.register_topology([comp("late")], [], [])
     assert encoded == ["late"]
-    # The stored entry is the document it always was, and reads back as the registry.
-    want = {"version": 2, "computations": [computation_to_dict(c) for c in reg.topology.computations],
+    # The head names each entry and the change that wrote it; each spec is its own entry.
+    want = {"version": 2, "computations": [[f"c{i}", 1] for i in range(20)] + [["late", 2]],
             "injectors": [injector_to_dict(i) for i in reg.topology.injectors], "log_streams": [],
             "versions": {}, "previous": {}, "sinks": [], "keyed": {}}
-    assert store.get_meta(REGISTRY_KEY) == json.dumps(want).encode()
+    assert store.get_meta(HEAD_KEY) == json.dumps(want).encode()
+    assert json.loads(store.get_meta(COMPUTATION_PREFIX + "late") or b"") == {
+        "written": 2, "spec": computation_to_dict(reg.computation("late"))}
     again = Registry(store)
     assert (again.topology, again.version) == (reg.topology, 2)
 
@@ -70,8 +72,8 @@ def test_an_update_stores_its_rollback_target_with_the_rest(tmp_path: Path) -> N
     new = computation_from_dict({**computation_to_dict(old), "outputs": ["a_out", "more"]})
     topo = Topology(tuple(new if c.name == "a" else c for c in reg.topology.computations), reg.topology.injectors)
     reg.replace_computation(new, topo, 2, old)
-    stored = json.loads(store.get_meta(REGISTRY_KEY) or b"")
-    assert stored["previous"] == {"a": computation_to_dict(old)}
+    assert json.loads(store.get_meta(HEAD_KEY) or b"")["previous"] == {"a": 2}
+    assert json.loads(store.get_meta(PREVIOUS_PREFIX + "a") or b"") == {"written": 2, "spec": computation_to_dict(old)}
     again = Registry(store)
     assert again.previous == {"a": old} and again.computation("a") == new and again.versions == {"a": 2}
 

@@ -1,6 +1,7 @@
-"""The controller's registry over a real SQLite store: a change is one store entry,
-a refused change leaves store and memory exactly as they were, and a store written
-in the older one-entry-per-computation layout is still read."""
+"""The controller's registry over a real SQLite store: a change is one store write (a
+head and one entry per computation), a refused change leaves store and memory exactly
+as they were, and stores written in the older layouts (the whole registry in one
+entry; one entry per computation before that) are still read."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from millwheel.importing import AllowList
 from millwheel.spec import computation_from_dict, computation_to_dict
 from millwheel.state.sqlite_store import SQLiteStore
 from millwheel.topology import ComputationSpec, InjectorSpec
-from services.controller.registry import REGISTRY_KEY, Registry
+from services.controller.registry import HEAD_KEY, V2_KEY, Registry
 
 
 def comp(name: str, source: str = "events", code: dict[str, object] | None = None) -> ComputationSpec:
@@ -46,18 +47,19 @@ def test_refused_topology_changes_nothing(tmp_path: Path) -> None:
         assert Registry(store).topology == topo
 
 
-def test_a_change_is_one_store_entry_and_repeats_are_no_change(tmp_path: Path) -> None:
+def test_a_change_is_one_store_write_and_repeats_are_no_change(tmp_path: Path) -> None:
     store = SQLiteStore(tmp_path / "s.db")
     reg = Registry(store, AllowList.parse("mypkg.*"))
     reg.register_topology([comp("a"), comp("b", code={"name": "mypkg.mod:Code"})],
                           [InjectorSpec("events", "events")], ["a_out"])
-    assert list(stored(store)) == [REGISTRY_KEY]
+    assert list(stored(store)) == ["registry/v3/computation/a", "registry/v3/computation/b", HEAD_KEY]
     again = Registry(store)
     assert again.topology == reg.topology and again.version == reg.version == 1
     assert reg.register_topology([comp("a")], [InjectorSpec("events", "events")], []) == ([], [])
     assert reg.version == 1  # the same spec again: nothing new, nothing written
     reg.unregister_computation("b")
     assert Registry(store).topology.computations == (reg.computation("a"),) and reg.version == 2
+    assert list(stored(store)) == ["registry/v3/computation/a", HEAD_KEY]  # b's entry went with it
 
 
 def test_total_key_ranges_are_bounded(tmp_path: Path) -> None:
@@ -84,15 +86,17 @@ def test_the_older_layout_is_read(tmp_path: Path) -> None:
     assert [c.name for c in reg.topology.computations] == ["a", "b"]
     assert reg.topology.injectors == (InjectorSpec("events", "events"),)
     assert reg.topology.log_streams == ("a_out",) and reg.version == 7
-    reg.unregister_computation("b")  # the first change writes the new layout
+    reg.unregister_computation("b")  # the first change writes the new layout, deleting the old one
     again = Registry(store)
     assert [c.name for c in again.topology.computations] == ["a"] and again.version == 8
+    assert again.topology.injectors == (InjectorSpec("events", "events"),) and again.topology.log_streams == ("a_out",)
+    assert list(stored(store)) == ["registry/v3/computation/a", HEAD_KEY]
 
 
 def test_versions_persist_and_a_registry_stored_before_them_loads_at_version_1(tmp_path: Path) -> None:
     store = SQLiteStore(tmp_path / "s.db")
     # A registry entry as controllers before UpdateComputation wrote it: no "versions".
-    store.put_meta(REGISTRY_KEY, json.dumps({
+    store.put_meta(V2_KEY, json.dumps({
         "version": 4, "computations": [computation_to_dict(comp("a"))],
         "injectors": [{"name": "events", "stream": "events"}], "log_streams": []}).encode())
     reg = Registry(store)
