@@ -18,7 +18,8 @@ writers, the writers' watermarks (services/controller/writers.py). The rule, in 
    its earliest timer (time, key, tag) not yet fired, else its oldest production not yet
    acked downstream (time, key, stream, consumer); else the pending count;
 6. an injector: its least live writer (parallel ingestion), else the records still in
-   its least range's outbox, else its watermark as set (nothing has advanced it yet).
+   its least range's outbox, else its watermark as set (nothing has advanced it since;
+   nothing injected yet at -inf).
 
 The caller holds the plane's lock.
 """
@@ -75,7 +76,9 @@ def held_by(plane: ControlPlane, node: str, out: dict[str, int], inputs: dict[st
             return f"range {r}: {pending} records in its outbox not yet taken by every consumer"
         if held is not None:
             return held
-        return "its watermark as set: nothing has advanced it further (Inject's watermark or done)"
+        if stored[r] <= MIN_TIMESTAMP:
+            return "nothing injected yet: no Inject or writer has set its watermark"
+        return f"its watermark as set ({_when(stored[r])}): nothing has advanced it further (Inject's watermark or done)"
     try:
         upstream = plane.registry.topology.upstream(node)
     except InvalidSpecError:
