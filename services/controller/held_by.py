@@ -78,7 +78,8 @@ def held_by(plane: ControlPlane, node: str, out: dict[str, int], inputs: dict[st
             return held
         if stored[r] <= MIN_TIMESTAMP:
             return "nothing injected yet: no Inject or writer has set its watermark"
-        return f"its watermark as set ({_when(stored[r])}): nothing has advanced it further (Inject's watermark or done)"
+        return (f"its watermark as set ({_when(stored[r])}): nothing has advanced it further "
+                "(Inject's watermark or done)")
     try:
         upstream = plane.registry.topology.upstream(node)
     except InvalidSpecError:
