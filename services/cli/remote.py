@@ -78,8 +78,10 @@ def add_commands(sub: Any) -> None:
     wm = client_parser(sub, "watermark", "show low watermarks and what holds them",
                        "Show the low watermark of every computation and injector, or of one, and "
                        "what holds it where it is (HELD BY): a range not reporting or failing, "
-                       "'input: NODE' (its slowest upstream node), a range's own pending work, an "
-                       "injector's slowest live writer or its outbox.")
+                       "'input: NODE' (its slowest upstream node), a range's own pending work (its "
+                       "earliest timer not yet fired, else its oldest production not yet acked: "
+                       "time, key, tag or stream), an injector's slowest live writer, its outbox "
+                       "or its watermark as set.")
     wm.add_argument("computation", nargs="?", default="", metavar="COMPUTATION")
     wm.add_argument("--why", action="store_true",
                     help="follow 'input: NODE' upstream from COMPUTATION to what holds the chain")
