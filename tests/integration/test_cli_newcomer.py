@@ -44,6 +44,13 @@ def test_up_on_port_0_takes_free_ports_and_says_which(tmp_path: Path) -> None:
         proc.send_signal(signal.SIGINT)
         proc.wait(60)
     assert not children(ports[0]) and not children(ports[1])
+    # A normal election and a clean Ctrl-C are news, not trouble: INFO, never WARNING
+    # (before, both logged at WARNING, and a newcomer took them for faults).
+    text = log.read_text()
+    assert re.search(r" INFO controller \S+ is the leader \(epoch \d+\)", text), text
+    alarming = [line for line in text.splitlines() if re.search(r" (WARNING|ERROR|CRITICAL) ", line)
+                and re.search(r"lead|elect|lease|stand|stop|signal|interrupt|shut", line, re.I)]
+    assert not alarming and "Traceback" not in text, alarming or text
 
 
 def test_up_on_a_redis_that_is_down_or_refuses_says_why_at_once(tmp_path: Path) -> None:

@@ -93,6 +93,17 @@ def test_every_example_runs_or_says_why_not() -> None:
     assert seen >= 20  # the pages have examples: the parser found them
 
 
+def test_the_readme_is_a_guide_and_the_figures_live_in_docs_bench() -> None:
+    """Benchmark tables belong to docs/bench.md (before, ~250 of the README's 646 lines
+    were result tables a newcomer scrolled past); the README links them."""
+    text = (ROOT / "README.md").read_text()
+    tables = [line for line in text.splitlines() if line.startswith("|")]
+    figures = [line for line in tables if re.search(r"records/s|events/s|rows/s|µs/record|x local", line)]
+    assert not figures, figures
+    assert "docs/bench.md" in text
+    assert len(text.splitlines()) <= 650  # a guide that grows past today's ~570 lines: split it
+
+
 def test_the_readme_opens_with_its_title() -> None:
     first = next(line for line in (ROOT / "README.md").read_text().splitlines() if line.strip())
     assert first == "# millwheel"

@@ -117,6 +117,14 @@ def test_a_plain_install_has_no_pyspark(installed: Path, tmp_path: Path) -> None
     assert probe.returncode != 0 and "No module named 'pyspark'" in probe.stderr
 
 
+def test_grpcio_tools_is_a_build_tool_not_a_runtime_dependency(installed: Path, tmp_path: Path) -> None:
+    """The wheel ships generated stubs: a user's install has no protoc compiler (before,
+    grpcio-tools, ~9 MB with its own protobuf pins, came with every install)."""
+    probe = subprocess.run([str(installed / "python"), "-c", "import grpc_tools"], cwd=tmp_path, env=_env(),
+                           capture_output=True, text=True, timeout=60)
+    assert probe.returncode != 0 and "No module named 'grpc_tools'" in probe.stderr
+
+
 def test_spark_stages_say_how_to_install_pyspark(installed: Path, tmp_path: Path) -> None:
     (tmp_path / "spark.yaml").write_text(SPARK_PIPELINE)
     (tmp_path / "clicks.jsonl").write_text(
