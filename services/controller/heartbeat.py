@@ -15,23 +15,27 @@ Now a worker that sends ``incremental`` gets:
   in a steady cluster), or the whole table (built once per version, outside the lock)
   when it holds none or one too old;
 * input watermarks only of the computations assigned to it;
-* the registry's JSON when its version differs, serialized once per registry version
-  (:class:`TopologyJson`), never under the controller's lock, each computation encoded
-  once (:class:`~millwheel.spec.ComputationTexts`: a registration encodes what it adds).
+* the registry when its version differs: to a worker that applies deltas and holds one of
+  the last versions, the changes since its version (what a registration added, not the
+  64 MB of a registry at the caps that every worker parsed after every registration:
+  services/rpc/topology_delta.py); to others the whole registry's JSON. Each encoded
+  once per version (a delta once per pair), only when a worker needs it, never under
+  the controller's lock, each computation once (:class:`TopologyJson`).
 """
 
 from __future__ import annotations
 
 import threading
-from typing import Callable
+from dataclasses import dataclass, field
+from typing import Callable, Mapping
 
 from millwheel.errors import InvalidSpecError
 from millwheel.record import MIN_TIMESTAMP
-from millwheel.spec import ComputationTexts
 from millwheel.topology import Topology
 
 from ..generated import millwheel_pb2 as pb
-from ..rpc import convert
+from ..rpc import topology_delta
+from ..rpc.topology_delta import SpecTexts
 from .assign import Assigner, Owner
 from .registry import Registry
 
@@ -39,31 +43,165 @@ Unit = tuple[str, int]
 Snapshot = tuple[int, int, bool, list[tuple[Unit, Owner | None]], dict[str, str]]
 
 
-class TopologyJson:
-    """The registry as the JSON heartbeats carry, serialized once per registry version."""
+#: How many registry versions the controller keeps to answer a worker with the changes
+#: since the one it holds (services/rpc/topology_delta.py); a worker further behind, or
+#: holding none, gets the whole registry.
+KEEP_VERSIONS = 64
 
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._cached: tuple[int, str] | None = None
-        self._texts = ComputationTexts()  # each computation encoded once (under _lock)
+
+@dataclass(frozen=True)
+class TopologyAnswer:
+    """What a heartbeat answer says of the registry."""
+
+    version: int = 0  #: the registry version the answer is at (0: none known yet: it says nothing)
+    whole: str = ""  #: the whole registry as JSON (topology_json)
+    base: int = 0  #: with ``delta``: the version the delta changes
+    delta: str = ""  #: the changes from ``base`` to ``version`` (topology_delta_json)
+    versions: Mapping[str, int] = field(default_factory=dict)  #: each computation's version, with either
+
+
+@dataclass
+class HeldVersions:
+    """The versions of one :class:`Registry` object (a new leader's registry starts afresh:
+    a worker holding a version from before gets the whole registry once)."""
+
+    registry: object
+    topologies: dict[int, Topology]  #: version -> its topology, oldest first
+    newest: tuple[int, Topology, Mapping[str, int]]  #: (version, topology, computation versions)
+    whole: tuple[int, str] | None = None  #: the newest version's JSON, once a worker needed it
+    #: (target version, base version -> delta JSON)
+    deltas: tuple[int, dict[int, str]] = field(default_factory=lambda: (0, {}))
+
+
+@dataclass(frozen=True)
+class TopologySnapshot:
+    """Taken under the controller's lock (:meth:`TopologyJson.snapshot`), answered outside it."""
+
+    held: HeldVersions
+    version: int
+    topology: Topology
+    versions: Mapping[str, int]
+    known: int  #: the version the worker holds
+    base: Topology | None  #: that version's topology, if still held
+
+
+class TopologyJson:
+    """The registry as heartbeats carry it: to a worker that says it applies deltas and
+    holds one of the last :data:`KEEP_VERSIONS` versions, the changes since
+    (services/rpc/topology_delta.py: what a registration added, not the whole registry);
+    to any other worker the whole registry's JSON. Each is encoded once per version (a
+    delta once per pair of versions), only when some worker needs it, never under the
+    controller's lock; each computation's JSON once per spec object.
+
+    The versions are kept as (version, topology) pairs read together: under the
+    controller's lock with ``Registry.changing`` free (or the caller's), as every change
+    of the registry commits under one of them: a pair read in the middle of a commit
+    would be a topology named by the wrong version, and a worker holding it would apply
+    later deltas to the wrong base."""
+
+    def __init__(self, keep: int = KEEP_VERSIONS) -> None:
+        self.keep = keep
+        self._lock = threading.Lock()  # the versions held (short holds, under the controller's lock)
+        self._encoding = threading.Lock()  # one encoding at a time: concurrent heartbeats wait, then share
+        self._held: HeldVersions | None = None
+        self._texts = SpecTexts()  # each computation encoded once (under _encoding)
+        self._texts_for: tuple[HeldVersions | None, int] = (None, -1)  # the versions whose texts are kept
+        #: answers sent and JSON documents encoded, whole and as deltas (for tests and logs)
+        self.sent = {"whole": 0, "delta": 0}
+        self.encoded = {"whole": 0, "delta": 0}
+
+    def note(self, registry: Registry) -> HeldVersions | None:
+        """The registry's version and topology kept as a pair, unless a change of it is
+        under way on another thread (then None). The caller holds the controller's lock. O(1)."""
+        changing = getattr(registry, "changing", None)
+        if changing is not None and not changing.acquire(blocking=False):
+            return None
+        try:
+            version, topology = registry.version, registry.topology
+            versions: Mapping[str, int] = getattr(registry, "versions", {})
+        finally:
+            if changing is not None:
+                changing.release()
+        with self._lock:
+            held = self._held
+            if held is None or held.registry is not registry:
+                held = self._held = HeldVersions(registry, {version: topology}, (version, topology, versions))
+            elif version > held.newest[0]:
+                held.topologies[version] = topology
+                while len(held.topologies) > self.keep:
+                    del held.topologies[next(iter(held.topologies))]
+                held.newest = (version, topology, versions)
+            return held
+
+    def snapshot(self, registry: Registry, known: int) -> TopologySnapshot | None:
+        """Under the controller's lock, per heartbeat: the newest version held (noted now
+        if no change is under way), and the topology of the version ``known`` the worker
+        holds if it is still kept. O(1). None: no version of this registry known yet."""
+        held = self.note(registry)
+        with self._lock:
+            if held is None:
+                held = self._held if self._held is not None and self._held.registry is registry else None
+            if held is None:
+                return None
+            version, topology, versions = held.newest
+            base = held.topologies.get(known) if 0 < known != version else None
+            return TopologySnapshot(held, version, topology, versions, known, base)
+
+    def answer(self, snap: TopologySnapshot | None, deltas: bool) -> TopologyAnswer:
+        """Outside the controller's lock: nothing if the worker holds the version, else the
+        changes since its version (``deltas``: it applies them, and its version is held),
+        else the whole registry."""
+        if snap is None:
+            return TopologyAnswer()
+        if snap.known == snap.version:
+            return TopologyAnswer(snap.version)
+        if deltas and snap.base is not None:
+            return TopologyAnswer(snap.version, base=snap.known, delta=self._delta(snap, snap.base),
+                                  versions=snap.versions)
+        return TopologyAnswer(snap.version, whole=self._whole(snap), versions=snap.versions)
 
     def get(self, registry: Registry) -> tuple[int, str]:
-        """(version, JSON) of the registry now. The version is read before the topology:
-        a change in between pairs the newer topology with the older version, which the
-        worker replaces at its next heartbeat, never the reverse (which it would keep)."""
-        version = registry.version
-        topology: Topology = registry.topology
-        with self._lock:  # concurrent heartbeats wait for the one serializing, then share it
-            cached = self._cached
-            if cached is not None and cached[0] == version:
-                return cached
-            cached = self._cached = (version, convert.topology_to_json(topology, self._texts))
-            return cached
+        """(version, JSON) of the whole registry now ((0, "") while a change is under way
+        and no version was noted yet)."""
+        snap = self.snapshot(registry, 0)
+        return (snap.version, self._whole(snap)) if snap is not None else (0, "")
 
-    def prime(self, version: int, topology: Topology) -> None:
-        """Serialize a registry version now (at registration, on the registering thread)."""
-        with self._lock:
-            self._cached = (version, convert.topology_to_json(topology, self._texts))
+    def _delta(self, snap: TopologySnapshot, base: Topology) -> str:
+        held = snap.held
+        with self._encoding:
+            target, cached = held.deltas
+            if snap.version > target:  # only the newest version's deltas are kept
+                cached = {}
+                held.deltas = (snap.version, cached)
+            text = cached.get(snap.known) if snap.version == held.deltas[0] else None
+            if text is None:
+                self._keep_texts(snap)
+                text = topology_delta.encode(snap.known, base, snap.version, snap.topology, self._texts.text)
+                self.encoded["delta"] += 1
+                if snap.version == held.deltas[0]:
+                    cached[snap.known] = text
+            self.sent["delta"] += 1
+            return text
+
+    def _whole(self, snap: TopologySnapshot) -> str:
+        held = snap.held
+        with self._encoding:
+            cached = held.whole
+            if cached is None or cached[0] != snap.version:
+                self._keep_texts(snap)
+                cached = (snap.version, topology_delta.whole(snap.topology, self._texts))
+                self.encoded["whole"] += 1
+                if held.whole is None or held.whole[0] < snap.version:
+                    held.whole = cached
+            self.sent["whole"] += 1
+            return cached[1]
+
+    def _keep_texts(self, snap: TopologySnapshot) -> None:
+        """The texts kept: those of the newest version's computations (once per version)."""
+        at = (snap.held, snap.version)
+        if (at[0] is not self._texts_for[0] or at[1] != self._texts_for[1]) and snap.version == snap.held.newest[0]:
+            self._texts.keep(snap.topology.computations)
+            self._texts_for = at
 
 
 class OwnerTables:

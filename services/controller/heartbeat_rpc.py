@@ -4,8 +4,8 @@ Decided under the controller's lock, written outside it: who is alive, which rep
 come from a range's owner, then each report's store write on a store-work thread of
 its own range (a Redis shard that is away holds back only the ranges whose keys live
 on it), waited for a moment; then the answer, built as
-:mod:`services.controller.heartbeat` says (the owners table as a delta, the registry's
-JSON once per version)."""
+:mod:`services.controller.heartbeat` says (the owners table as a delta, the registry as
+the changes since the worker's version, or whole, each encoded once)."""
 
 from __future__ import annotations
 
@@ -85,6 +85,8 @@ class Heartbeats:
         tables = p.owner_tables
         with p.lock:
             a = p.assigner
+            # The registry version and the one the worker holds, if still kept: O(1), no encoding here.
+            topo = p.topology_json.snapshot(p.registry, request.known_topology_version)
             if request.incremental:  # the owners table as a delta (services/controller/heartbeat.py)
                 snap = tables.snapshot(a, request.known_assignments_epoch, request.known_assignments_version)
                 if snap[2] and tables.cached_full(snap[0], snap[1]) is None:
@@ -97,13 +99,16 @@ class Heartbeats:
                 resp = pb.HeartbeatResponse(assignments=views.ranges(p), input_watermarks=inputs, fenced=fenced)
         if snap is not None:
             resp.owners.extend(tables.build(snap, full_items))
-        version, text = p.topology_json.get(p.registry)  # serialized once per version
-        resp.topology_version = version
-        if request.known_topology_version != version:
-            resp.topology_json = text
-            # Each computation's version, read after the topology (as new or newer): a worker
-            # loads a new version's user modules again (services/worker/code.py).
-            resp.computation_versions.update(p.registry.versions)
+        # The registry when the worker's version differs: the changes since its version, or the
+        # whole (each encoded once per version, only when needed: services/controller/heartbeat.py).
+        topology = p.topology_json.answer(topo, request.topology_deltas)
+        resp.topology_version = topology.version
+        if topology.whole or topology.delta:
+            resp.topology_json, resp.topology_delta_json = topology.whole, topology.delta
+            resp.topology_base_version = topology.base
+            # Each computation's version at that registry version: a worker loads a new
+            # version's user modules again (services/worker/code.py).
+            resp.computation_versions.update(topology.versions)
         return resp
 
     def _reissuer(self, worker_id: str, rep: Any) -> Any:

@@ -72,7 +72,8 @@ class ControlPlane:
     work: StoreWork = field(default_factory=StoreWork)  #: store calls decided under the lock, made outside it
     stop: threading.Event = field(default_factory=threading.Event)
     failing: FailingRanges = field(default_factory=FailingRanges)  #: ranges their owners cannot run, as reported
-    topology_json: TopologyJson = field(default_factory=TopologyJson)  #: heartbeats' registry JSON, once a version
+    #: heartbeats' registry: its last versions, their JSON and changes encoded once when needed
+    topology_json: TopologyJson = field(default_factory=TopologyJson)
     owner_tables: OwnerTables = field(default_factory=OwnerTables)  #: heartbeats' owners table as deltas
     #: outbox entries per range, as last reported
     pending: dict[tuple[str, int], int] = field(default_factory=dict)
@@ -106,20 +107,23 @@ class ControlPlane:
     # -- after the registry changed -----------------------------------------------------
     def registry_changed(self) -> None:
         """Units for every registered node, and moves for what is unplaced (the caller
-        holds the lock)."""
+        holds the lock); the registry's new version kept for the heartbeats first."""
+        self.topology_json.note(self.registry)
         self.assigner.sync_units(self.registry.nodes())
         self.assigner.rebalance()
 
     def after_registration(self) -> None:
-        """After a registry change made outside the controller's lock: its JSON for the
-        heartbeats serialized here, on the registering thread; then the units, under the lock."""
+        """After a registry change made outside the controller's lock (the caller holds
+        ``Registry.changing``): the new version kept for the heartbeats (O(1): its JSON, or
+        its changes, are encoded when a worker needs them, services/controller/heartbeat.py),
+        then the units, under the lock: a worker learns the version with its new owners or before."""
         registry = self.registry
-        self.topology_json.prime(registry.version, registry.topology)
         nodes = registry.nodes()
         known = set(self.assigner.units)
         tokens = {(n, r): self.store.current_token(n, r)  # read before taking the lock
                   for n, count in nodes.items() for r in range(count) if (n, r) not in known}
         with self.lock:
+            self.topology_json.note(registry)
             self.assigner.sync_units(registry.nodes(), tokens)
         while True:  # moves in chunks: heartbeats get the lock in between
             with self.lock:

@@ -59,7 +59,7 @@ from ..generated import millwheel_pb2 as pb
 from ..generated import millwheel_pb2_grpc as pb_grpc
 from ..inject_limits import InjectLimits
 from ..metrics import PrometheusSensors
-from ..rpc import convert
+from ..rpc import topology_delta
 from ..rpc.admission import AdmissionLimits
 from ..rpc.cluster_routes import ClusterRoutes
 from ..rpc.controller_link import ControllerLink, fails_over
@@ -125,6 +125,7 @@ class WorkerProcess:
         self._assigned: dict[Unit, int] = {}  # ranges assigned here -> token, as last heard
         self._mine: dict[Unit, int] = {}  # the same, from the owners table (heartbeat thread)
         self._known_assignments = (0, 0)  # (epoch, version) of the owners table held
+        self._topology_deltas = True  # False: the last delta did not apply, the whole registry next
         self.peers = PeerLinks(max_inflight, self.sensors)  # links to other workers (delivery.py)
         self.draining = threading.Event()
         self.stopped = threading.Event()
@@ -279,7 +280,7 @@ class WorkerProcess:
             resp = link.stub(pb_grpc.ClusterStub, target).Heartbeat(pb.HeartbeatRequest(
                 worker_id=self.worker_id, address=self.address, metrics_address=self.metrics_address,
                 ingest_address=self.ingest_address, draining=draining,
-                known_topology_version=self.shared.version, reports=reports,
+                known_topology_version=self.shared.version, topology_deltas=self._topology_deltas, reports=reports,
                 refused=sorted(self.refused), failing=self.failures.reports(), incremental=True,
                 known_assignments_epoch=self._known_assignments[0],
                 known_assignments_version=self._known_assignments[1],
@@ -301,9 +302,12 @@ class WorkerProcess:
         self._apply(resp)
 
     def _apply(self, resp: pb.HeartbeatResponse) -> None:
-        if resp.topology_json:
-            self.code_versions = dict(resp.computation_versions)  # before the topology the builds read
-            self._set_topology(convert.topology_from_json(resp.topology_json), resp.topology_version)
+        if resp.topology_json or resp.topology_delta_json:  # whole, or the changes to what it holds
+            topology = topology_delta.received(self.shared.topology, self.shared.version, resp)
+            self._topology_deltas = topology is not None
+            if topology is not None:
+                self.code_versions = dict(resp.computation_versions)  # before the topology the builds read
+                self._set_topology(topology, resp.topology_version)
         shared = self.shared
         owners = merged_owners(shared.owners, resp)  # None: unchanged (services/worker/units.py)
         if owners is not None:
