@@ -25,6 +25,7 @@ Now a worker that sends ``incremental`` gets:
 
 from __future__ import annotations
 
+import logging
 import threading
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
@@ -39,6 +40,7 @@ from ..rpc.topology_delta import SpecTexts
 from .assign import Assigner, Owner
 from .registry import Registry
 
+log = logging.getLogger(__name__)
 Unit = tuple[str, int]
 Snapshot = tuple[int, int, bool, list[tuple[Unit, Owner | None]], dict[str, str]]
 
@@ -178,6 +180,8 @@ class TopologyJson:
                 self._keep_texts(snap)
                 text = topology_delta.encode(snap.known, base, snap.version, snap.topology, self._texts.text)
                 self.encoded["delta"] += 1
+                log.info("registry version %d: its changes since version %d encoded for the workers "
+                         "holding it (%d characters)", snap.version, snap.known, len(text))
                 if snap.version == held.deltas[0]:
                     cached[snap.known] = text
             self.sent["delta"] += 1
@@ -191,6 +195,8 @@ class TopologyJson:
                 self._keep_texts(snap)
                 cached = (snap.version, topology_delta.whole(snap.topology, self._texts))
                 self.encoded["whole"] += 1
+                log.info("registry version %d: encoded whole (%d characters) for a worker holding version %d",
+                         snap.version, len(cached[1]), snap.known)
                 if held.whole is None or held.whole[0] < snap.version:
                     held.whole = cached
             self.sent["whole"] += 1
