@@ -300,7 +300,7 @@ def test_a_client_holding_write_streams_open_stops_no_pipeline(cluster: Cluster,
             return [c for c in calls[address] if c.done()]
 
         for address in ingest:
-            wait_for(lambda: len(ended(address)) >= 8, 30, f"8 Write streams to {address} refused")
+            wait_for(lambda a=address: len(ended(a)) >= 8, 30, f"8 Write streams to {address} refused")
         time.sleep(0.5)  # (a ninth refusal, were there one, has had time to arrive)
         for address in ingest:
             refused = ended(address)
