@@ -84,17 +84,7 @@ class Registry:
         self._stored: dict[str, tuple[ComputationSpec, int]] = {}
         self._stored_previous: dict[str, tuple[ComputationSpec, int]] = {}
         self._legacy: list[str] = []  # entries of an older layout, deleted by the first change
-        head = store.get_meta(HEAD_KEY)
-        if head is not None:
-            data, self._stored, self._stored_previous = _read_v3(store, head)
-        else:
-            whole = store.get_meta(V2_KEY)
-            if whole is not None:
-                data = json.loads(whole)
-                self._legacy = [V2_KEY]
-            else:
-                data = _read_old_layout(store)
-            self._legacy += _old_layout_names(store)
+        data = self._read(store)
         injectors = data["injectors"]  # spec-file fields, or the layout before v2's InjectorSpec fields
         self.topology = Topology(
             tuple(c if isinstance(c, ComputationSpec) else computation_from_dict(c) for c in data["computations"]),
@@ -109,6 +99,24 @@ class Registry:
         # Per computation, every input stream it consumed since registration -> its key
         # extractor (services/controller/compat.py); absent before updates recorded it.
         self.keyed = {str(k): {str(s): str(e) for s, e in v.items()} for k, v in data.get("keyed", {}).items()}
+
+    def _read(self, store: StateStore) -> dict[str, Any]:
+        """The stored registry's fields: the layout v3, else an older one (whose entries
+        are then noted for deletion). An older layout is read again if a change
+        replaced it meanwhile (a leader's first change, while a standby or a successor
+        reads): the head appears in that same write."""
+        for _ in range(READ_TRIES):
+            head = store.get_meta(HEAD_KEY)
+            if head is not None:
+                data, self._stored, self._stored_previous = _read_v3(store, head)
+                return data
+            whole = store.get_meta(V2_KEY)
+            data = json.loads(whole) if whole is not None else _read_old_layout(store)
+            legacy = ([V2_KEY] if whole is not None else []) + _old_layout_names(store)
+            if store.get_meta(HEAD_KEY) is None:
+                self._legacy = legacy
+                return data
+        raise StoreError(f"the registry changed under each of {READ_TRIES} reads of it; try again")
 
     # -- queries ---------------------------------------------------------------------
     @property

@@ -188,6 +188,19 @@ def test_an_older_layout_is_replaced_in_the_first_change(sqlite: SQLiteStore) ->
     assert sorted(store.writes[-1]) == [COMPUTATION_PREFIX + "d", HEAD_KEY]
 
 
+def test_a_reader_of_an_older_layout_replaced_meanwhile_reads_the_new_one(sqlite: SQLiteStore) -> None:
+    sqlite.put_meta(V2_KEY, json.dumps({
+        "version": 4, "computations": [computation_to_dict(comp("a"))],
+        "injectors": [{"name": "events", "stream": "events"}], "log_streams": []}).encode())
+    writer = Registry(sqlite, ALLOW)
+    store = Counting(sqlite)
+    store.before_list.append(lambda: writer.unregister_computation("a"))  # replaces v2 with v3
+    reader = Registry(store, ALLOW)  # type: ignore[arg-type]
+    same(reader, writer)
+    assert reader.version == 5 and not reader.topology.computations and not reader.older_layout
+    assert sqlite.get_meta(V2_KEY) is None
+
+
 def test_the_registry_round_trips_on_redis() -> None:
     with RedisServer() as server:
         store = open_store(server.url)
