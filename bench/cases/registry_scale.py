@@ -10,7 +10,8 @@ module written to a temp dir, allowed by ``--allow-code``), in one RegisterTopol
 
 * heartbeat latency: a probe heartbeats as a draining worker (it is given no range)
   every 0.2 s, exactly as a worker would (its known registry version, and the newer
-  incremental fields where the stubs have them); p50/p95 of the RPC's time;
+  incremental fields and the registry as changes where the stubs have them); p50/p95
+  of the RPC's time;
 * ClusterStatus: its time, every second;
 * each worker's RSS (``/proc/PID/status``), the maximum seen;
 * flaps: the controller's "declared dead" log lines over the whole case, and the
@@ -91,10 +92,13 @@ class Probe:
         self.bytes: list[int] = []
         fields = pb.HeartbeatRequest.DESCRIPTOR.fields_by_name
         self.incremental = "incremental" in fields
+        self.deltas = "topology_deltas" in fields  # the registry as changes, as a current worker asks
 
     def once(self) -> None:
         req = pb.HeartbeatRequest(worker_id="bench-probe", address="127.0.0.1:1", draining=True,
                                   known_topology_version=self.topology_version)
+        if self.deltas:
+            req.topology_deltas = True
         if self.incremental:
             req.incremental = True
             req.known_assignments_version = self.assignments_version
