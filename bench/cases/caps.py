@@ -192,7 +192,6 @@ def case(which: str = "ranges", store: str = "sqlite", load: int = 2, batch: int
         port = free_port()
         env = {**{k: v for k, v in os.environ.items() if not k.startswith("MILLWHEEL_")},
                "PYTHONPATH": f"{os.environ.get('CAPS_EXTRA_PATH', '')}{code_root}:{tmp}"}
-        busy = [subprocess.Popen([sys.executable, "-c", BUSY]) for _ in range(load)]
         log_path = tmp / "up.log"
         with open(log_path, "ab") as log:
             up = subprocess.Popen(
@@ -207,7 +206,11 @@ def case(which: str = "ranges", store: str = "sqlite", load: int = 2, batch: int
 
         def mark(phase: str) -> None:
             marks.append((phase, time.time(), len(probe.latencies), probe.failures))
+        busy: list[subprocess.Popen[bytes]] = []
         try:
+            # (started here, so the finally below stops them whatever fails: a failed start
+            # of `up` once left two of them spinning for good)
+            busy += [subprocess.Popen([sys.executable, "-c", BUSY]) for _ in range(load)]
             _wait(lambda: sum(w.alive for w in client.status().workers) == 2, "the controller and two workers", 120)
             watch.start()
 
@@ -291,6 +294,8 @@ def main() -> None:
     ap.add_argument("--steady", type=float, default=60.0)
     ap.add_argument("--root", default=None, help="checkout the service runs from (default: this one)")
     args = ap.parse_args()
+    if args.root is not None and not (Path(args.root) / "services" / "cli").is_dir():
+        ap.error(f"--root {args.root}: not a millwheel checkout (no services/cli there)")
     for which in args.case.split(","):
         print(json.dumps(case(which, args.store, args.load, args.batch, args.steady, root=args.root)), flush=True)
 
