@@ -31,7 +31,7 @@ import logging
 from typing import Any, Callable, Iterable
 
 from millwheel import spec as spec_module
-from millwheel.errors import InvalidSpecError
+from millwheel.errors import InvalidSpecError, MillWheelError
 from millwheel.spec import ComputationTexts, computation_from_dict, json_object, spec_parts, topology_parts_to_dict
 from millwheel.topology import ComputationSpec, Topology
 
@@ -40,7 +40,7 @@ from . import convert
 log = logging.getLogger(__name__)
 
 
-class DeltaMismatch(ValueError):
+class DeltaMismatch(MillWheelError, ValueError):
     """A delta that does not apply to the topology it was given (another base, or not a
     delta at all): the worker asks for the whole registry instead."""
 
