@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 
-import millwheel.spec
 from millwheel.clock import SystemClock
 from millwheel.spec import computation_from_dict, computation_to_dict, injector_to_dict
 from millwheel.state.sqlite_store import SQLiteStore
@@ -32,17 +31,6 @@ def comp(name: str) -> ComputationSpec:
     return computation_from_dict({"name": name, "inputs": ["events"], "outputs": [f"{name}_out"],
                                   "code": {"name": "filter", "params": {"expr": "True"}}})
 
-
-@pytest.fixture
-def encoded(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The names of the computations encoded to JSON, in order."""
-    names: list[str] = []
-
-    def counting(spec: ComputationSpec) -> dict[str, Any]:
-        names.append(spec.name)
-        return computation_to_dict(spec)
-    monkeypatch.setattr(millwheel.spec, "computation_to_dict", counting)
-    return names
 
 
 def test_a_registration_encodes_only_the_computations_it_adds(tmp_path: Path, encoded: list[str]) -> None:

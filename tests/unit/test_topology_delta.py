@@ -19,7 +19,6 @@ from typing import Any, cast
 
 import pytest
 
-import millwheel.spec
 from millwheel.connectors.spec import sinks_from_list
 from millwheel.spec import computation_from_dict, computation_to_dict, spec_parts
 from millwheel.state.sqlite_store import SQLiteStore
@@ -178,17 +177,6 @@ def test_a_worker_ignores_a_delta_to_another_version() -> None:
 
 
 # -- the controller's versions -----------------------------------------------------------
-@pytest.fixture
-def encoded(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The names of the computations encoded to JSON, in order."""
-    names: list[str] = []
-
-    def counting(spec: ComputationSpec) -> dict[str, Any]:
-        names.append(spec.name)
-        return computation_to_dict(spec)
-    monkeypatch.setattr(millwheel.spec, "computation_to_dict", counting)
-    return names
-
 
 def test_the_controller_sends_changes_encoded_once_per_pair(tmp_path: Path, encoded: list[str]) -> None:
     reg = Registry(SQLiteStore(tmp_path / "s.db"))
