@@ -62,7 +62,7 @@ from ..metrics import PrometheusSensors
 from ..rpc import topology_delta
 from ..rpc.admission import AdmissionLimits
 from ..rpc.cluster_routes import ClusterRoutes
-from ..rpc.controller_link import ControllerLink, fails_over
+from ..rpc.controller_link import ControllerLink, fails_over, leader_hint
 from ..rpc.health import HealthMonitor
 from ..rpc.server import start_server
 from ..store_lock import open_service_store
@@ -237,7 +237,9 @@ class WorkerProcess:
                 self._hb_failing_since = None
             except grpc.RpcError as exc:
                 self._hb_failing_since = self._hb_failing_since or time.monotonic()
-                if time.monotonic() - last_error > 5.0:
+                if leader_hint(exc) is not None:  # a standby naming the leader: the link goes there
+                    log.info("heartbeat went to a standby: %s", exc.details())
+                elif time.monotonic() - last_error > 5.0:
                     last_error = time.monotonic()
                     log.warning("heartbeat to controller failed: %s: %s; working on with "
                                 "current ranges", exc.code().name, exc.details())
