@@ -9,6 +9,7 @@ import enum
 import functools
 import hashlib
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from millwheel.errors import InvalidSpecError
 
@@ -16,6 +17,17 @@ from millwheel.errors import InvalidSpecError
 #: finished source is ``MAX_TIMESTAMP``.
 MIN_TIMESTAMP = -(2**62)
 MAX_TIMESTAMP = 2**62
+
+
+def event_time(us: int) -> str:
+    """An event time for people (``millwheel watermark``'s reasons): UTC ISO to the
+    millisecond; ``-inf`` at or below :data:`MIN_TIMESTAMP` (no watermark yet)."""
+    if us <= MIN_TIMESTAMP:
+        return "-inf"
+    try:
+        return datetime.fromtimestamp(us / 1e6, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+    except (OverflowError, ValueError, OSError):
+        return f"{us} µs"
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,7 +24,6 @@ import sys
 import time
 import traceback
 from contextlib import AbstractContextManager, nullcontext
-from datetime import UTC, datetime
 from typing import Callable, Iterable, Sequence
 
 from millwheel import late as late_counts
@@ -33,7 +32,7 @@ from millwheel.computation import Computation
 from millwheel.dedup import ID_BUCKETS, Deduplicator
 from millwheel.errors import UserCodeError
 from millwheel.input_tag import untag
-from millwheel.record import MAX_TIMESTAMP, Record, Timer, derive_record_id, timer_cause
+from millwheel.record import MAX_TIMESTAMP, Record, Timer, derive_record_id, event_time, timer_cause
 from millwheel.runtime import ttl
 from millwheel.runtime.context import KeyContext, KeyRecords, RangeTransaction
 from millwheel.runtime.outbox import Outbox
@@ -48,14 +47,6 @@ Watch = Callable[[Sequence[str]], AbstractContextManager[None]]
 MAX_TIMERS_PER_BATCH = 10_000
 TRACEBACK_FRAMES = 5  # the last frames of a user-code traceback kept with its error
 HELD_REASON_CHARS = 300  # WatermarkReport.held's bound
-
-
-def event_time(us: int) -> str:
-    """An event time for people: UTC ISO to the millisecond."""
-    try:
-        return datetime.fromtimestamp(us / 1e6, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
-    except (OverflowError, ValueError, OSError):
-        return f"{us} µs"
 
 
 def _shown(text: str, limit: int = 60) -> str:

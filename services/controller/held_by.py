@@ -26,12 +26,11 @@ The caller holds the plane's lock.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from typing import Callable
 
 from millwheel.errors import InvalidSpecError
 from millwheel.nodes import NodeKind, kind_of, name_of
-from millwheel.record import MAX_TIMESTAMP, MIN_TIMESTAMP
+from millwheel.record import MAX_TIMESTAMP, MIN_TIMESTAMP, event_time
 
 from .plane import ControlPlane
 
@@ -69,7 +68,7 @@ def held_by(plane: ControlPlane, node: str, out: dict[str, int], inputs: dict[st
     pending = plane.pending.get((node, r), 0)
     if kind_of(node) is NodeKind.INJECTOR:
         writer = least_writer(name_of(node)) if least_writer is not None else None
-        held = f"writer {writer[0]!r} at {_when(writer[1])} (heard {writer[2]:.1f} s ago)" if writer else None
+        held = f"writer {writer[0]!r} at {event_time(writer[1])} (heard {writer[2]:.1f} s ago)" if writer else None
         if held is not None and writer is not None and writer[1] <= stored[r]:
             return held
         if pending:
@@ -78,7 +77,7 @@ def held_by(plane: ControlPlane, node: str, out: dict[str, int], inputs: dict[st
             return held
         if stored[r] <= MIN_TIMESTAMP:
             return "nothing injected yet: no Inject or writer has set its watermark"
-        return (f"its watermark as set ({_when(stored[r])}): nothing has advanced it further "
+        return (f"its watermark as set ({event_time(stored[r])}): nothing has advanced it further "
                 "(Inject's watermark or done)")
     try:
         upstream = plane.registry.topology.upstream(node)
@@ -94,12 +93,3 @@ def held_by(plane: ControlPlane, node: str, out: dict[str, int], inputs: dict[st
     what = f"{pending} pending" if pending else "timers not yet fired or productions not yet acked"
     return f"range {r}: its own pending work ({what})"
 
-
-def _when(us: int) -> str:
-    """An event time for people: UTC to the millisecond (``-inf`` before any watermark)."""
-    if us <= MIN_TIMESTAMP:
-        return "-inf"
-    try:
-        return datetime.fromtimestamp(us / 1e6, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
-    except (OverflowError, ValueError, OSError):
-        return f"{us} µs"
