@@ -23,6 +23,7 @@ from typing import Callable
 
 from millwheel.errors import FencedError
 from millwheel.record import MIN_TIMESTAMP
+from millwheel.runtime.range_worker import HELD_REASON_CHARS
 from millwheel.state.protocol import StateStore
 
 from .store_work import StoreWork
@@ -36,7 +37,7 @@ REFRESH_S = 0.2  #: between reads of the nodes' stored watermarks
 #: The leader's own reports enter the copy as they are written, whatever this pace.
 READS_PER_REFRESH = 128
 Unit = tuple[str, int]
-REASON_CHARS = 300  #: WatermarkReport.held's bound, kept by the controller
+REASON_CHARS = HELD_REASON_CHARS  #: WatermarkReport.held's bound, kept by the controller too (a report is input)
 
 
 class Watermarks:
