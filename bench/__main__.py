@@ -76,7 +76,8 @@ Sections (all but soak by default, in this order; latency uses throughput's figu
               RSS per process, store size, consumed-ID and log rows, watermark lag
               and records/s every minute to CSV and PNG; targets: RSS and store
               growth <= 10% over the last 20 minutes, lag flat, output exact
-              (alone: python -m bench.cases.soak --help)
+              (alone: python -m bench.cases.soak --help; its STEM.json judged in
+              another run's table with --soak-from)
   nexmark     opt-in (--only nexmark): issue 32, Nexmark q0-q5, q7, q8, q11 on
               200k generated events, local mode beside PyFlink SQL (q5, q8 also
               the service), 2 interleaved rounds (quick: 20k, 1): events/s per
@@ -125,8 +126,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--soak-load", type=float, metavar="PCT",
                         help="the soak's share of its measured capacity, in %% (default 50; issue 31's "
                              "target: --soak-minutes 60 --soak-load 70)")
+    parser.add_argument("--soak-from", type=Path, metavar="JSON",
+                        help="take the soak's rows from a soak run alone (the STEM.json that "
+                             "python -m bench.cases.soak wrote) instead of running it in this run")
     parser.add_argument("--out", type=Path, default=RESULTS, help=f"results directory (default {RESULTS})")
     args = parser.parse_args(argv)
+    soak_entry = None
+    if args.soak_from is not None:
+        from bench.cases.soak import entry_from
+
+        try:
+            soak_entry = entry_from(args.soak_from)
+        except ValueError as exc:
+            parser.error(f"--soak-from: {exc}")
+        if args.only and "soak" in args.only:
+            parser.error("--soak-from takes the soak's rows from a run alone: leave soak out of --only")
     mode = suite.QUICK if args.quick else suite.FULL
     sections = set(args.only or DEFAULT_SECTIONS)
     if "latency" in sections or "recovery" in sections:
@@ -139,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     results = suite.run(mode, sections, soak_minutes=args.soak_minutes, out_dir=args.out,
                         soak_load_pct=args.soak_load)
+    if soak_entry is not None:
+        results["soak"].append(soak_entry)
     meta = {
         "date": date, "commit": sha, "mode": mode.name, "sections": sorted(sections),
         "machine": machine(), "python": platform.python_version(),

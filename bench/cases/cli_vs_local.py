@@ -201,12 +201,13 @@ PROFILE_DIR: Path | None = None
 
 
 def _profile(pids: dict[str, int], out: Path) -> list[subprocess.Popen[bytes]]:
-    """One ``py-spy record`` per process (controller, workers, watchdogs), writing
+    """One ``py-spy record --gil`` per process (controller, workers, watchdogs), writing
     ``ROLE.txt`` in collapsed-stack form (``--nonblocking``: the processes run on at
-    their own pace; ``--idle`` left out: only samples on the CPU count)."""
+    their own pace; ``--gil``: only samples of the thread holding the interpreter count,
+    as on-CPU sampling reports threads blocked in ``Condition.wait`` or ``flock`` as busy)."""
     spy = Path(sys.executable).with_name("py-spy")
     out.mkdir(parents=True, exist_ok=True)
-    return [subprocess.Popen([str(spy), "record", "--pid", str(pid), "--rate", "200", "--nonblocking",
+    return [subprocess.Popen([str(spy), "record", "--pid", str(pid), "--rate", "200", "--nonblocking", "--gil",
                               "--format", "raw", "--output", str(out / f"{role}.txt")],
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             for role, pid in pids.items() if role != "up"]
@@ -241,6 +242,10 @@ def service_round(tmp: Path, spec: Path, w: workload.Workload, workers: int, lab
                           "--max-disorder-us", str(DISORDER_US), "--done", "--controller", svc.address,
                           *(["--batch", str(batch)] if batch else []))
         spies = _profile(pids, PROFILE_DIR / label) if PROFILE_DIR is not None else []
+        if PROFILE_DIR is not None:  # the inject CLI sampled from its start, under py-spy
+            inject_cmd = [str(Path(sys.executable).with_name("py-spy")), "record", "--rate", "200", "--gil",
+                          "--format", "raw", "--output", str(PROFILE_DIR / label / "inject.txt"), "--",
+                          *inject_cmd]
         svc_cpu0 = {role: process_cpu_s(pid) for role, pid in pids.items()}
         cli_cpu0 = _children_cpu_s()
         started = time.monotonic()

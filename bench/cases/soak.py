@@ -501,12 +501,31 @@ def table(result: dict[str, Any]) -> list[str]:
 # -- the opt-in "soak" section of ``python -m bench`` ----------------------------------------
 def section(minutes: float, out_dir: Path, out: list[dict[str, Any]], case: Any,
             load_pct: float = 50.0) -> None:
+    """The soak fed through ``InjectWriter`` (parallel ingestion): the controller's
+    ``Inject``, one process, cannot keep the schedule at 70% of today's capacity."""
     case(out, f"soak {minutes:g} min, sqlite, {load_pct:g}% of capacity",
          {"figure": "soak", "store": "sqlite", "minutes": minutes, "load_pct": load_pct},
-         run, Plan(minutes=minutes, load_pct=load_pct, out=str(out_dir)),
+         run, Plan(minutes=minutes, load_pct=load_pct, out=str(out_dir), feed="writer"),
          summary=lambda r: "; ".join(f"{t['target'].split(' (')[0]}: "
                                      f"{'n/a' if t['value'] is None else format(t['value'], '.2f')} "
                                      f"{'met' if t['met'] else 'NOT met'}" for t in r["targets"]))
+
+
+def entry_from(path: Path) -> dict[str, Any]:
+    """A soak run alone (``python -m bench.cases.soak``, its ``STEM.json``) as the soak
+    section's entry, for ``python -m bench --soak-from PATH``: an hour's soak need not
+    be run again beside every other section. Raises ValueError naming what is missing."""
+    try:
+        r = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path}: not a soak result: {exc}") from None
+    missing = [k for k in ("plan", "minutes", "rate", "targets", "correct", "store") if k not in r] \
+        if isinstance(r, dict) else ["an object"]
+    if missing:
+        raise ValueError(f"{path}: not a soak result (python -m bench.cases.soak writes one): "
+                         f"no {', '.join(missing)}")
+    return {"figure": "soak", "store": r["store"], "minutes": r["minutes"],
+            "load_pct": r["plan"].get("load_pct", 50.0), "result": r, "from": path.name}
 
 
 def markdown(entries: list[dict[str, Any]]) -> list[str]:
@@ -514,6 +533,8 @@ def markdown(entries: list[dict[str, Any]]) -> list[str]:
     for e in entries:
         r = e.get("result")
         lines += ["", f"## Soak: millwheel up --workers 2, three stages, {e.get('store')}", ""]
+        if e.get("from"):
+            lines += [f"Not run here: the soak run alone whose result is `{e['from']}` (`--soak-from`).", ""]
         if r is None:
             lines.append(f"Failed: {e.get('error', '')}")
             continue

@@ -285,9 +285,10 @@ def _soak_row(entries: list[dict[str, Any]]) -> dict[str, Any]:
     detail = "; ".join(f"{t['target'].split(' (')[0].removeprefix('soak: ')}: "
                        f"{'n/a' if t.get('value') is None else format(t['value'], '.2f')} {t.get('unit', '')}"
                        f" ({'met' if t.get('met') else 'unmet'})" for t in soak_rows)
+    source = next((f"; run alone: {e['from']}" for e in ran if e["result"] is r and e.get("from")), "")
     return _row(name, unmet, 0, "rows unmet", lower=True,
                 note=f"{r['minutes']:g} min at {r['rate']:,.0f} records/s ({r['plan'].get('load_pct', 50.0):g}% of "
-                     f"{r.get('capacity_records_per_s') or 0:,.0f}); {detail}")
+                     f"{r.get('capacity_records_per_s') or 0:,.0f}); {detail}{source}")
 
 
 def _why_not(entries: list[dict[str, Any]]) -> str:

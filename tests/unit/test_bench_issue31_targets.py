@@ -100,3 +100,32 @@ def test_off_conditions_are_shown_not_judged_and_nothing_invented() -> None:
     assert rows["service >= 1.0x local (CLI, 2 cores)"]["value"] is None
     assert "not exact" in rows["service >= 1.0x local (CLI, 2 cores)"]["note"]
     assert rows["subscribe >= 100k rows/s"]["value"] is None
+
+
+def test_a_soak_run_alone_fills_the_soak_row_and_says_so(tmp_path: Any) -> None:
+    """``python -m bench --soak-from STEM.json``: the hour's soak, run alone by
+    ``python -m bench.cases.soak``, judged in another run's table, its file named."""
+    import json
+
+    import pytest
+
+    from bench.__main__ import main
+    from bench.cases.soak import entry_from
+
+    alone = _soak(60, 70, (True, True, True, True))["result"]
+    path = tmp_path / "2026-11-28-abc1234-soak-sqlite-60min.json"
+    path.write_text(json.dumps({**alone, "store": "sqlite", "correct": {"ok": True}}))
+    res = _empty()
+    res["soak"] = [entry_from(path)]
+    soak = _rows(res)["soak 60 min at 70%: flat"]
+    assert (soak["value"], soak["met"]) == (0, True)
+    assert "run alone: 2026-11-28-abc1234-soak-sqlite-60min.json" in soak["note"]
+    lacking = tmp_path / "other.json"
+    lacking.write_text(json.dumps({"rate": 1.0}))
+    with pytest.raises(ValueError, match="no plan, minutes, targets, correct, store"):
+        entry_from(lacking)
+    for bad in (lacking, tmp_path / "missing.json"):  # refused before any section runs
+        with pytest.raises(SystemExit) as exit_:
+            main(["--only", "subscribe", "--soak-from", str(bad), "--out", str(tmp_path / "out")])
+        assert exit_.value.code == 2
+    assert not (tmp_path / "out").exists()
