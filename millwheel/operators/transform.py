@@ -21,6 +21,7 @@ from simpleeval import EvalWithCompoundTypes, InvalidExpression
 from millwheel.computation import Computation, Context
 from millwheel.errors import InvalidSpecError
 from millwheel.importing import import_object
+from millwheel.operators.expression_compiler import compile_expression, names_used
 from millwheel.operators.outputs import default_output
 from millwheel.record import Record
 
@@ -68,7 +69,22 @@ def _mult(a: Any, b: Any) -> Any:
     return simpleeval.safe_mult(a, b)
 
 
+def parse_json(record: Record) -> Any:
+    """The record's value as JSON, or None (the expressions' name ``json``)."""
+    try:
+        return _JSON(record.value)
+    except ValueError:
+        return None
+
+
+_JSON = json.loads
+
+
 class _Expression:
+    """One expression of a filter or map: compiled to a Python function where it stays
+    inside simpleeval's common subset (millwheel/operators/expression_compiler.py),
+    evaluated by simpleeval otherwise; the same answers and errors either way."""
+
     def __init__(self, source: str, what: str) -> None:
         self.source = source
         self.what = what
@@ -76,17 +92,23 @@ class _Expression:
         operators = dict(simpleeval.DEFAULT_OPERATORS)
         operators.update({ast.Pow: _power, ast.Mult: _mult})
         self._evaluator = EvalWithCompoundTypes(operators=operators)
+        self.compiled = compile_expression(self._parsed, source, operators, self._evaluator.functions)
+        used = names_used(self._parsed)
+        self.needs_json, self._needs_value = "json" in used, "value" in used
 
-    def __call__(self, record: Record) -> Any:
+    def __call__(self, record: Record, parsed: Any = None) -> Any:
+        """The expression on ``record``; ``parsed`` is its JSON when the caller parsed it
+        already (a map's several expressions parse a record once)."""
+        if parsed is None and self.needs_json:
+            parsed = parse_json(record)
         try:
-            parsed: Any = json.loads(record.value)
-        except ValueError:
-            parsed = None
-        self._evaluator.names = {
-            "key": record.key, "value": record.value.decode("utf-8", "replace"),
-            "json": parsed, "ts": record.timestamp,
-        }
-        try:
+            if self.compiled is not None:
+                return self.compiled(record.key, record.value.decode("utf-8", "replace")
+                                     if self._needs_value else None, parsed, record.timestamp)
+            self._evaluator.names = {
+                "key": record.key, "value": record.value.decode("utf-8", "replace"),
+                "json": parsed, "ts": record.timestamp,
+            }
             return self._evaluator.eval(self.source, previously_parsed=self._parsed)
         except InvalidExpression as exc:  # what the expression may not do: a spec error
             raise InvalidSpecError(
@@ -176,6 +198,9 @@ class Map(_Stateless):
         self.key_expr = _Expression(key, "map key") if key else None
         self.value_expr = _Expression(value, "map value") if value else None
         self.ts_expr = _Expression(ts, "map ts") if ts else None
+        # several expressions reading ``json`` share one parse of the record's value
+        self._needs_json = sum(1 for e in (self.key_expr, self.value_expr, self.ts_expr)
+                               if e is not None and e.needs_json) > 1
         self.output = output
 
     def process_record(self, ctx: Context, record: Record) -> None:
@@ -186,7 +211,8 @@ class Map(_Stateless):
                 return
             k, v, t = result
         else:
-            k = str(self.key_expr(record)) if self.key_expr else record.key
-            v = _to_bytes(self.value_expr(record)) if self.value_expr else record.value
-            t = int(self.ts_expr(record)) if self.ts_expr else record.timestamp
+            parsed = parse_json(record) if self._needs_json else None
+            k = str(self.key_expr(record, parsed)) if self.key_expr else record.key
+            v = _to_bytes(self.value_expr(record, parsed)) if self.value_expr else record.value
+            t = int(self.ts_expr(record, parsed)) if self.ts_expr else record.timestamp
         ctx.produce(self.output, k, _to_bytes(v), int(t))
