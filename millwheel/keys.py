@@ -7,11 +7,11 @@ agrees on which range, and so which owner and sequencer token, a key belongs to.
 
 from __future__ import annotations
 
-import json
 import zlib
 from dataclasses import dataclass
 from typing import Callable
 
+from millwheel import jsonvalue
 from millwheel.errors import InvalidSpecError
 from millwheel.importing import AllowList, check_import_path, import_object
 from millwheel.limits import MAX_KEY_EXTRACTOR_CHARS
@@ -94,7 +94,7 @@ def _identity(record: Record) -> str:
 def _json_field(field: str) -> KeyFn:
     def extract(record: Record) -> str:
         try:
-            value = json.loads(record.value)[field]
+            value = jsonvalue.loads(record.value)[field]
         except (ValueError, KeyError, TypeError) as exc:
             raise InvalidSpecError(
                 f"record {record.record_id}: cannot extract key field {field!r} "

@@ -15,6 +15,7 @@ import json
 from math import isfinite
 from typing import Any, Iterable
 
+from millwheel import jsonvalue
 from millwheel.computation import Computation, Context
 from millwheel.errors import InvalidSpecError
 from millwheel.operators.outputs import default_output
@@ -32,7 +33,7 @@ def record_number(record: Record, aggregation: str, field: str | None, operator:
     if aggregation == "count":
         return 0.0
     try:
-        value: Any = json.loads(record.value)
+        value: Any = jsonvalue.loads(record.value)
         if field is not None:
             value = value[field]
         return float(value)

@@ -20,10 +20,10 @@ window; an append-only buffer costs the same per record whatever the window hold
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
+from millwheel import jsonvalue
 from millwheel.computation import Computation, Context
 from millwheel.holistic import HOLISTIC, check_params, compute
 from millwheel.operators.aggregate import WindowedAggregate
@@ -64,7 +64,7 @@ class HolisticWindowAggregate(SparkAggregate):
         out: dict[tuple[str, int], Any] = {}
         for start, keys in keys_of.items():
             data = b"".join(ctx.read_buffer(str(start))).rstrip(b"\n")  # type: ignore[attr-defined]
-            rows = json.loads(b"[" + data.replace(b"\n", b",") + b"]") if data else []
+            rows = jsonvalue.loads(b"[" + data.replace(b"\n", b",") + b"]") if data else []
             values: dict[str, list[Any]] = {key: [] for key in keys}
             for row in rows:
                 found = values.get(row["key"])

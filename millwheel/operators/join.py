@@ -38,6 +38,7 @@ from __future__ import annotations
 import json
 from typing import Any, Iterable
 
+from millwheel import jsonvalue
 from millwheel.computation import Computation, Context
 from millwheel.errors import InvalidSpecError
 from millwheel.input_tag import untag
@@ -175,7 +176,7 @@ class StreamJoin(IntervalJoin):
 def decode_value(raw: bytes) -> Any:
     """A joined value as the output shows it: parsed as JSON, or its text."""
     try:
-        return json.loads(raw)
+        return jsonvalue.loads(raw)
     except ValueError:
         return raw.decode(errors="replace")
 
@@ -183,5 +184,5 @@ def decode_value(raw: bytes) -> Any:
 def _load(state: bytes | None) -> dict[str, list[list[Any]]]:
     if not state:
         return {"l": [], "r": []}
-    loaded: dict[str, list[list[Any]]] = json.loads(state)
+    loaded: dict[str, list[list[Any]]] = jsonvalue.loads(state)
     return loaded

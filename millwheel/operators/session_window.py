@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 from typing import Any, Iterable
 
+from millwheel import jsonvalue
 from millwheel.computation import Computation, Context
 from millwheel.errors import InvalidSpecError
 from millwheel.operators.aggregate import AGGREGATIONS, record_number
@@ -159,7 +160,7 @@ class SessionWindow(Computation):
 
 
 def _load(state: bytes | None) -> dict[str, list[Any]]:
-    return json.loads(state) if state else {}
+    return jsonvalue.loads(state) if state else {}
 
 
 def _store(ctx: Context, sessions: dict[str, list[Any]]) -> None:

@@ -18,6 +18,7 @@ from typing import Any, Callable
 import simpleeval
 from simpleeval import EvalWithCompoundTypes, InvalidExpression
 
+from millwheel import jsonvalue
 from millwheel.computation import Computation, Context
 from millwheel.errors import InvalidSpecError
 from millwheel.importing import import_object
@@ -77,7 +78,7 @@ def parse_json(record: Record) -> Any:
         return None
 
 
-_JSON = json.loads
+_JSON = jsonvalue.loads
 
 
 class _Expression:

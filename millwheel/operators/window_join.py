@@ -33,6 +33,7 @@ from __future__ import annotations
 import json
 from typing import Any, Iterable
 
+from millwheel import jsonvalue
 from millwheel.computation import Computation, Context
 from millwheel.errors import InvalidSpecError
 from millwheel.input_tag import untag
@@ -160,7 +161,7 @@ class WindowJoin(Computation):
 
 
 def _load(state: bytes | None) -> dict[str, list[Any]]:
-    return json.loads(state) if state else {}
+    return jsonvalue.loads(state) if state else {}
 
 
 def _store(ctx: Context, windows: dict[str, list[Any]]) -> None:

@@ -33,6 +33,7 @@ import json
 import math
 from typing import Any, Iterable
 
+from millwheel import jsonvalue
 from millwheel.computation import Computation, Context
 from millwheel.errors import InvalidSpecError
 from millwheel.operators.outputs import default_output
@@ -68,7 +69,7 @@ def number_at(record: Record, field: str | None, operator: str) -> int | float:
     prices past 2**53 compare exactly). Numeric text counts; booleans, NaN and
     infinities do not. A record without one fails with a message naming it."""
     try:
-        value: Any = json.loads(record.value)
+        value: Any = jsonvalue.loads(record.value)
         if field is not None:
             value = at_path(value, field)
         if isinstance(value, str):
@@ -177,7 +178,7 @@ class WindowTop(Computation):
 
 
 def _load(state: bytes | None) -> dict[str, list[Any]]:
-    return json.loads(state) if state else {}
+    return jsonvalue.loads(state) if state else {}
 
 
 def _store(ctx: Context, windows: dict[str, list[Any]]) -> None:
