@@ -41,12 +41,16 @@ import simpleeval
 #: The names an expression is evaluated over, in the compiled function's argument order.
 RECORD_NAMES = ("key", "value", "json", "ts")
 
-#: ``operator`` functions whose Python syntax does exactly what they do.
-_NATIVE = {operator.sub, operator.truediv, operator.floordiv, operator.mod, operator.xor, operator.or_,
-           operator.and_, operator.not_, operator.neg, operator.pos, operator.invert, operator.eq,
-           operator.ne, operator.gt, operator.lt, operator.ge, operator.le}
-#: Comparisons simpleeval implements with lambdas that do what the syntax does.
-_NATIVE_COMPARE = (ast.In, ast.NotIn, ast.Is, ast.IsNot)
+#: Each operator whose Python syntax does exactly what the evaluator's function for it
+#: does: the plain ``operator`` function, or simpleeval's own lambda for ``in``/``is``.
+_NATIVE: dict[type, Callable[..., Any]] = {
+    ast.Sub: operator.sub, ast.Div: operator.truediv, ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod,
+    ast.BitXor: operator.xor, ast.BitOr: operator.or_, ast.BitAnd: operator.and_, ast.Not: operator.not_,
+    ast.USub: operator.neg, ast.UAdd: operator.pos, ast.Invert: operator.invert, ast.Eq: operator.eq,
+    ast.NotEq: operator.ne, ast.Gt: operator.gt, ast.Lt: operator.lt, ast.GtE: operator.ge,
+    ast.LtE: operator.le,
+    **{op: simpleeval.DEFAULT_OPERATORS[op] for op in (ast.In, ast.NotIn, ast.Is, ast.IsNot)},
+}
 _SAFE_TYPES = frozenset({int, float, str, bool, type(None), bytes, complex})
 
 
@@ -134,6 +138,11 @@ class _Rewrite:
             return self.helper(self.functions[node.id])
         raise _NotCompiled(f"name {node.id}")
 
+    def _native(self, op: ast.AST) -> bool:
+        """Whether ``op`` may be written as Python syntax: the evaluator's function for it
+        is the one that syntax runs (else it is called, with its limits)."""
+        return _NATIVE.get(type(op)) is self._op(op)
+
     def _op(self, op: ast.AST) -> Callable[..., Any]:
         fn = self.operators.get(type(op))
         if fn is None:
@@ -141,26 +150,23 @@ class _Rewrite:
         return fn
 
     def _BinOp(self, node: ast.BinOp) -> ast.expr:
-        fn = self._op(node.op)
         left, right = self.expr(node.left), self.expr(node.right)
-        if fn in _NATIVE:
+        if self._native(node.op):
             return ast.BinOp(left=left, op=type(node.op)(), right=right)
-        return self.call(self.helper(fn), left, right)
+        return self.call(self.helper(self._op(node.op)), left, right)
 
     def _UnaryOp(self, node: ast.UnaryOp) -> ast.expr:
-        fn = self._op(node.op)
         operand = self.expr(node.operand)
-        if fn in _NATIVE:
+        if self._native(node.op):
             return ast.UnaryOp(op=type(node.op)(), operand=operand)
-        return self.call(self.helper(fn), operand)
+        return self.call(self.helper(self._op(node.op)), operand)
 
     def _BoolOp(self, node: ast.BoolOp) -> ast.expr:
         return ast.BoolOp(op=type(node.op)(), values=[self.expr(v) for v in node.values])
 
     def _Compare(self, node: ast.Compare) -> ast.expr:
         for op in node.ops:
-            fn = self._op(op)
-            if fn not in _NATIVE and not isinstance(op, _NATIVE_COMPARE):
+            if not self._native(op):  # simpleeval's comparisons are all plain: never seen
                 raise _NotCompiled(f"comparison {type(op).__name__}")
         return ast.Compare(left=self.expr(node.left), ops=[type(op)() for op in node.ops],
                            comparators=[self.expr(c) for c in node.comparators])

@@ -79,6 +79,8 @@ def parse_json(record: Record) -> Any:
 
 
 _JSON = jsonvalue.loads
+#: An expression's ``parsed`` argument when its caller did not parse the record.
+UNPARSED: Any = object()
 
 
 class _Expression:
@@ -97,11 +99,11 @@ class _Expression:
         used = names_used(self._parsed)
         self.needs_json, self._needs_value = "json" in used, "value" in used
 
-    def __call__(self, record: Record, parsed: Any = None) -> Any:
+    def __call__(self, record: Record, parsed: Any = UNPARSED) -> Any:
         """The expression on ``record``; ``parsed`` is its JSON when the caller parsed it
-        already (a map's several expressions parse a record once)."""
-        if parsed is None and self.needs_json:
-            parsed = parse_json(record)
+        already (a map's several expressions parse a record once, None included)."""
+        if parsed is UNPARSED:
+            parsed = parse_json(record) if self.needs_json else None
         try:
             if self.compiled is not None:
                 return self.compiled(record.key, record.value.decode("utf-8", "replace")
@@ -212,7 +214,7 @@ class Map(_Stateless):
                 return
             k, v, t = result
         else:
-            parsed = parse_json(record) if self._needs_json else None
+            parsed = parse_json(record) if self._needs_json else UNPARSED
             k = str(self.key_expr(record, parsed)) if self.key_expr else record.key
             v = _to_bytes(self.value_expr(record, parsed)) if self.value_expr else record.value
             t = int(self.ts_expr(record, parsed)) if self.ts_expr else record.timestamp

@@ -126,10 +126,15 @@ def test_a_map_of_several_expressions_parses_each_record_once(monkeypatch: pytes
 
     m.process_record(Ctx(), RECORDS[0])  # type: ignore[arg-type]
     assert produced == [("120", b"Ann", 1_000)] and len(calls) == 1
+    calls.clear()
+    lenient = Map(key='str(json)', value='str(json is None)', output="out")
+    lenient.process_record(Ctx(), RECORDS[2])  # type: ignore[arg-type]  # not JSON: json is None
+    assert produced[-1] == ("None", b"True", RECORDS[2].timestamp) and len(calls) == 1
+    calls.clear()
     f = Filter(expr="ts > 5", output="out")
     produced.clear()
     f.process_record(Ctx(), RECORDS[1])  # type: ignore[arg-type]
-    assert produced == [("k/3", RECORDS[1].value, 7)] and len(calls) == 1  # no json read: none parsed
+    assert produced == [("k/3", RECORDS[1].value, 7)] and not calls  # no json read: none parsed
 
 
 def _trees() -> Any:
