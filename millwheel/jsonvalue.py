@@ -27,10 +27,11 @@ _SLOW = json.loads
 _BIG = 2.0 ** 63
 
 
-def _may_hold_a_big_integer(value: Any) -> bool:
-    """True when a float of ``value`` is at least 2**63 in magnitude: maybe an integer
-    orjson read as a float (a float literal that large is re-read too, to the same)."""
-    stack = [value]
+def _may_hold_a_big_integer(values: tuple[Any, ...]) -> bool:
+    """True when a float among ``values`` (in their lists and dicts too) is at least
+    2**63 in magnitude: maybe an integer orjson read as a float (a float literal that
+    large is re-read too, to the same)."""
+    stack: list[Any] = [values]
     while stack:
         v = stack.pop()
         items = v.values() if type(v) is dict else v
@@ -54,12 +55,7 @@ def fast(raw: bytes | bytearray | str) -> Any:
         value = _FAST(raw)
     except _FAST_ERROR:
         return NOT_FAST
-    t = type(value)
-    if t is float:
-        return value if -_BIG < value < _BIG else NOT_FAST
-    if (t is dict or t is list) and _may_hold_a_big_integer(value):
-        return NOT_FAST
-    return value
+    return NOT_FAST if _may_hold_a_big_integer((value,)) else value
 
 
 def loads(raw: bytes | bytearray | str) -> Any:
