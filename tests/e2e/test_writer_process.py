@@ -9,6 +9,7 @@ import random
 import signal
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ import pytest
 from millwheel.state.sqlite_store import SQLiteStore
 from millwheel.state.url_display import redact
 from tests.support import pipelines
-from tests.support.random_kills import kill_at_random_moments
+from tests.support.random_kills import kill_at_random_moments, kill_window, timed_run
 
 WP = ("--writer-process",)
 Reference = tuple[Path, pipelines.Outputs]
@@ -35,15 +36,23 @@ def spec_and_reference(tmp_path_factory: pytest.TempPathFactory) -> Reference:
     return spec, pipelines.outputs(SQLiteStore(tmp / "ref.db"))
 
 
+@dataclass(frozen=True)
+class LongReference:
+    spec: Path
+    outputs: pipelines.Outputs
+    window: tuple[float, float]  # the waits the random kills draw from
+
+
 @pytest.fixture(scope="module")
-def long_spec_and_reference(tmp_path_factory: pytest.TempPathFactory) -> Reference:
-    """As :func:`spec_and_reference` with 120,000 records (~6 s with the writer on a quiet
-    machine; 30,000 took ~2.7 s): the random kills below, 0.6-2 s into a run, must land
-    before it ends even when nothing else loads the machine."""
+def long_spec_and_reference(tmp_path_factory: pytest.TempPathFactory) -> LongReference:
+    """As :func:`spec_and_reference` with 200,000 records, plus one failure-free run with
+    the writer process, timed: the random kills below wait within 0.6 s and 60% of that
+    run, so they land before a run ends however fast this machine is."""
     tmp = tmp_path_factory.mktemp("wp-long")
-    spec = pipelines.write_spec(tmp, 120_000)
+    spec = pipelines.write_spec(tmp, 200_000)
     pipelines.run_to_end(spec, f"sqlite:///{tmp / 'ref.db'}")
-    return spec, pipelines.outputs(SQLiteStore(tmp / "ref.db"))
+    run_s = timed_run(lambda: run(spec, tmp / "timed.db"))
+    return LongReference(spec, pipelines.outputs(SQLiteStore(tmp / "ref.db")), kill_window(run_s))
 
 
 def finish(spec: Path, db: Path) -> None:
@@ -72,12 +81,12 @@ def test_kill9_runner_at_a_seam_then_restart_equals_reference(
     assert pipelines.outputs(SQLiteStore(db)) == reference
 
 
-def test_kill9_runner_at_random_moments(tmp_path: Path, long_spec_and_reference: Reference) -> None:
+def test_kill9_runner_at_random_moments(tmp_path: Path, long_spec_and_reference: LongReference) -> None:
     """Up to six kills at random moments, then a run to the end."""
-    spec, reference = long_spec_and_reference
+    spec, reference = long_spec_and_reference.spec, long_spec_and_reference.outputs
     db = tmp_path / "s.db"
-    # waits of 0.6 s and more: start-up takes ~0.5 s
-    kills, finished = kill_at_random_moments(lambda: run(spec, db), random.Random(5), 6, (0.6, 2.0))
+    kills, finished = kill_at_random_moments(lambda: run(spec, db), random.Random(5), 6,
+                                             long_spec_and_reference.window)
     if not finished:
         finish(spec, db)
     assert kills >= 1, "the run finished before any kill; make the workload bigger"
@@ -96,11 +105,11 @@ def writer_child(pid: int, timeout_s: float = 10) -> int:
 
 
 def test_kill9_writer_process_stops_the_runner_and_a_restart_recovers(
-    tmp_path: Path, long_spec_and_reference: Reference
+    tmp_path: Path, long_spec_and_reference: LongReference
 ) -> None:
     """kill -9 of the writer child at random moments: the runner exits with an error
     naming it (never a success with lost writes); restarts finish the job exactly once."""
-    spec, reference = long_spec_and_reference
+    spec, reference = long_spec_and_reference.spec, long_spec_and_reference.outputs
     db = tmp_path / "s.db"
     children: dict[int, int] = {}  # runner PID -> its writer's
 
@@ -121,7 +130,8 @@ def test_kill9_writer_process_stops_the_runner_and_a_restart_recovers(
         assert "writer process died" in err.decode()
         return True
 
-    kills, finished = kill_at_random_moments(start, random.Random(23), 6, (0.6, 2.0), kill=kill_writer)
+    kills, finished = kill_at_random_moments(start, random.Random(23), 6, long_spec_and_reference.window,
+                                             kill=kill_writer)
     if not finished:
         finish(spec, db)
     assert kills >= 1, "the run finished before any kill; make the workload bigger"
