@@ -115,7 +115,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         finally:
             runner.stop_writer()
         for stream in topology.sink_streams():
-            count = len(store.read_log(stream, 0, 10**9))
+            count = store.log_end(stream)[1]  # counted by the store: the log is not read
             if count or stream not in dead_letters:  # a dead-letter stream only when it has any
                 print(f"{stream}: {count} records", file=sys.stderr)
         for spec in topology.computations:  # late records this run counted, per input
@@ -127,8 +127,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 print(f"{spec.name}: late records (behind the input watermark), per input: {shown}",
                       file=sys.stderr)
         for stream in args.print_streams:
-            for _seq, rec in store.read_log(stream, 0, 10**9):
-                print(json.dumps(record_json(rec)))
+            print_log(store, stream)
         new_letters = {s: n for s in sorted(dead_letters) if (n := store.log_end(s)[1] - before[s]) > 0}
     finally:
         store.close()
@@ -144,6 +143,17 @@ def cmd_run(args: argparse.Namespace) -> int:
 def _late_counts(store: StateStore, spec: ComputationSpec) -> late.Counts:
     """``spec``'s durable late counts (:mod:`millwheel.late`), summed over its ranges."""
     return late.summed(store.read_errors(spec.name, r).counters for r in range(spec.options.key_ranges))
+
+
+def print_log(store: Any, stream: str, page: int = 10_000) -> None:
+    """Every record of ``stream``'s log as a JSON line on stdout, read a page at a time
+    and written a page per call: memory stays one page however long the log (a 10M-event
+    Nexmark run prints 9.2M rows), and a line costs no ``print`` call of its own."""
+    after = 0
+    while batch := store.read_log(stream, after, page):
+        sys.stdout.write("".join(json.dumps(record_json(rec)) + "\n" for _seq, rec in batch))
+        after = batch[-1][0]
+    sys.stdout.flush()
 
 
 def record_json(rec: Any) -> dict[str, Any]:
