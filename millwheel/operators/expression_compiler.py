@@ -54,6 +54,11 @@ _NATIVE: dict[type, Callable[..., Any]] = {
 _SAFE_TYPES = frozenset({int, float, str, bool, type(None), bytes, complex})
 
 
+def _singleton(node: ast.expr) -> bool:
+    """A literal None, True or False: one object whoever evaluates it."""
+    return isinstance(node, ast.Constant) and (node.value is None or node.value is True or node.value is False)
+
+
 def _check(item: Any) -> Any:
     """simpleeval's ``_check_disallowed_items``: no module, no forbidden function,
     in a container either."""
@@ -165,9 +170,14 @@ class _Rewrite:
         return ast.BoolOp(op=type(node.op)(), values=[self.expr(v) for v in node.values])
 
     def _Compare(self, node: ast.Compare) -> ast.expr:
-        for op in node.ops:
+        operands = [node.left, *node.comparators]
+        for i, op in enumerate(node.ops):
             if not self._native(op):  # simpleeval's comparisons are all plain: never seen
                 raise _NotCompiled(f"comparison {type(op).__name__}")
+            if isinstance(op, (ast.Is, ast.IsNot)) and not (_singleton(operands[i]) or _singleton(operands[i + 1])):
+                # identity of other values can differ: a code object shares equal
+                # constants ("ab" is "ab" is True), simpleeval's walk makes one per node
+                raise _NotCompiled("identity comparison of values other than None, True and False")
         return ast.Compare(left=self.expr(node.left), ops=[type(op)() for op in node.ops],
                            comparators=[self.expr(c) for c in node.comparators])
 
